@@ -1,0 +1,189 @@
+"""Command line: load the models, capture the graphs, then serve Wyoming (and HTTP)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+from wyoming.server import AsyncServer, AsyncTcpServer
+
+from . import __version__
+from .discovery import Announcer
+from .engine import SAMPLE_RATE, Segment, SpeechModel, load_model, resolve_checkpoint
+from .metrics import Metrics
+from .scheduler import ModelWorker
+from .service import DEFAULT_MAX_CHARS, TtsService
+from .voices import ModelKind, Reference, VoiceCatalog
+
+_LOGGER = logging.getLogger("wyoming_qwen3tts")
+
+DEFAULT_MODELS = {
+    ModelKind.BASE: "Qwen/Qwen3-TTS-12Hz-1.7B-Base",
+    ModelKind.VOICE_DESIGN: "Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign",
+    ModelKind.CUSTOM_VOICE: "none",
+}
+#: Voice used when a request names none, if the catalogue has it.
+DEFAULT_VOICE = "aria"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI; flag names are stable (docs, the add-on and tests use them)."""
+    parser = argparse.ArgumentParser(prog="wyoming-qwen3tts", description=__doc__)
+    parser.add_argument("--uri", default="tcp://0.0.0.0:10200", help="Wyoming listen URI (tcp:// or unix://)")
+    parser.add_argument("--data-dir", default="data", help="Models download here (DIR/models)")
+    parser.add_argument("--voices-dir", help="Clone library and presets.toml (default DATA_DIR/voices)")
+    parser.add_argument("--clone-model", default=DEFAULT_MODELS[ModelKind.BASE], help="Base model: hub id, folder or none")
+    parser.add_argument("--design-model", default=DEFAULT_MODELS[ModelKind.VOICE_DESIGN], help="VoiceDesign model: hub id, folder or none")
+    parser.add_argument("--custom-voice-model", default=DEFAULT_MODELS[ModelKind.CUSTOM_VOICE], help="CustomVoice model: hub id, folder or none")
+    parser.add_argument("--voice", help=f"Default voice (default {DEFAULT_VOICE!r} if available, else the first)")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    parser.add_argument("--chunk-size", type=int, default=2, help="Codec frames per audio chunk (80 ms each)")
+    parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="Longest text per request")
+    parser.add_argument("--zeroconf", nargs="?", const="", default="", metavar="NAME", help="Announce on the LAN (default on; optional service name)")
+    parser.add_argument("--no-zeroconf", action="store_true", help="Do not announce on the LAN")
+    parser.add_argument("--http-host", default="0.0.0.0", help="OpenAI-compatible endpoint address")
+    parser.add_argument("--http-port", type=int, default=8880, help="OpenAI-compatible endpoint port (0 = off)")
+    parser.add_argument("--api-key", help="Bearer key required by the HTTP endpoint")
+    parser.add_argument("--local-files-only", action="store_true", help="Never download; use only local files")
+    parser.add_argument("--debug", action="store_true", help="Debug logging")
+    parser.add_argument("--version", action="version", version=__version__)
+    return parser
+
+
+def _device(choice: str) -> str:
+    import torch
+
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    elif choice == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available")
+    if choice == "cpu":
+        _LOGGER.warning(
+            "No CUDA GPU: running the qwen_tts reference model on the CPU. This path is SLOW "
+            "(the 1.7B models take several seconds per second of speech, and audio arrives "
+            "a whole sentence at a time). Use an NVIDIA GPU for real-time speech."
+        )
+    return choice
+
+
+def _warm_segment(kind: ModelKind, model: SpeechModel) -> Segment:
+    """A 2-frame generation that exercises the whole path once before serving."""
+    tone = 0.1 * np.sin(2 * np.pi * 220 * np.arange(SAMPLE_RATE) / SAMPLE_RATE)
+    return Segment(
+        text="Hello.",
+        language="auto",
+        max_new_tokens=2,
+        seed=0,
+        instruct="A clear, neutral voice." if kind is ModelKind.VOICE_DESIGN else None,
+        speaker=(model.speakers() or [None])[0],
+        reference=Reference.from_audio(tone, SAMPLE_RATE, None) if kind is ModelKind.BASE else None,
+    )
+
+
+async def load_workers(args: argparse.Namespace, metrics: Metrics) -> dict[ModelKind, ModelWorker]:
+    """Load every enabled model, start its worker and wait for its warm-up.
+
+    Raises:
+        SystemExit: no model enabled, or a model failed to load or warm up.
+    """
+    device = _device(args.device)
+    models_dir = Path(args.data_dir) / "models"
+    sources = {
+        ModelKind.BASE: args.clone_model,
+        ModelKind.VOICE_DESIGN: args.design_model,
+        ModelKind.CUSTOM_VOICE: args.custom_voice_model,
+    }
+    workers: dict[ModelKind, ModelWorker] = {}
+    for kind, source in sources.items():
+        if not source or source.lower() == "none":
+            continue
+        try:
+            checkpoint = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
+            _LOGGER.info("Loading %s model from %s on %s", kind.value, checkpoint, device)
+            model = await asyncio.to_thread(load_model, kind, checkpoint, device, args.chunk_size)
+        except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
+            raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err
+        worker = ModelWorker(model)
+        worker.start(_warm_segment(kind, model))
+        await asyncio.to_thread(worker.ready.wait)
+        if worker.warm_error is not None:
+            raise SystemExit(f"Warm-up of the {kind.value} model failed: {worker.warm_error!r}")
+        metrics.track_queue(kind.value, worker.queue_depth)
+        workers[kind] = worker
+        _LOGGER.info("%s model ready", kind.value)
+    if not workers:
+        raise SystemExit("No model enabled: set at least one of --clone-model, --design-model, --custom-voice-model")
+    return workers
+
+
+async def main(argv: list[str] | None = None) -> None:
+    """Start everything, serve until SIGINT/SIGTERM, then shut down cleanly."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.chunk_size < 1:
+        raise SystemExit("--chunk-size must be at least 1")
+    metrics = Metrics()
+    workers = await load_workers(args, metrics)
+    custom = workers.get(ModelKind.CUSTOM_VOICE)
+    voices_dir = Path(args.voices_dir) if args.voices_dir else Path(args.data_dir) / "voices"
+    catalog = VoiceCatalog(voices_dir, set(workers), custom.model.speakers() if custom else [])
+    names = [v.name for v in catalog.voices()]
+    if not names:
+        raise SystemExit(f"No voices: add a clone voice to {voices_dir} or enable the VoiceDesign model")
+    default_voice = args.voice or (DEFAULT_VOICE if DEFAULT_VOICE in names else sorted(names)[0])
+    try:
+        catalog.get(default_voice)
+    except KeyError as err:
+        raise SystemExit(f"--voice: {err}") from None
+    service = TtsService(catalog, workers, default_voice, metrics, max_chars=args.max_chars)
+    _LOGGER.info("%d voice(s); default %s", len(names), default_voice)
+
+    from .handler import handler_factory
+
+    server = AsyncServer.from_uri(args.uri)
+    await server.start(handler_factory(service))
+    http_runner = None
+    if args.http_port:
+        from .http_api import start_http
+
+        http_runner = await start_http(service, args.http_host, args.http_port, args.api_key)
+    announcer = None
+    if isinstance(server, AsyncTcpServer) and not args.no_zeroconf:
+        uri = urlparse(args.uri)
+        announcer = Announcer(args.zeroconf or f"qwen3tts-{socket.gethostname()}", uri.hostname or "0.0.0.0", uri.port or 10200)
+        await announcer.start()
+    _LOGGER.info("Ready: Wyoming on %s", args.uri)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    _LOGGER.info("Shutting down")
+    if announcer:
+        await announcer.stop()
+    if http_runner:
+        await http_runner.cleanup()
+    await server.stop()
+    for worker in workers.values():
+        await asyncio.to_thread(worker.stop)
+
+
+def run() -> None:
+    """Console-script entry point."""
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+
+
+if __name__ == "__main__":
+    run()

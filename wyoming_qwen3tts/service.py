@@ -1,0 +1,279 @@
+"""The speech service both front doors call: one request type in, one PCM stream out.
+
+A front door turns its protocol into a ``SpeechRequest``, opens a ``SpeechStream`` with
+``TtsService.open`` (which resolves the voice and language or raises a ``RequestError``),
+feeds text with ``add_text`` (whole or in deltas), calls ``finish``, and iterates the
+stream for float32 [n_samples] chunks at 24 kHz. Segmentation, frame caps, seeds, the
+queue and metrics live here, so both doors behave the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .engine import SAMPLE_RATE, Segment
+from .languages import UnsupportedLanguageError, to_qwen
+from .metrics import Metrics
+from .scheduler import GenerationError, Job, ModelWorker
+from .text import Segmenter, clean_text, frame_budget
+from .voices import ModelKind, UnknownVoiceError, Voice, VoiceCatalog
+
+_LOGGER = logging.getLogger(__name__)
+
+#: Default longest text of one request or one text stream, in characters (about ten
+#: minutes of speech). OpenAI's own limit is 4096.
+DEFAULT_MAX_CHARS = 10_000
+
+
+class RequestError(Exception):
+    """A request the server will not run. ``code`` is a stable machine-readable id."""
+
+    code = "bad-request"
+
+
+class EmptyTextError(RequestError):
+    """The text is empty, whitespace, or nothing speakable once cleaned."""
+
+    code = "empty-text"
+
+
+class TextTooLongError(RequestError):
+    """The text is longer than the server's limit."""
+
+    code = "text-too-long"
+
+
+class VoiceNotFoundError(RequestError):
+    """No available voice of that name."""
+
+    code = "unknown-voice"
+
+
+class LanguageError(RequestError):
+    """The language is not one Qwen3-TTS speaks."""
+
+    code = "unsupported-language"
+
+
+@dataclass(frozen=True)
+class SpeechRequest:
+    """What a client asked for, in protocol-neutral terms.
+
+    Attributes:
+        voice: catalogue name or alias; None for the server's default voice.
+        language: BCP-47 code or Qwen3-TTS name; None for the voice's own language.
+        instructions: per-request VoiceDesign description (replaces a preset's), or a style
+            instruction for CustomVoice speakers; ignored for cloned voices.
+        seed: RNG seed for every segment; None picks one per stream, so all sentences of a
+            stream are sampled alike.
+        door: "wyoming" or "http", for metrics.
+    """
+
+    voice: str | None = None
+    language: str | None = None
+    instructions: str | None = None
+    seed: int | None = None
+    door: str = "wyoming"
+
+
+class TtsService:
+    """Voices, model workers and limits shared by every front door.
+
+    Args:
+        catalog: the voice catalogue.
+        workers: one started worker per loaded model kind.
+        default_voice: voice used when a request names none.
+        metrics: where outcomes are counted.
+        max_chars: longest text per request or stream.
+    """
+
+    def __init__(
+        self,
+        catalog: VoiceCatalog,
+        workers: dict[ModelKind, ModelWorker],
+        default_voice: str,
+        metrics: Metrics,
+        max_chars: int = DEFAULT_MAX_CHARS,
+    ) -> None:
+        self.catalog = catalog
+        self.workers = workers
+        self.default_voice = default_voice
+        self.metrics = metrics
+        self.max_chars = max_chars
+
+    def count_error(self, door: str, error: RequestError) -> None:
+        """Count a refused request (the doors call this for every ``RequestError``)."""
+        self.metrics.requests.labels(door, "error").inc()
+        self.metrics.errors.labels(door, error.code).inc()
+
+    def resolve_voice(self, name: str | None) -> Voice:
+        """The voice for a request's name (None/"" = default).
+
+        Raises:
+            VoiceNotFoundError: unknown name.
+        """
+        self.catalog.refresh()
+        try:
+            return self.catalog.get(name or self.default_voice)
+        except UnknownVoiceError as err:
+            raise VoiceNotFoundError(str(err)) from None
+
+    def open(self, request: SpeechRequest) -> SpeechStream:
+        """Validate a request and open its stream (must run in the event loop).
+
+        Raises:
+            VoiceNotFoundError, LanguageError: the request cannot be served.
+        """
+        voice = self.resolve_voice(request.voice)
+        if request.instructions and not request.voice and ModelKind.VOICE_DESIGN in self.workers:
+            # A description alone designs a voice: take the VoiceDesign model.
+            designed = [v for v in self.catalog.voices() if v.kind is ModelKind.VOICE_DESIGN]
+            voice = designed[0] if designed and voice.kind is not ModelKind.VOICE_DESIGN else voice
+        try:
+            language = to_qwen(request.language) if request.language else voice.language
+        except UnsupportedLanguageError as err:
+            raise LanguageError(str(err)) from None
+        instruct = voice.instruct
+        if request.instructions and voice.kind is not ModelKind.BASE:
+            instruct = request.instructions.strip()
+        seed = request.seed if request.seed is not None else random.randrange(2**31)
+        job = self.workers[voice.kind].open_job(asyncio.get_running_loop())
+        return SpeechStream(self, job, voice, language, instruct, seed, request.door)
+
+
+class SpeechStream:
+    """One request's text in, its audio out. Create with ``TtsService.open``.
+
+    Attributes:
+        voice: the resolved voice.
+        language: the Qwen3-TTS language used.
+        first_audio_s: seconds from open to the first chunk, once it came.
+        samples: samples delivered so far (24 kHz).
+    """
+
+    def __init__(
+        self,
+        service: TtsService,
+        job: Job,
+        voice: Voice,
+        language: str,
+        instruct: str | None,
+        seed: int,
+        door: str,
+    ) -> None:
+        self._service = service
+        self._job = job
+        self.voice = voice
+        self.language = language
+        self._instruct = instruct
+        self._seed = seed
+        self._door = door
+        self._segmenter = Segmenter()
+        self._chars = 0
+        self._segments = 0
+        self._opened = time.monotonic()
+        self.first_audio_s: float | None = None
+        self.samples = 0
+        self._outcome: str | None = None
+
+    def add_text(self, delta: str) -> None:
+        """Feed text (a whole message or an arbitrary delta); complete sentences start now.
+
+        Raises:
+            TextTooLongError: the stream's text passed the limit; nothing of this delta is kept.
+        """
+        if self._chars + len(delta) > self._service.max_chars:
+            raise TextTooLongError(
+                f"Text is longer than the limit of {self._service.max_chars} characters"
+            )
+        self._chars += len(delta)
+        for text in self._segmenter.add(delta):
+            self._submit(text)
+
+    def finish(self) -> None:
+        """No more text: the remainder is queued and iteration ends after its audio."""
+        for text in self._segmenter.finish():
+            self._submit(text)
+        self._job.close()
+
+    @property
+    def segments(self) -> int:
+        """Segments queued so far."""
+        return self._segments
+
+    def _submit(self, text: str) -> None:
+        self._segments += 1
+        budget = frame_budget(text)
+        self._job.submit(
+            Segment(
+                text=text,
+                language=self.language,
+                max_new_tokens=budget,
+                seed=self._seed,
+                instruct=self._instruct,
+                speaker=self.voice.speaker,
+                reference=self.voice.reference,
+            )
+        )
+
+    def cancel(self) -> None:
+        """Stop: drop queued text, stop the running generation within one chunk."""
+        self._job.cancel()
+        self._record("cancelled")
+
+    async def __aiter__(self) -> AsyncIterator[np.ndarray]:
+        """Audio chunks, float32 [n_samples] at 24 kHz, in text order, as they are decoded.
+
+        Raises:
+            GenerationError: the model failed; the stream is cancelled.
+        """
+        try:
+            async for chunk in self._job:
+                if self.first_audio_s is None:
+                    self.first_audio_s = time.monotonic() - self._opened
+                    self._service.metrics.first_audio.labels(self._door).observe(self.first_audio_s)
+                self.samples += len(chunk)
+                yield chunk
+        except GenerationError:
+            self._record("error", code="generation-failed")
+            raise
+        if not self._job.cancelled.is_set():
+            self._record("ok")
+
+    def _record(self, outcome: str, code: str | None = None) -> None:
+        if self._outcome is not None:
+            return
+        self._outcome = outcome
+        m = self._service.metrics
+        m.requests.labels(self._door, outcome).inc()
+        if code:
+            m.errors.labels(self._door, code).inc()
+        audio_s = self.samples / SAMPLE_RATE
+        m.audio_seconds.labels(self._door).inc(audio_s)
+        if outcome == "ok" and audio_s > 0:
+            m.real_time_factor.labels(self._door).observe((time.monotonic() - self._opened) / audio_s)
+        for wait in self._job.queue_waits:
+            m.queue_wait.labels(self._door).observe(wait)
+
+
+def check_text(text: str, max_chars: int) -> str:
+    """Validate a whole (non-streamed) text.
+
+    Returns the text unchanged when it is speakable.
+
+    Raises:
+        EmptyTextError: empty, whitespace only, or nothing speakable after cleanup.
+        TextTooLongError: longer than ``max_chars``.
+    """
+    if len(text) > max_chars:
+        raise TextTooLongError(f"Text is {len(text)} characters; the limit is {max_chars}")
+    if not clean_text(text):
+        raise EmptyTextError("Text is empty or has nothing speakable")
+    return text

@@ -1,0 +1,254 @@
+"""The voice catalogue shared by both front doors.
+
+Three sources, one namespace of voice names:
+
+* **Clone library** (Base model): ``<voices-dir>/<id>.wav`` (or ``.flac``) with an optional
+  ``<id>.txt`` transcript. With a transcript the model clones in ICL mode; without one it
+  uses the speaker embedding only (x-vector).
+* **VoiceDesign presets**: ``presets.toml`` shipped in ``voices/`` plus an optional
+  ``<voices-dir>/presets.toml`` that adds or overrides entries (see the shipped file).
+* **CustomVoice speakers**: the built-in speakers of a loaded CustomVoice model.
+
+A voice is only listed when the model that speaks it is loaded. The clone folder is
+re-scanned when its files change, so voices can be added without a restart.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+from .languages import ALL_CODES, AUTO, UnsupportedLanguageError, to_qwen
+
+_LOGGER = logging.getLogger(__name__)
+
+#: Longest reference clip used for cloning, in seconds. Longer clips are cut: the reference's
+#: codec frames (12.5 per second) sit in the prompt and share the static KV cache.
+MAX_REFERENCE_SECONDS = 20.0
+
+_AUDIO_SUFFIXES = (".wav", ".flac")
+
+#: The shipped presets: inside the installed package, or the repository's voices/ folder.
+_SHIPPED_PRESETS = (
+    Path(__file__).parent / "voices" / "presets.toml",
+    Path(__file__).parent.parent / "voices" / "presets.toml",
+)
+
+
+class ModelKind(str, enum.Enum):
+    """Qwen3-TTS model kinds; each voice is spoken by exactly one."""
+
+    BASE = "base"
+    VOICE_DESIGN = "voice_design"
+    CUSTOM_VOICE = "custom_voice"
+
+
+class UnknownVoiceError(KeyError):
+    """No voice of that name is available (unknown, or its model is not loaded)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown voice"
+
+
+@dataclass(frozen=True, eq=False)
+class Reference:
+    """A clone reference clip.
+
+    Attributes:
+        audio: float32 [n_samples], mono, in [-1, 1], at ``sample_rate``; at most
+            ``MAX_REFERENCE_SECONDS`` long.
+        sample_rate: Hz, as recorded (the model resamples).
+        transcript: what the clip says, or None for x-vector-only cloning.
+        digest: SHA-256 of the audio samples and transcript; keys the speaker-prompt cache,
+            so an edited file gets a new prompt and a renamed one keeps its old one.
+    """
+
+    audio: np.ndarray
+    sample_rate: int
+    transcript: str | None
+    digest: str
+
+    @classmethod
+    def from_audio(cls, audio: np.ndarray, sample_rate: int, transcript: str | None) -> Reference:
+        """Build a reference from samples (any shape ``[n]`` or ``[n, channels]``, any dtype).
+
+        Raises:
+            ValueError: if the clip is empty or shorter than 0.5 s.
+        """
+        mono = np.asarray(audio, dtype=np.float32)
+        if mono.ndim > 1:
+            mono = mono.mean(axis=1)
+        mono = mono[: int(MAX_REFERENCE_SECONDS * sample_rate)]
+        if len(mono) < sample_rate // 2:
+            raise ValueError("reference audio is shorter than 0.5 s")
+        text = transcript.strip() if transcript and transcript.strip() else None
+        digest = hashlib.sha256(mono.tobytes() + str(sample_rate).encode() + (text or "").encode())
+        return cls(np.ascontiguousarray(mono), sample_rate, text, digest.hexdigest())
+
+    @classmethod
+    def load(cls, audio_path: Path) -> Reference:
+        """Read ``<id>.wav`` and its optional ``<id>.txt``.
+
+        Raises:
+            ValueError / soundfile.LibsndfileError / OSError: unreadable or too short audio.
+        """
+        audio, sample_rate = sf.read(str(audio_path), dtype="float32", always_2d=False)
+        transcript_path = audio_path.with_suffix(".txt")
+        transcript = transcript_path.read_text("utf-8") if transcript_path.exists() else None
+        return cls.from_audio(audio, int(sample_rate), transcript)
+
+
+@dataclass(frozen=True)
+class Voice:
+    """One entry of the catalogue.
+
+    Attributes:
+        name: the id clients select (Wyoming voice name, OpenAI ``voice``).
+        kind: the model that speaks it.
+        summary: one line for voice pickers.
+        languages: BCP-47 codes advertised (Home Assistant matches its pipeline language).
+        language: Qwen3-TTS language used when the client names none ("auto" = detect).
+        instruct: VoiceDesign description (presets) or None.
+        speaker: CustomVoice speaker id or None.
+        reference: clone reference or None.
+        aliases: other names that select this voice.
+    """
+
+    name: str
+    kind: ModelKind
+    summary: str
+    languages: tuple[str, ...]
+    language: str = AUTO
+    instruct: str | None = None
+    speaker: str | None = None
+    reference: Reference | None = None
+    aliases: tuple[str, ...] = field(default=())
+
+
+def load_presets(paths: list[Path]) -> dict[str, Voice]:
+    """Read VoiceDesign presets from TOML files; later files override earlier ones.
+
+    A malformed entry is skipped with a log line naming it; a malformed file likewise.
+    """
+    presets: dict[str, Voice] = {}
+    for path in paths:
+        if not path.is_file():
+            continue
+        try:
+            data = tomllib.loads(path.read_text("utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as err:
+            _LOGGER.error("Skipping presets file %s: %s", path, err)
+            continue
+        for name, entry in data.items():
+            try:
+                language = to_qwen(entry["language"])
+                instruct = str(entry["instruct"]).strip()
+                if not instruct:
+                    raise ValueError("empty instruct")
+                code = entry["language"].strip().lower().replace("_", "-").split("-")[0]
+                presets[name] = Voice(
+                    name=name,
+                    kind=ModelKind.VOICE_DESIGN,
+                    summary=str(entry.get("summary", instruct)),
+                    languages=(code,),
+                    language=language,
+                    instruct=instruct,
+                    aliases=tuple(str(a) for a in entry.get("aliases", ())),
+                )
+            except (KeyError, TypeError, ValueError, AttributeError, UnsupportedLanguageError) as err:
+                _LOGGER.error("Skipping preset %r in %s: %s", name, path, err)
+    return presets
+
+
+class VoiceCatalog:
+    """All voices the loaded models can speak, looked up by name or alias.
+
+    Args:
+        voices_dir: the clone library and optional ``presets.toml`` (may not exist).
+        kinds: the model kinds that are loaded.
+        custom_speakers: the loaded CustomVoice model's speaker ids.
+    """
+
+    def __init__(
+        self, voices_dir: Path | None, kinds: set[ModelKind], custom_speakers: list[str] = []
+    ) -> None:
+        self.voices_dir = voices_dir
+        self.kinds = kinds
+        self._static: dict[str, Voice] = {}
+        if ModelKind.VOICE_DESIGN in kinds:
+            shipped = next((p for p in _SHIPPED_PRESETS if p.is_file()), None)
+            paths = ([shipped] if shipped else []) + ([voices_dir / "presets.toml"] if voices_dir else [])
+            self._static.update(load_presets(paths))
+        if ModelKind.CUSTOM_VOICE in kinds:
+            for speaker in custom_speakers:
+                self._static[speaker] = Voice(
+                    name=speaker,
+                    kind=ModelKind.CUSTOM_VOICE,
+                    summary=f"Qwen3-TTS CustomVoice speaker {speaker}",
+                    languages=ALL_CODES,
+                    speaker=speaker,
+                )
+        self._clones: dict[str, Voice] = {}
+        self._signature: tuple[tuple[str, int, int], ...] | None = None
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-read the clone library if any of its files changed (added, removed, edited)."""
+        if ModelKind.BASE not in self.kinds or self.voices_dir is None or not self.voices_dir.is_dir():
+            return
+        files = sorted(
+            p for p in self.voices_dir.iterdir() if p.suffix.lower() in _AUDIO_SUFFIXES + (".txt",)
+        )
+        signature = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in files)
+        if signature == self._signature:
+            return
+        self._signature = signature
+        clones: dict[str, Voice] = {}
+        for path in files:
+            if path.suffix.lower() not in _AUDIO_SUFFIXES:
+                continue
+            try:
+                reference = Reference.load(path)
+            except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, never fatal
+                _LOGGER.error("Skipping clone voice %s: %s", path, err)
+                continue
+            mode = "reference transcript" if reference.transcript else "x-vector only, no transcript"
+            clones[path.stem] = Voice(
+                name=path.stem,
+                kind=ModelKind.BASE,
+                summary=f"Cloned voice {path.stem} ({mode})",
+                languages=ALL_CODES,
+                reference=reference,
+            )
+        self._clones = clones
+        _LOGGER.info("Clone library %s: %d voice(s)", self.voices_dir, len(clones))
+
+    def voices(self) -> list[Voice]:
+        """Every available voice; clone ids shadow presets and speakers of the same name."""
+        merged = dict(self._static)
+        merged.update(self._clones)
+        return list(merged.values())
+
+    def get(self, name: str) -> Voice:
+        """Look a voice up by name, then by alias (case-insensitive).
+
+        Raises:
+            UnknownVoiceError: with a message listing a few available names.
+        """
+        voices = self.voices()
+        wanted = name.strip().lower()
+        for voice in voices:
+            if voice.name.lower() == wanted:
+                return voice
+        for voice in voices:
+            if wanted in (a.lower() for a in voice.aliases):
+                return voice
+        names = ", ".join(sorted(v.name for v in voices)[:12])
+        raise UnknownVoiceError(f"Unknown voice {name!r}; available: {names}")
