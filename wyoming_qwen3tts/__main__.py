@@ -130,6 +130,9 @@ async def main(argv: list[str] | None = None) -> None:
         level=logging.DEBUG if args.debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.debug:  # third-party chatter: config defaults, optional SoX binary
+        for noisy in ("qwen_tts", "sox", "transformers", "faster_qwen3_tts"):
+            logging.getLogger(noisy).setLevel(logging.WARNING if noisy != "sox" else logging.ERROR)
     if args.chunk_size < 1:
         raise SystemExit("--chunk-size must be at least 1")
     metrics = Metrics()

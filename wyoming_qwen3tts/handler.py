@@ -181,7 +181,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         stream = self._service.open(self._request(event.data))
         stream.add_text(text)
         stream.finish()
-        self._speak(stream, stopped_event=False)
+        self._speak(stream)
 
     async def _start_stream(self, event: Event) -> None:
         if self._stream is not None:
@@ -192,21 +192,21 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         except RequestError:
             self._stream_refused = True
             raise
-        self._speak(self._stream, stopped_event=True)
+        self._speak(self._stream)
 
     async def _stop_stream(self) -> None:
+        if self._stream is None and not self._stream_refused:
+            raise RequestError("synthesize-stop without synthesize-start")
         if self._stream is not None:
             self._stream.finish()
-        elif self._stream_refused:
-            self._chain(self._write(SynthesizeStopped().event()))
-        else:
-            raise RequestError("synthesize-stop without synthesize-start")
+        # After the stream's audio (or at once for a refused stream); always sent.
+        self._chain(self._write_quietly(SynthesizeStopped().event()))
         self._stream, self._stream_refused = None, False
 
-    def _speak(self, stream: SpeechStream, stopped_event: bool) -> None:
+    def _speak(self, stream: SpeechStream) -> None:
         """Queue the task that writes this stream's audio after earlier replies."""
         self._streams.add(stream)
-        self._chain(self._write_audio(stream, stopped_event))
+        self._chain(self._write_audio(stream))
 
     def _chain(self, work: Any) -> None:
         previous = self._tail
@@ -219,7 +219,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
 
         self._tail = asyncio.create_task(after_previous())
 
-    async def _write_audio(self, stream: SpeechStream, stopped_event: bool) -> None:
+    async def _write_audio(self, stream: SpeechStream) -> None:
         try:
             await self._write(AudioStart(**_FORMAT).event())
             try:
@@ -228,8 +228,6 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             except GenerationError as err:
                 await self._error(f"Speech generation failed: {err}", "generation-failed")
             await self._write(AudioStop().event())
-            if stopped_event:
-                await self._write(SynthesizeStopped().event())
         except (ConnectionError, RuntimeError) as err:
             _LOGGER.debug("Client went away while receiving audio: %s", err)
             stream.cancel()
@@ -238,8 +236,12 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
 
     async def _error(self, text: str, code: str) -> None:
         _LOGGER.info("Refused request: %s", text)
+        await self._write_quietly(Error(text=text, code=code).event())
+
+    async def _write_quietly(self, event: Event) -> None:
+        """Write, ignoring a client that is already gone."""
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await self._write(Error(text=text, code=code).event())
+            await self._write(event)
 
     async def _write(self, event: Event) -> None:
         async with self._write_lock:

@@ -1,0 +1,151 @@
+"""Shared fixtures: tiny random checkpoints and real server processes started as users do.
+
+Every test that uses ``server`` runs twice: on the CPU reference engine (default) and on
+the CUDA-graph engine (marked ``gpu``; ``pytest -m gpu`` on an NVIDIA machine).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+import importlib.util
+_HTTP = (Path(__file__).resolve().parent.parent / "wyoming_qwen3tts" / "http_api.py").exists()  # TEMP
+ROOT = Path(__file__).resolve().parent.parent
+#: Tiny checkpoints are built once and reused (build_all skips complete folders).
+CHECKPOINTS = Path(os.environ.get("QWEN3TTS_TEST_CHECKPOINTS", ROOT / ".ckpt" / "tiny"))
+#: Transcript of the test clone voice.
+CLONE_TRANSCRIPT = "This is a short reference recording."
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def checkpoints() -> Path:
+    """Folder with tiny ``base``, ``voice_design`` and ``custom_voice`` checkpoints."""
+    from wyoming_qwen3tts.testing.checkpoint import build_all
+
+    build_all(CHECKPOINTS, "tiny")
+    return CHECKPOINTS
+
+
+@pytest.fixture(scope="session")
+def voices_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A clone library: ``clone`` (with transcript, ICL) and ``xvec`` (no transcript)."""
+    folder = tmp_path_factory.mktemp("voices")
+    rng = np.random.default_rng(0)
+    t = np.arange(2 * 24000) / 24000
+    voice = 0.2 * np.sin(2 * np.pi * 180 * t) * (1 + 0.3 * np.sin(2 * np.pi * 3 * t))
+    sf.write(folder / "clone.wav", (voice + 0.01 * rng.standard_normal(len(t))).astype(np.float32), 24000)
+    (folder / "clone.txt").write_text(CLONE_TRANSCRIPT)
+    sf.write(folder / "xvec.wav", (0.2 * np.sin(2 * np.pi * 120 * np.arange(16000 * 2) / 16000)).astype(np.float32), 16000)
+    (folder / "broken.wav").write_bytes(b"RIFF....not a wav file")
+    return folder
+
+
+@dataclass
+class Server:
+    """A running server process."""
+
+    proc: subprocess.Popen[str]
+    port: int
+    http_port: int
+    log: Path
+    device: str
+
+    @property
+    def uri(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_server(
+    checkpoints: Path, voices_dir: Path, log: Path, device: str = "cpu", extra: list[str] | None = None,
+    wrap: list[str] | None = None, uri_host: str = "127.0.0.1", timeout: float = 240.0,
+) -> Server:
+    """Start ``python -m wyoming_qwen3tts`` as a user would; wait until it serves.
+
+    Raises:
+        RuntimeError: the process exited or did not get ready in ``timeout`` seconds.
+    """
+    port, http_port = free_port(), free_port()
+    args = [
+        sys.executable, "-m", "wyoming_qwen3tts",
+        "--uri", f"tcp://{uri_host}:{port}",
+        "--data-dir", str(log.parent / "data"),
+        "--voices-dir", str(voices_dir),
+        "--clone-model", str(checkpoints / "base"),
+        "--design-model", str(checkpoints / "voice_design"),
+        "--custom-voice-model", str(checkpoints / "custom_voice"),
+        "--device", device,
+        "--http-host", "127.0.0.1", "--http-port", str(http_port),
+        "--local-files-only",
+    ] + (extra if extra is not None else ["--no-zeroconf"])
+    handle = log.open("w")
+    proc = subprocess.Popen((wrap or []) + args, stdout=handle, stderr=subprocess.STDOUT, text=True, cwd=log.parent)
+    server = Server(proc, port, http_port, log, device)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.output()[-4000:]}")
+        if "Ready: Wyoming" in server.output():
+            return server
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"server not ready in {timeout} s:\n{server.output()[-4000:]}")
+
+
+def stop_server(server: Server) -> None:
+    """SIGTERM, then kill if it lingers."""
+    server.proc.terminate()
+    try:
+        server.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+@pytest.fixture(scope="session", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def server(
+    request: pytest.FixtureRequest, checkpoints: Path, voices_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """One server with all three model kinds, shared by the session (CPU, and CUDA under -m gpu)."""
+    if request.param == "cuda" and not _cuda():
+        pytest.skip("no CUDA device")
+    folder = tmp_path_factory.mktemp(f"server-{request.param}")
+    srv = start_server(checkpoints, voices_dir, folder / "server.log", device=request.param)
+    yield srv
+    stop_server(srv)

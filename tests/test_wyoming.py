@@ -1,0 +1,244 @@
+"""End-to-end: the real server process, the real engine on tiny checkpoints, the wyoming client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.client import AsyncTcpClient
+from wyoming.error import Error
+from wyoming.event import Event, Eventable
+from wyoming.info import Describe, Info
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
+
+from wyoming_qwen3tts.engine import SAMPLES_PER_FRAME
+from wyoming_qwen3tts.text import Segmenter, frame_budget
+
+from .conftest import Server
+
+#: A hang guard for reads, not a speed assertion.
+_GUARD_S = 180.0
+
+
+def expected_frames(*deltas: str) -> range:
+    """Codec frames the server generates for this text, as a range.
+
+    Random weights never emit EOS, so each segment runs to its frame budget; the qwen_tts
+    reference path stops one frame short of ``max_new_tokens``, hence one frame of slack per
+    segment. A sentence spoken twice or lost moves the total far outside this range.
+    """
+    segmenter = Segmenter()
+    segments = [s for d in deltas for s in segmenter.add(d)] + segmenter.finish()
+    most = sum(frame_budget(s) for s in segments)
+    return range(most - len(segments), most + 1)
+
+
+async def read_until(client: AsyncTcpClient, *stop_types: str) -> list[Event]:
+    """Events up to and including the first of ``stop_types`` (or an error)."""
+    events: list[Event] = []
+    while True:
+        event = await asyncio.wait_for(client.read_event(), _GUARD_S)
+        assert event is not None, f"server closed the connection after {[e.type for e in events]}"
+        events.append(event)
+        if event.type in stop_types or Error.is_type(event.type):
+            return events
+
+
+def audio_of(events: list[Event]) -> tuple[bytes, set[tuple[int, int, int]]]:
+    """PCM bytes and the set of (rate, width, channels) seen in chunks."""
+    chunks = [AudioChunk.from_event(e) for e in events if AudioChunk.is_type(e.type)]
+    return b"".join(c.audio for c in chunks), {(c.rate, c.width, c.channels) for c in chunks}
+
+
+def check_audio_events(events: list[Event], frames: range) -> None:
+    """audio-start, chunks, audio-stop in order; one format; whole frames, as many as ``frames``."""
+    types = [e.type for e in events if e.type.startswith("audio-")]
+    assert types[0] == "audio-start" and types[-1] == "audio-stop"
+    assert types.count("audio-start") == 1 and types.count("audio-stop") == 1
+    start = AudioStart.from_event(next(e for e in events if AudioStart.is_type(e.type)))
+    pcm, formats = audio_of(events)
+    assert formats == {(start.rate, start.width, start.channels)} == {(24000, 2, 1)}
+    assert len(pcm) % (2 * SAMPLES_PER_FRAME) == 0
+    assert len(pcm) // (2 * SAMPLES_PER_FRAME) in frames
+
+
+async def describe(client: AsyncTcpClient) -> Info:
+    await client.write_event(Describe().event())
+    events = await read_until(client, "info")
+    return Info.from_event(events[-1])
+
+
+async def test_describe_lists_every_voice(server: Server) -> None:
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        info = await describe(client)
+    (program,) = info.tts
+    assert program.supports_synthesize_streaming and program.installed
+    voices = {v.name: v for v in program.voices}
+    assert {"aria", "lena", "mei", "clone", "xvec"} <= set(voices)  # presets and clone library
+    assert "broken" not in voices  # the corrupt file was skipped
+    assert any(v.attribution.name.startswith("Qwen3-TTS CustomVoice") for v in voices.values())
+    assert voices["lena"].languages == ["de"] and voices["mei"].languages == ["zh"]
+    assert "en" in voices["clone"].languages and all(v.description for v in voices.values())
+
+
+async def test_synthesize_streams_pcm_for_every_frame(server: Server) -> None:
+    text = "Hello there. How are you?"
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name="aria")).event())
+        events = await read_until(client, "audio-stop")
+    check_audio_events(events, expected_frames(text))
+
+
+@pytest.mark.parametrize("voice", ["clone", "xvec", "james"])
+async def test_each_voice_source_speaks(server: Server, voice: str) -> None:
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        await client.write_event(Synthesize(text="Good morning.", voice=SynthesizeVoice(name=voice)).event())
+        events = await read_until(client, "audio-stop")
+    check_audio_events(events, expected_frames("Good morning."))
+
+
+async def test_custom_voice_speaker_and_language(server: Server) -> None:
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        speakers = [v.name for v in (await describe(client)).tts[0].voices if "CustomVoice" in v.attribution.name]
+        event = Event("synthesize", {"text": "Guten Tag.", "voice": {"name": speakers[0], "language": "de"}})
+        await client.write_event(event)
+        events = await read_until(client, "audio-stop")
+    check_audio_events(events, expected_frames("Guten Tag."))
+
+
+async def test_streamed_text_split_inside_words_is_spoken_once(server: Server) -> None:
+    deltas = ["Hel", "lo the", "re. It is 22", ".5 degr", "ees out", "side! Have a ni", "ce day"]
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        await client.write_event(SynthesizeStart(voice=SynthesizeVoice(name="aria")).event())
+        for delta in deltas:
+            await client.write_event(SynthesizeChunk(text=delta).event())
+        # Home Assistant's compatibility copy: must not be spoken a second time.
+        await client.write_event(Synthesize(text="".join(deltas)).event())
+        await client.write_event(SynthesizeStop().event())
+        events = await read_until(client, "synthesize-stopped")
+    assert not any(Error.is_type(e.type) for e in events)
+    assert events[-1].type == "synthesize-stopped"
+    check_audio_events(events, expected_frames(*deltas))  # 3 sentences, "22.5" not split
+
+
+async def test_stream_without_voice_uses_default_and_empty_stream_stops(server: Server) -> None:
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        await client.write_event(SynthesizeStart().event())
+        await client.write_event(SynthesizeStop().event())
+        events = await read_until(client, "synthesize-stopped")
+        assert not audio_of(events)[0]
+        await client.write_event(SynthesizeStart().event())
+        await client.write_event(SynthesizeChunk(text="Okay.").event())
+        await client.write_event(SynthesizeStop().event())
+        events = await read_until(client, "synthesize-stopped")
+    check_audio_events(events, expected_frames("Okay."))
+
+
+async def test_two_clients_at_once_each_get_their_own_audio(server: Server) -> None:
+    texts = ["First client speaking now.", "Second one. With two sentences."]
+
+    async def speak(text: str) -> list[Event]:
+        async with AsyncTcpClient("127.0.0.1", server.port) as client:
+            await client.write_event(Synthesize(text=text).event())
+            return await read_until(client, "audio-stop")
+
+    results = await asyncio.gather(*(speak(t) for t in texts))
+    for text, events in zip(texts, results):
+        check_audio_events(events, expected_frames(text))
+
+
+async def test_describe_answers_while_a_long_generation_runs(server: Server) -> None:
+    async with AsyncTcpClient("127.0.0.1", server.port) as busy, AsyncTcpClient("127.0.0.1", server.port) as other:
+        await busy.write_event(Synthesize(text="A longer sentence that keeps the model busy for a while.").event())
+        first = await read_until(busy, "audio-chunk")  # generation is running
+        assert first[-1].type == "audio-chunk"
+        info = await describe(other)
+        assert info.tts
+        rest = await read_until(busy, "audio-stop")  # ...and finishes after describe was answered
+        assert rest[-1].type == "audio-stop"
+
+
+async def test_disconnect_mid_stream_cancels_and_server_serves_on(server: Server) -> None:
+    client = AsyncTcpClient("127.0.0.1", server.port)
+    await client.connect()
+    await client.write_event(SynthesizeStart().event())
+    await client.write_event(SynthesizeChunk(text="One sentence here. Another one follows. And a third. ").event())
+    await read_until(client, "audio-chunk")
+    await client.disconnect()
+
+    async with AsyncTcpClient("127.0.0.1", server.port) as client2:
+        await client2.write_event(Synthesize(text="Still here.").event())
+        events = await read_until(client2, "audio-stop")
+    check_audio_events(events, expected_frames("Still here."))
+    assert server.alive()
+
+
+async def _expect_error(client: AsyncTcpClient, event: Event | Eventable, code: str) -> Error:
+    await client.write_event(event if isinstance(event, Event) else event.event())
+    events = await read_until(client, "error")
+    error = Error.from_event(events[-1])
+    assert error.code == code and error.text, (error, [e.type for e in events])
+    assert not any(e.type.startswith("audio") for e in events)
+    return error
+
+
+@pytest.mark.parametrize(
+    ("event", "code"),
+    [
+        (Synthesize(text=""), "empty-text"),
+        (Synthesize(text="   \n\t "), "empty-text"),
+        (Synthesize(text="🎉🎉"), "empty-text"),
+        (Synthesize(text="x" * 20_000), "text-too-long"),
+        (Synthesize(text="Hi.", voice=SynthesizeVoice(name="no-such-voice")), "unknown-voice"),
+        (Event("synthesize", {"text": "Hi.", "voice": {"name": "aria", "language": "klingon"}}), "unsupported-language"),
+        (SynthesizeChunk(text="orphan chunk"), "bad-request"),
+        (SynthesizeStop(), "bad-request"),
+        (Event("synthesize", {"voice": {"name": "aria"}}), "malformed-event"),
+        (Event("synthesize", {"text": 42}), "malformed-event"),
+        (Event("synthesize", {"text": "Hi.", "voice": "aria"}), "malformed-event"),
+        (Event("synthesize-chunk", {}), "bad-request"),
+    ],
+    ids=lambda v: getattr(v, "type", v),
+)
+async def test_bad_request_gets_error_and_connection_stays_usable(server: Server, event: Event | Eventable, code: str) -> None:
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        error = await _expect_error(client, event, code)
+        assert len(error.text) < 300
+        assert (await describe(client)).tts  # same connection still works
+    assert server.alive()
+
+
+async def test_malformed_lines_and_unknown_events(server: Server) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(b"this is not json\n")
+        writer.write(json.dumps({"no_type": 1}).encode() + b"\n")
+        writer.write(json.dumps({"type": "select-program", "data": {"name": "x"}}).encode() + b"\n")
+        writer.write(json.dumps({"type": "totally-unknown"}).encode() + b"\n")
+        writer.write(json.dumps({"type": "describe"}).encode() + b"\n")
+        await writer.drain()
+        types = []
+        while "info" not in types:
+            header = json.loads(await asyncio.wait_for(reader.readline(), _GUARD_S))
+            types.append(header["type"])
+            for key in ("data_length", "payload_length"):
+                if header.get(key):
+                    await reader.readexactly(header[key])
+        assert types == ["error", "error", "info"]  # unknown types ignored, bad lines answered
+    finally:
+        writer.close()
+
+
+async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) -> None:
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        await client.write_event(SynthesizeStart().event())
+        await client.write_event(SynthesizeChunk(text="y" * 20_000).event())
+        events = await read_until(client, "error")
+        assert Error.from_event(events[-1]).code == "text-too-long"
+        await client.write_event(SynthesizeChunk(text="more text").event())  # dropped quietly
+        await client.write_event(SynthesizeStop().event())
+        events = await read_until(client, "synthesize-stopped")
+        assert events[-1].type == "synthesize-stopped"
+        assert (await describe(client)).tts
