@@ -82,7 +82,7 @@ def _warm_segment(kind: ModelKind, model: SpeechModel) -> Segment:
         max_new_tokens=2,
         seed=0,
         instruct="A clear, neutral voice." if kind is ModelKind.VOICE_DESIGN else None,
-        speaker=(model.speakers() or [None])[0],
+        speaker=next(iter(model.speakers()), None),
         reference=Reference.from_audio(tone, SAMPLE_RATE, None) if kind is ModelKind.BASE else None,
     )
 

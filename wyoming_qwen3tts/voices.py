@@ -19,6 +19,7 @@ import enum
 import hashlib
 import logging
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,7 +178,7 @@ class VoiceCatalog:
     """
 
     def __init__(
-        self, voices_dir: Path | None, kinds: set[ModelKind], custom_speakers: list[str] = []
+        self, voices_dir: Path | None, kinds: set[ModelKind], custom_speakers: Sequence[str] = ()
     ) -> None:
         self.voices_dir = voices_dir
         self.kinds = kinds

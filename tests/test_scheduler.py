@@ -1,0 +1,114 @@
+"""The worker's ordering, cancellation and failure handling (a fake model stands in for
+the engine here; the real engine is exercised end to end in test_wyoming.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from wyoming_qwen3tts.engine import Segment, SpeechModel
+from wyoming_qwen3tts.scheduler import GenerationError, Job, ModelWorker
+from wyoming_qwen3tts.voices import ModelKind
+
+
+class RecordingModel(SpeechModel):
+    """Yields ``max_new_tokens`` one-sample chunks whose value encodes the segment text."""
+
+    def __init__(self) -> None:
+        self.kind = ModelKind.VOICE_DESIGN
+        self.chunk_frames = 1
+        self.order: list[str] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.active = 0
+        self.max_active = 0
+
+    def stream(self, segment: Segment) -> Iterator[np.ndarray]:
+        if segment.text == "boom":
+            raise RuntimeError("prefill has 5000 tokens but max_seq_len=2048")
+        self.order.append(segment.text)
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            for _ in range(segment.max_new_tokens):
+                self.gate.wait()
+                yield np.full(1, float(len(self.order)), dtype=np.float32)
+        finally:
+            self.active -= 1
+
+
+def seg(text: str, frames: int = 3) -> Segment:
+    return Segment(text=text, language="auto", max_new_tokens=frames)
+
+
+async def drain(job: Job) -> list[float]:
+    return [float(c[0]) async for c in job]
+
+
+@pytest.fixture
+def model_worker() -> Iterator[tuple[RecordingModel, ModelWorker]]:
+    model = RecordingModel()
+    worker = ModelWorker(model)
+    worker.start(seg("warm", 1))
+    worker.ready.wait(10)
+    model.order.clear()
+    yield model, worker
+    model.gate.set()
+    worker.stop()
+
+
+async def test_clients_take_turns_at_segment_boundaries(model_worker: tuple[RecordingModel, ModelWorker]) -> None:
+    model, worker = model_worker
+    loop = asyncio.get_running_loop()
+    model.gate.clear()  # hold the worker so both queues fill first
+    a, b = worker.open_job(loop), worker.open_job(loop)
+    for i in range(3):
+        a.submit(seg(f"a{i}"))
+    for i in range(2):
+        b.submit(seg(f"b{i}"))
+    a.close()
+    b.close()
+    model.gate.set()
+    chunks_a, chunks_b = await asyncio.wait_for(asyncio.gather(drain(a), drain(b)), 30)
+    assert model.order == ["a0", "b0", "a1", "b1", "a2"]
+    assert model.max_active == 1  # one generation at a time
+    assert len(chunks_a) == 9 and len(chunks_b) == 6  # every chunk delivered, none duplicated
+
+
+async def test_cancel_drops_queued_work_and_stops_the_running_segment(model_worker: tuple[RecordingModel, ModelWorker]) -> None:
+    model, worker = model_worker
+    loop = asyncio.get_running_loop()
+    job = worker.open_job(loop)
+    model.gate.clear()
+    for i in range(5):
+        job.submit(seg(f"s{i}", frames=1000))
+    job.close()
+    while not model.order:
+        await asyncio.sleep(0.01)
+    job.cancel()
+    model.gate.set()
+    other = worker.open_job(loop)
+    other.submit(seg("next"))
+    other.close()
+    assert len(await asyncio.wait_for(drain(other), 30)) == 3
+    assert model.order == ["s0", "next"]  # s1..s4 never ran
+    assert await drain(job) == []
+
+
+async def test_a_failing_segment_raises_for_its_client_only(model_worker: tuple[RecordingModel, ModelWorker]) -> None:
+    _model, worker = model_worker
+    loop = asyncio.get_running_loop()
+    bad = worker.open_job(loop)
+    bad.submit(seg("boom"))
+    bad.close()
+    with pytest.raises(GenerationError, match="max_seq_len"):
+        await asyncio.wait_for(drain(bad), 30)
+    good = worker.open_job(loop)
+    good.submit(seg("fine"))
+    good.close()
+    assert len(await asyncio.wait_for(drain(good), 30)) == 3
+    assert worker.queue_depth() == 0
