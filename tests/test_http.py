@@ -1,0 +1,718 @@
+"""The OpenAI-compatible HTTP door: the real server process (conftest ``server``), the
+official ``openai`` client and raw aiohttp requests; plus in-process tests of the encoders,
+the tempo filter, and failures a real model cannot be made to produce on demand.
+
+Random weights never emit EOS, so every segment runs to its frame budget and the audio
+length of a request is known in advance (see ``expected_samples``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import av
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer, unused_port
+from wyoming.audio import AudioChunk, AudioStop
+from wyoming.client import AsyncTcpClient
+from wyoming.error import Error
+from wyoming.tts import Synthesize, SynthesizeVoice
+
+from wyoming_qwen3tts.encoders import FORMATS, open_encoder
+from wyoming_qwen3tts.engine import SAMPLE_RATE, SAMPLES_PER_FRAME, Segment, SpeechModel
+from wyoming_qwen3tts.http_api import _SERVICE_KEY, create_app, start_http
+from wyoming_qwen3tts.metrics import Metrics
+from wyoming_qwen3tts.scheduler import ModelWorker
+from wyoming_qwen3tts.service import TtsService
+from wyoming_qwen3tts.tempo import Tempo, stage_factors
+from wyoming_qwen3tts.text import Segmenter, frame_budget
+from wyoming_qwen3tts.voices import ModelKind, VoiceCatalog
+
+from .conftest import Server, start_server, stop_server
+
+#: Short text: one segment, a second or two of CPU time per request.
+TEXT = "Hi"
+#: A hang guard for whole requests, not a speed assertion.
+_GUARD = aiohttp.ClientTimeout(total=300)
+API_KEY = "test-key-123"
+#: Samples a lossy codec may add (encoder delay and last-frame padding: mp3 ~1350, aac ~1550).
+_CODEC_SLACK = 2 * 1152 + 1024
+
+
+def _segments(text: str) -> list[str]:
+    segmenter = Segmenter()
+    return segmenter.add(text) + segmenter.finish()
+
+
+def expected_samples(text: str) -> int:
+    """Most samples generated for ``text`` at 24 kHz: each segment runs to its frame budget."""
+    return sum(frame_budget(s) for s in _segments(text)) * SAMPLES_PER_FRAME
+
+
+def assert_frames(samples: int, text: str = TEXT) -> None:
+    """``samples`` is a whole number of codec frames: the text's frame budget, or up to one
+    frame per segment less (the CPU reference engine stops one short of ``max_new_tokens``)."""
+    most = expected_samples(text)
+    assert samples % SAMPLES_PER_FRAME == 0, samples
+    assert most - len(_segments(text)) * SAMPLES_PER_FRAME <= samples <= most, (samples, most)
+
+
+def decode(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
+    """Decode a whole response body: float32 [n] mono and its sample rate.
+
+    soundfile reads pcm and wav; PyAV (FFmpeg) reads mp3, opus, aac and flac. FLAC goes
+    through FFmpeg because a streamed FLAC's STREAMINFO says "length unknown", which
+    libsndfile cannot read (it takes the length as 2**63 - 1).
+    """
+    if fmt == "pcm":
+        audio, rate = sf.read(
+            io.BytesIO(data),
+            format="RAW",
+            subtype="PCM_16",
+            samplerate=SAMPLE_RATE,
+            channels=1,
+            endian="LITTLE",
+            dtype="float32",
+        )
+        return audio, rate
+    if fmt == "wav":
+        audio, rate = sf.read(io.BytesIO(data), dtype="float32")
+        return audio, rate
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        frames = [f.to_ndarray().reshape(-1) for f in container.decode(stream)]
+        return np.concatenate(frames).astype(np.float32), stream.codec_context.sample_rate
+
+
+def check_decoded(data: bytes, fmt: str, samples_24k: int) -> None:
+    """``data`` decodes to mono audio as long as ``samples_24k`` at 24 kHz (exactly for
+    lossless formats; plus codec padding for lossy ones; Opus decodes at 48 kHz)."""
+    audio, rate = decode(data, fmt)
+    assert audio.ndim == 1
+    if fmt == "opus":
+        assert rate == 48000
+        assert abs(len(audio) / rate - samples_24k / SAMPLE_RATE) <= _CODEC_SLACK / SAMPLE_RATE
+    elif fmt in ("mp3", "aac"):
+        assert rate == SAMPLE_RATE
+        assert samples_24k <= len(audio) <= samples_24k + _CODEC_SLACK
+    else:
+        assert rate == SAMPLE_RATE
+        assert len(audio) == samples_24k
+    assert np.abs(audio).max() > 0.001  # noise, not silence
+
+
+def client_for(server: Server, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.http_url}/v1", api_key=key, max_retries=0, timeout=300)
+
+
+async def post(
+    server: Server, body: Any, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """POST /v1/audio/speech (``body`` as JSON, or bytes sent as they are)."""
+    async with aiohttp.ClientSession(timeout=_GUARD) as session:
+        kwargs: dict[str, Any] = {"data": body} if isinstance(body, bytes) else {"json": body}
+        async with session.post(
+            f"{server.http_url}/v1/audio/speech", headers=headers, **kwargs
+        ) as resp:
+            return resp.status, dict(resp.headers), await resp.read()
+
+
+async def get(
+    server: Server, path: str, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """GET ``path``: status, headers, body."""
+    async with (
+        aiohttp.ClientSession(timeout=_GUARD) as session,
+        session.get(f"{server.http_url}{path}", headers=headers) as resp,
+    ):
+        return resp.status, dict(resp.headers), await resp.read()
+
+
+def metric(exposition: str, name: str, **labels: str) -> float:
+    """One sample of a Prometheus text exposition (0 when absent)."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in exposition.splitlines():
+        match = re.match(r"^(\w+)\{([^}]*)\} (\S+)$", line)
+        if match and match[1] == name and ",".join(sorted(match[2].split(","))) == want:
+            return float(match[3])
+    return 0.0
+
+
+async def scrape(server: Server) -> str:
+    return (await get(server, "/metrics"))[2].decode()
+
+
+@pytest.fixture(scope="module")
+def pcm_samples(server: Server) -> int:
+    """Length of TEXT's audio on this server (from a pcm request): the reference."""
+    data = (
+        client_for(server)
+        .audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="pcm")
+        .read()
+    )
+    samples = len(data) // 2
+    assert_frames(samples)
+    return samples
+
+
+@pytest.fixture(scope="module")
+def keyed_server(
+    checkpoints: Path, voices_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """A second server that requires ``API_KEY`` (CPU)."""
+    folder = tmp_path_factory.mktemp("server-keyed")
+    srv = start_server(
+        checkpoints,
+        voices_dir,
+        folder / "server.log",
+        extra=["--no-zeroconf", "--api-key", API_KEY],
+    )
+    yield srv
+    stop_server(srv)
+
+
+# --- the openai client, every format ----------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_openai_create_every_format(server: Server, pcm_samples: int, fmt: str) -> None:
+    response = client_for(server).audio.speech.create(
+        model="tts-1", voice="alloy", input=TEXT, response_format=fmt
+    )
+    assert response.response.headers["content-type"] == FORMATS[fmt].content_type
+    assert response.response.headers["x-sample-rate"] == "24000"
+    check_decoded(response.read(), fmt, pcm_samples)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_openai_streaming_response_every_format(server: Server, pcm_samples: int, fmt: str) -> None:
+    with client_for(server).audio.speech.with_streaming_response.create(
+        model="gpt-4o-mini-tts", voice="alloy", input=TEXT, response_format=fmt
+    ) as response:
+        assert response.headers.get("transfer-encoding") == "chunked"
+        data = b"".join(response.iter_bytes())
+    check_decoded(data, fmt, pcm_samples)
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "mp3"])
+def test_sse_events_carry_the_audio(server: Server, pcm_samples: int, fmt: str) -> None:
+    with client_for(server).audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input=TEXT, response_format=fmt, stream_format="sse"
+    ) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [
+            json.loads(line[len("data: ") :])
+            for line in response.iter_lines()
+            if line.startswith("data: ")
+        ]
+    assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
+    assert len(events) >= 2
+    done = events[-1]
+    assert done["type"] == "speech.audio.done"
+    assert done["usage"]["output_tokens"] == pcm_samples // SAMPLES_PER_FRAME
+    assert (
+        done["usage"]["input_tokens"] + done["usage"]["output_tokens"]
+        == done["usage"]["total_tokens"]
+    )
+    data = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    if fmt == "pcm":
+        assert len(data) == 2 * pcm_samples
+    check_decoded(data, fmt, pcm_samples)
+
+
+@pytest.mark.parametrize("speed", [2.0, 0.5, 4.0])
+def test_speed_changes_duration(server: Server, pcm_samples: int, speed: float) -> None:
+    data = (
+        client_for(server)
+        .audio.speech.create(
+            model="tts-1", voice="alloy", input=TEXT, response_format="wav", speed=speed
+        )
+        .read()
+    )
+    audio, rate = decode(data, "wav")
+    assert rate == SAMPLE_RATE
+    assert len(audio) == pytest.approx(pcm_samples / speed, rel=0.05)
+
+
+# --- voices, models, extensions ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "voice"),
+    [
+        ({"voice": "ryan", "model": "qwen3-tts-custom-voice", "language": "en"}, "ryan"),
+        ({"model": "qwen3-tts-custom-voice"}, None),  # the model's first speaker
+        ({"voice": "nova", "instructions": "A deep, slow voice.", "seed": 7}, "aria"),
+        ({"model": "qwen3-tts-voice-design", "instructions": "A child's bright voice."}, None),
+        ({"voice": "alloy", "reference_voice": "clone", "model": "qwen3-tts-clone"}, "clone"),
+        ({"voice": {"id": "xvec"}}, "xvec"),
+    ],
+)
+async def test_voice_selection(
+    server: Server, pcm_samples: int, extra: dict[str, Any], voice: str | None
+) -> None:
+    status, headers, data = await post(server, {"input": TEXT, "response_format": "pcm", **extra})
+    assert status == 200, data
+    if voice is not None:
+        assert headers["X-Voice"] == voice
+    assert len(data) == 2 * pcm_samples
+
+
+async def test_catalogue_models_and_probes(server: Server) -> None:
+    status, _, body = await get(server, "/v1/audio/voices")
+    assert status == 200
+    voices = {v["name"]: v for v in json.loads(body)["voices"]}
+    assert {"aria", "clone", "xvec", "ryan"} <= set(voices)
+    assert "broken" not in voices
+    assert voices["aria"]["kind"] == "voice_design" and "alloy" in voices["aria"]["aliases"]
+    assert voices["clone"]["kind"] == "base" and voices["ryan"]["kind"] == "custom_voice"
+    for v in voices.values():
+        assert isinstance(v["summary"], str) and isinstance(v["languages"], list)
+
+    status, _, body = await get(server, "/v1/models")
+    listed = json.loads(body)
+    assert status == 200 and listed["object"] == "list"
+    ids = {m["id"] for m in listed["data"]}
+    assert {
+        "tts-1",
+        "tts-1-hd",
+        "gpt-4o-mini-tts",
+        "qwen3-tts-base",
+        "qwen3-tts-clone",
+        "qwen3-tts-voice-design",
+        "qwen3-tts-custom-voice",
+    } <= ids
+    assert all(m["object"] == "model" for m in listed["data"])
+    assert {m.id for m in client_for(server).models.list()} == ids
+
+    assert (await get(server, "/health"))[0] == 200
+    status, _, body = await get(server, "/ready")
+    assert status == 200 and json.loads(body)["models"] == {
+        "base": "ready",
+        "voice_design": "ready",
+        "custom_voice": "ready",
+    }
+    status, headers, body = await get(server, "/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    assert b"tts_requests_total" in body
+
+
+# --- errors -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "code"),
+    [
+        (b"{not json", 400, None, "invalid-json"),
+        ([TEXT], 400, None, "invalid-json"),
+        ({"voice": "alloy"}, 400, "input", "missing-field"),
+        ({"input": ""}, 400, "input", "empty-text"),
+        ({"input": "  \n "}, 400, "input", "empty-text"),
+        ({"input": "🎉🎉"}, 400, "input", "empty-text"),
+        ({"input": 42}, 400, "input", "invalid-type"),
+        ({"input": "x" * 10_001}, 413, "input", "text-too-long"),
+        ({"input": TEXT, "response_format": "ogg"}, 400, "response_format", "invalid-value"),
+        ({"input": TEXT, "stream_format": "chunks"}, 400, "stream_format", "invalid-value"),
+        ({"input": TEXT, "speed": 0.1}, 400, "speed", "invalid-value"),
+        ({"input": TEXT, "speed": 4.5}, 400, "speed", "invalid-value"),
+        ({"input": TEXT, "speed": "fast"}, 400, "speed", "invalid-type"),
+        ({"input": TEXT, "speed": True}, 400, "speed", "invalid-type"),
+        ({"input": TEXT, "seed": -1}, 400, "seed", "invalid-value"),
+        ({"input": TEXT, "seed": 1.5}, 400, "seed", "invalid-type"),
+        ({"input": TEXT, "voice": 3}, 400, "voice", "invalid-type"),
+        ({"input": TEXT, "instructions": ["calm"]}, 400, "instructions", "invalid-type"),
+        ({"input": TEXT, "language": "klingon"}, 400, "language", "unsupported-language"),
+        ({"input": TEXT, "voice": "nobody"}, 404, "voice", "unknown-voice"),
+        (
+            {"input": TEXT, "reference_voice": "/etc/passwd"},
+            404,
+            "reference_voice",
+            "unknown-voice",
+        ),
+        (
+            {"input": TEXT, "reference_voice": "../voices/clone.wav"},
+            404,
+            "reference_voice",
+            "unknown-voice",
+        ),
+        ({"input": TEXT, "reference_voice": "aria"}, 400, "reference_voice", "invalid-value"),
+        ({"input": TEXT, "model": "whisper-1"}, 404, "model", "model_not_found"),
+        (
+            {"input": TEXT, "model": "qwen3-tts-custom-voice", "voice": "alloy"},
+            400,
+            "voice",
+            "voice-model-mismatch",
+        ),
+    ],
+)
+async def test_bad_requests_get_openai_errors(
+    server: Server, body: Any, status: int, param: str | None, code: str
+) -> None:
+    got, headers, data = await post(server, body)
+    assert got == status, data
+    assert headers["Content-Type"].startswith("application/json")
+    error = json.loads(data)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["param"], error["code"]) == (param, code)
+    assert error["type"] == "invalid_request_error" and error["message"]
+
+
+async def test_errors_are_counted_and_unknown_routes_are_json(server: Server) -> None:
+    before = metric(await scrape(server), "tts_errors_total", door="http", code="empty-text")
+    assert (await post(server, {"input": ""}))[0] == 400
+    assert (
+        metric(await scrape(server), "tts_errors_total", door="http", code="empty-text")
+        == before + 1
+    )
+    status, _, data = await get(server, "/v1/nothing")
+    assert status == 404 and json.loads(data)["error"]["code"] == "not-found"
+    status, _, data = await get(server, "/v1/audio/speech")
+    assert status == 405 and "error" in json.loads(data)
+
+
+def test_openai_client_raises_typed_errors(server: Server) -> None:
+    client = client_for(server)
+    with pytest.raises(openai.NotFoundError) as err:
+        client.audio.speech.create(model="tts-1", voice="nobody", input=TEXT)
+    assert err.value.code == "unknown-voice"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, speed=9.0)
+    assert bad.value.param == "speed"
+
+
+# --- auth -------------------------------------------------------------------------------
+
+
+async def test_api_key_required_when_set(keyed_server: Server) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        status, _, data = await post(keyed_server, {"input": TEXT}, headers)
+        assert status == 401, headers
+        assert json.loads(data)["error"]["code"] == "invalid_api_key"
+    assert (await get(keyed_server, "/v1/models"))[0] == 401
+    for path in ("/health", "/ready", "/metrics"):  # probes and scrapers need no key
+        assert (await get(keyed_server, path))[0] == 200
+    assert (await get(keyed_server, "/v1/models", {"Authorization": f"Bearer {API_KEY}"}))[0] == 200
+    with pytest.raises(openai.AuthenticationError):
+        client_for(keyed_server, "wrong").audio.speech.create(
+            model="tts-1", voice="alloy", input=TEXT
+        )
+    data = (
+        client_for(keyed_server, API_KEY)
+        .audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="pcm")
+        .read()
+    )
+    assert_frames(len(data) // 2)
+    assert "has no --api-key" not in keyed_server.output()  # loopback + key: no warning
+
+
+async def test_no_key_server_ignores_authorization(server: Server) -> None:
+    status, _, _ = await get(server, "/v1/models", {"Authorization": "Bearer anything"})
+    assert status == 200
+    assert (await get(server, "/v1/models"))[0] == 200
+
+
+# --- streaming behaviour ----------------------------------------------------------------
+
+
+async def test_disconnect_mid_stream_cancels_and_server_serves_on(
+    server: Server, pcm_samples: int
+) -> None:
+    text = "Hello there, my friend. This second sentence is queued. And a third one waits too."
+    assert expected_samples(text) > 3 * pcm_samples  # several segments
+    before = metric(await scrape(server), "tts_requests_total", door="http", outcome="cancelled")
+    async with aiohttp.ClientSession(timeout=_GUARD) as session:
+        resp = await session.post(
+            f"{server.http_url}/v1/audio/speech",
+            json={"input": text, "response_format": "pcm", "voice": "alloy"},
+        )
+        assert resp.status == 200
+        first = await resp.content.readany()
+        assert first
+        resp.close()  # drop the connection mid-stream
+    deadline = time.monotonic() + 120  # a hang guard while the cancellation propagates
+    while (
+        metric(await scrape(server), "tts_requests_total", door="http", outcome="cancelled")
+        <= before
+    ):
+        assert time.monotonic() < deadline, "disconnect did not cancel the stream"
+        await asyncio.sleep(0.2)
+    status, _, data = await post(
+        server, {"input": TEXT, "response_format": "pcm", "voice": "alloy"}
+    )
+    assert status == 200 and len(data) == 2 * pcm_samples
+    assert server.alive()
+
+
+async def test_wyoming_and_http_at_the_same_time(server: Server, pcm_samples: int) -> None:
+    async def wyoming() -> int:
+        async with AsyncTcpClient("127.0.0.1", server.port) as client:
+            await client.write_event(
+                Synthesize(text=TEXT, voice=SynthesizeVoice(name="aria")).event()
+            )
+            samples = 0
+            while True:
+                event = await asyncio.wait_for(client.read_event(), 300)
+                assert event is not None and not Error.is_type(event.type), event
+                if AudioChunk.is_type(event.type):
+                    samples += len(AudioChunk.from_event(event).audio) // 2
+                elif AudioStop.is_type(event.type):
+                    return samples
+
+    async def http(fmt: str) -> bytes:
+        status, _, data = await post(
+            server, {"input": TEXT, "voice": "alloy", "response_format": fmt}
+        )
+        assert status == 200, data
+        return data
+
+    wy, pcm, mp3 = await asyncio.gather(wyoming(), http("pcm"), http("mp3"))
+    assert wy == pcm_samples and len(pcm) == 2 * pcm_samples
+    check_decoded(mp3, "mp3", pcm_samples)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("server", ["cuda"], indirect=True)  # the CUDA server only
+async def test_first_bytes_arrive_while_generation_runs(server: Server) -> None:
+    """Time to first byte on the CUDA engine, shown causally rather than by a stopwatch:
+    when the first audio bytes reach the client, the server has not yet counted the
+    request as finished (``tts_requests_total{outcome="ok"}`` unchanged); it is counted
+    once the body is complete. A server that generated everything before sending would
+    fail the first check. The measured times are printed, never asserted."""
+    if server.device != "cuda":
+        pytest.skip("CUDA engine only")
+    text = " ".join(
+        f"This is sentence number {i} of a longer answer, spoken in several parts."
+        for i in range(6)
+    )
+    before = metric(await scrape(server), "tts_requests_total", door="http", outcome="ok")
+    async with aiohttp.ClientSession(timeout=_GUARD) as session:
+        start = time.monotonic()
+        async with session.post(
+            f"{server.http_url}/v1/audio/speech",
+            json={"input": text, "voice": "alloy", "response_format": "pcm"},
+        ) as resp:
+            assert resp.status == 200
+            first = await resp.content.readany()
+            ttfb = time.monotonic() - start
+            assert first
+            assert (
+                metric(await scrape(server), "tts_requests_total", door="http", outcome="ok")
+                == before
+            )
+            rest = await resp.read()
+            total = time.monotonic() - start
+    assert_frames((len(first) + len(rest)) // 2, text)
+    assert (
+        metric(await scrape(server), "tts_requests_total", door="http", outcome="ok") == before + 1
+    )
+    print(f"time to first byte {ttfb * 1000:.0f} ms, whole response {total * 1000:.0f} ms")
+
+
+# --- in process: encoders, tempo, failures ----------------------------------------------
+
+
+def _noise(n: int, seed: int = 0) -> np.ndarray:
+    return (0.1 * np.random.default_rng(seed).standard_normal(n)).astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_encoders_emit_bytes_per_chunk(fmt: str) -> None:
+    """Every format hands out bytes from the first chunk on, before the stream ends."""
+    encoder = open_encoder(fmt)
+    pieces = [encoder.encode(_noise(2 * SAMPLES_PER_FRAME, i)) for i in range(10)]
+    assert all(pieces[:1]) and sum(1 for p in pieces if p) >= 8
+    data = b"".join(pieces) + encoder.finish()
+    check_decoded(data, fmt, 20 * SAMPLES_PER_FRAME)
+
+
+def test_wav_header_streams_with_unknown_size() -> None:
+    head = open_encoder("wav").encode(_noise(100))[:44]
+    assert (
+        head[:4] == b"RIFF"
+        and head[4:8] == b"\xff\xff\xff\xff"
+        and head[36:44] == b"data\xff\xff\xff\xff"
+    )
+
+
+@pytest.mark.parametrize("speed", [0.25, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0, 4.0])
+def test_tempo_keeps_pitch(speed: float) -> None:
+    factors = stage_factors(speed)
+    assert all(0.5 <= f <= 2.0 for f in factors) and np.prod(factors or [1.0]) == pytest.approx(
+        speed
+    )
+    tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(SAMPLE_RATE * 2) / SAMPLE_RATE)).astype(
+        np.float32
+    )
+    tempo = Tempo(speed)
+    out = np.concatenate([tempo.process(c) for c in np.split(tone, 25)] + [tempo.finish()])
+    assert len(out) == pytest.approx(len(tone) / speed, rel=0.03)
+    middle = out[len(out) // 4 : 3 * len(out) // 4]
+    peak = (
+        np.argmax(np.abs(np.fft.rfft(middle * np.hanning(len(middle))))) * SAMPLE_RATE / len(middle)
+    )
+    assert peak == pytest.approx(440, abs=10)
+
+
+def test_tempo_rejects_out_of_range() -> None:
+    for speed in (0.2, 4.01):
+        with pytest.raises(ValueError):
+            Tempo(speed)
+
+
+class _ScriptedModel(SpeechModel):
+    """Stands in for a Qwen3-TTS model: 4 chunks of noise per segment, each after
+    ``pace_s`` seconds; a segment whose text contains FAIL raises after ``fail_after``
+    chunks."""
+
+    def __init__(self, kind: ModelKind, fail_after: int, pace_s: float) -> None:
+        self.kind, self.chunk_frames, self._prompts = kind, 2, {}  # type: ignore[assignment]
+        self.fail_after, self.pace_s = fail_after, pace_s
+
+    def stream(self, segment: Segment) -> Iterator[np.ndarray]:
+        for i in range(4):
+            time.sleep(self.pace_s)
+            if "FAIL" in segment.text and i == self.fail_after:
+                raise RuntimeError("scripted failure")
+            yield _noise(self.chunk_frames * SAMPLES_PER_FRAME, i)
+
+
+@contextlib.asynccontextmanager
+async def scripted_service(fail_after: int = 4, pace_s: float = 0.0) -> AsyncIterator[TtsService]:
+    """A real ``TtsService`` (VoiceDesign presets only) on a ``_ScriptedModel``."""
+    worker = ModelWorker(_ScriptedModel(ModelKind.VOICE_DESIGN, fail_after, pace_s))
+    worker.start(Segment("warm", "auto", 2))
+    await asyncio.to_thread(worker.ready.wait)
+    try:
+        yield TtsService(
+            VoiceCatalog(None, {ModelKind.VOICE_DESIGN}),
+            {ModelKind.VOICE_DESIGN: worker},
+            "aria",
+            Metrics(),
+        )
+    finally:
+        await asyncio.to_thread(worker.stop)
+
+
+@contextlib.asynccontextmanager
+async def scripted_client(fail_after: int = 4, pace_s: float = 0.0) -> AsyncIterator[TestClient]:
+    """A client of ``create_app`` on a scripted service (aiohttp's test server)."""
+    async with (
+        scripted_service(fail_after, pace_s) as service,
+        TestClient(TestServer(create_app(service))) as client,
+    ):
+        yield client
+
+
+#: Bytes of one scripted segment as pcm: 4 chunks of 2 frames, 2 bytes a sample.
+_SCRIPTED_PCM = 4 * 2 * SAMPLES_PER_FRAME * 2
+
+
+async def test_failure_before_audio_is_a_json_500() -> None:
+    async with scripted_client(fail_after=0) as client:
+        resp = await client.post("/v1/audio/speech", json={"input": "Please FAIL now."})
+        assert resp.status == 500
+        error = (await resp.json())["error"]
+        assert (error["type"], error["code"]) == ("server_error", "generation-failed")
+        resp = await client.post(
+            "/v1/audio/speech", json={"input": "Fine.", "response_format": "pcm"}
+        )
+        assert resp.status == 200 and len(await resp.read()) == _SCRIPTED_PCM
+
+
+async def test_failure_mid_stream_ends_the_body_incomplete() -> None:
+    async with scripted_client(fail_after=2) as client:
+        resp = await client.post(
+            "/v1/audio/speech", json={"input": "Please FAIL now.", "response_format": "wav"}
+        )
+        assert resp.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.read()
+        resp = await client.post(
+            "/v1/audio/speech", json={"input": "Fine.", "response_format": "pcm"}
+        )
+        assert resp.status == 200 and len(await resp.read()) == _SCRIPTED_PCM
+
+
+async def test_failure_mid_stream_sse_sends_an_error_event() -> None:
+    async with scripted_client(fail_after=2) as client:
+        resp = await client.post(
+            "/v1/audio/speech",
+            json={"input": "Please FAIL now.", "response_format": "pcm", "stream_format": "sse"},
+        )
+        assert resp.status == 200
+        events = [
+            json.loads(line[6:])
+            for line in (await resp.text()).splitlines()
+            if line.startswith("data: ")
+        ]
+    assert [e["type"] for e in events] == ["speech.audio.delta", "speech.audio.delta", "error"]
+    assert events[-1]["error"]["code"] == "generation-failed"
+
+
+async def test_client_gone_between_writes_cancels_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    """Without handler cancellation (``start_http`` enables it; this runner does not), the
+    next write to a gone client fails: that too must cancel the generation, quietly."""
+    caplog.set_level(logging.INFO)
+    text = "The first sentence is here. The second sentence follows it. The third one ends it."
+    async with scripted_service(pace_s=0.05) as service:
+        runner = web.AppRunner(create_app(service), handler_cancellation=False)
+        await runner.setup()
+        port = unused_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with aiohttp.ClientSession(timeout=_GUARD) as session:
+                resp = await session.post(
+                    f"http://127.0.0.1:{port}/v1/audio/speech",
+                    json={"input": text, "response_format": "pcm"},
+                )
+                assert resp.status == 200 and await resp.content.readany()
+                resp.close()
+            deadline = time.monotonic() + 60  # a hang guard, not a speed assertion
+            exposition = ""
+            while metric(exposition, "tts_requests_total", door="http", outcome="cancelled") < 1:
+                assert time.monotonic() < deadline, "the write failure did not cancel the stream"
+                await asyncio.sleep(0.05)
+                exposition = service.metrics.exposition().decode()
+            assert metric(exposition, "tts_requests_total", door="http", outcome="ok") == 0
+        finally:
+            await runner.cleanup()
+    assert "HTTP client left after" in caplog.text
+    assert "Error handling request" not in caplog.text
+
+
+async def test_not_ready_is_503(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with scripted_client(fail_after=4) as client:
+        worker = next(iter(client.app[_SERVICE_KEY].workers.values()))
+        monkeypatch.setattr(worker, "warm_error", RuntimeError("warm-up failed"))
+        resp = await client.post("/v1/audio/speech", json={"input": "Hello."})
+        assert resp.status == 503 and (await resp.json())["error"]["code"] == "not-ready"
+        assert (await client.get("/ready")).status == 503
+        assert (await client.get("/health")).status == 200
+
+
+async def test_warns_without_key_on_a_public_address(caplog: pytest.LogCaptureFixture) -> None:
+    async with scripted_service() as service:
+        for host, key, warned in (
+            ("127.0.0.1", None, False),
+            ("0.0.0.0", "k", False),
+            ("0.0.0.0", None, True),
+        ):
+            caplog.clear()
+            runner = await start_http(service, host, 0, key)
+            await runner.cleanup()
+            assert ("has no --api-key" in caplog.text) is warned, (host, key)

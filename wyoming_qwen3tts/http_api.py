@@ -1,0 +1,604 @@
+"""OpenAI-compatible HTTP door (aiohttp), served in the same process as Wyoming.
+
+Routes:
+
+* ``POST /v1/audio/speech``: OpenAI's speech request; audio streams back while the model
+  generates, in any ``response_format``, raw (chunked transfer) or as server-sent events.
+* ``GET /v1/audio/voices``: the voice catalogue. ``GET /v1/models``: OpenAI's model list.
+* ``GET /health`` (liveness), ``GET /ready`` (every model warmed up), ``GET /metrics``
+  (Prometheus). These three never need the API key; ``/v1/*`` does when one is set.
+
+Every error is OpenAI's JSON, ``{"error": {"message", "type", "param", "code"}}``, sent
+before any audio: a request is validated and its first audio chunk awaited before the
+response headers go out. A failure after that ends the response without its final
+chunk (SSE: an ``error`` event, then the end), and the failure is logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hmac
+import ipaddress
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from .encoders import FORMATS, StreamEncoder, open_encoder
+from .engine import SAMPLE_RATE, SAMPLES_PER_FRAME
+from .scheduler import GenerationError
+from .service import (
+    EmptyTextError,
+    LanguageError,
+    RequestError,
+    SpeechRequest,
+    SpeechStream,
+    TextTooLongError,
+    TtsService,
+    VoiceNotFoundError,
+    check_text,
+)
+from .tempo import MAX_SPEED, MIN_SPEED, Tempo
+from .voices import ModelKind, Voice
+
+_LOGGER = logging.getLogger(__name__)
+
+#: OpenAI's model names: accepted, the voice decides which Qwen3-TTS model speaks.
+GENERIC_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
+#: Names that select one Qwen3-TTS model kind (404 when that model is not loaded).
+KIND_MODELS: dict[str, ModelKind] = {
+    "qwen3-tts-base": ModelKind.BASE,
+    "qwen3-tts-clone": ModelKind.BASE,
+    "qwen3-tts-voice-design": ModelKind.VOICE_DESIGN,
+    "qwen3-tts-custom-voice": ModelKind.CUSTOM_VOICE,
+}
+_MODEL_OF_KIND = {
+    ModelKind.BASE: "qwen3-tts-clone",
+    ModelKind.VOICE_DESIGN: "qwen3-tts-voice-design",
+    ModelKind.CUSTOM_VOICE: "qwen3-tts-custom-voice",
+}
+STREAM_FORMATS = ("audio", "sse")
+#: Longest ``instructions`` (VoiceDesign description), in characters: it sits in the prompt.
+MAX_INSTRUCTIONS_CHARS = 2000
+#: Largest accepted seed (torch seeds are 64-bit; this keeps them portable).
+MAX_SEED = 2**32 - 1
+_OPEN_PATHS = ("/health", "/ready", "/metrics")
+_HTTP_CODES = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large"}
+_SERVICE_KEY = web.AppKey("service", TtsService)
+_CREATED = int(time.time())
+
+
+class ApiError(RequestError):
+    """An HTTP-level refusal, sent as OpenAI's error JSON.
+
+    Args:
+        status: HTTP status code.
+        message: human-readable reason.
+        code: stable machine-readable id (also the metrics ``code`` label).
+        param: the request field at fault, or None.
+        kind: OpenAI's error ``type``.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.param, self.kind = status, code, param, kind
+
+
+def _error_body(
+    message: str, code: str, param: str | None = None, kind: str = "invalid_request_error"
+) -> dict[str, Any]:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _as_api_error(err: RequestError) -> ApiError:
+    """Map a service refusal onto its HTTP status and request field."""
+    if isinstance(err, ApiError):
+        return err
+    if isinstance(err, TextTooLongError):
+        return ApiError(413, str(err), err.code, "input")
+    if isinstance(err, EmptyTextError):
+        return ApiError(400, str(err), err.code, "input")
+    if isinstance(err, VoiceNotFoundError):
+        return ApiError(404, str(err), err.code, "voice")
+    if isinstance(err, LanguageError):
+        return ApiError(400, str(err), err.code, "language")
+    return ApiError(400, str(err), err.code)
+
+
+# --- request body -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpeechParams:
+    """A validated ``/v1/audio/speech`` body.
+
+    Attributes:
+        text: the ``input`` (1..max_chars characters, something speakable).
+        kind: model kind named by ``model``, or None (any: the voice decides).
+        voice: voice name or alias; None for the server's choice.
+        clone: True when ``voice`` came from ``reference_voice`` (must be a clone voice).
+        instructions: VoiceDesign description / CustomVoice style, or None.
+        response_format: a key of ``encoders.FORMATS``.
+        stream_format: "audio" (raw bytes) or "sse".
+        speed: tempo factor in [0.25, 4.0].
+        language: BCP-47 code or Qwen3-TTS language name, or None.
+        seed: RNG seed in [0, 2**32 - 1], or None.
+    """
+
+    text: str
+    kind: ModelKind | None = None
+    voice: str | None = None
+    clone: bool = False
+    instructions: str | None = None
+    response_format: str = "mp3"
+    stream_format: str = "audio"
+    speed: float = 1.0
+    language: str | None = None
+    seed: int | None = None
+
+
+def _invalid(param: str | None, message: str, code: str = "invalid-value") -> ApiError:
+    """A 400 for one request field."""
+    return ApiError(400, message, code, param)
+
+
+def _field(body: dict[str, Any], name: str, types: type | tuple[type, ...], what: str) -> Any:
+    """``body[name]`` if present and of ``types`` (never a bool), else None.
+
+    Raises:
+        ApiError: 400 invalid-type.
+    """
+    value = body.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+        raise _invalid(name, f"'{name}' must be {what}", "invalid-type")
+    return value
+
+
+def _text(body: dict[str, Any], name: str) -> str | None:
+    """An optional string field, stripped; None when absent or blank."""
+    value = _field(body, name, str, "a string")
+    return value.strip() or None if value is not None else None
+
+
+def _choice(body: dict[str, Any], name: str, choices: list[str], default: str) -> str:
+    value = _field(body, name, str, "a string")
+    if value is not None and value not in choices:
+        raise _invalid(name, f"'{name}' must be one of {', '.join(choices)}; got {value!r}")
+    return default if value is None else value
+
+
+def _model_kind(body: dict[str, Any]) -> ModelKind | None:
+    model = _field(body, "model", str, "a string")
+    if model is None or model.lower() in GENERIC_MODELS:
+        return None
+    if model.lower() not in KIND_MODELS:
+        message = f"The model {model!r} does not exist; see GET /v1/models"
+        raise ApiError(404, message, "model_not_found", "model")
+    return KIND_MODELS[model.lower()]
+
+
+def _voice(body: dict[str, Any]) -> str | None:
+    """``voice`` as a name: a string, or OpenAI's custom-voice object ``{"id": name}``."""
+    voice = body.get("voice")
+    if isinstance(voice, dict):
+        voice = voice.get("id")
+    if voice is not None and not isinstance(voice, str):
+        raise _invalid("voice", "'voice' must be a string or {\"id\": string}", "invalid-type")
+    return voice.strip() or None if voice is not None else None
+
+
+def parse_speech(body: Any, max_chars: int) -> SpeechParams:
+    """Validate a decoded JSON body (types, ranges, names; not yet the voice).
+
+    Raises:
+        ApiError: 400 for a wrong type or value, 404 (model_not_found) for an unknown model.
+        EmptyTextError, TextTooLongError: the ``input`` is empty / over ``max_chars``.
+    """
+    if not isinstance(body, dict):
+        raise _invalid(None, "The request body must be a JSON object", "invalid-json")
+    text = _field(body, "input", str, "a string")
+    if text is None:
+        raise _invalid("input", "'input' is required", "missing-field")
+    check_text(text, max_chars)
+    kind = _model_kind(body)
+    voice = _voice(body)
+    reference = _field(body, "reference_voice", str, "a string (a clone-library voice id)")
+    if reference is not None and not reference.strip():
+        raise _invalid("reference_voice", "'reference_voice' must not be empty")
+    instructions = _text(body, "instructions")
+    if instructions and len(instructions) > MAX_INSTRUCTIONS_CHARS:
+        raise _invalid(
+            "instructions", f"'instructions' is over {MAX_INSTRUCTIONS_CHARS} characters"
+        )
+    speed = _field(body, "speed", (int, float), "a number")
+    speed = 1.0 if speed is None else float(speed)
+    if not (math.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
+        raise _invalid("speed", f"'speed' must be from {MIN_SPEED} to {MAX_SPEED}; got {speed}")
+    seed = _field(body, "seed", int, "an integer")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise _invalid("seed", f"'seed' must be from 0 to {MAX_SEED}")
+    return SpeechParams(
+        text=text,
+        kind=kind,
+        voice=reference.strip() if reference else voice,
+        clone=reference is not None,
+        instructions=instructions,
+        response_format=_choice(body, "response_format", list(FORMATS), "mp3"),
+        stream_format=_choice(body, "stream_format", list(STREAM_FORMATS), "audio"),
+        speed=speed,
+        language=_text(body, "language"),
+        seed=seed,
+    )
+
+
+def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
+    """The catalogue name to ask the service for (None: the service's default choice).
+
+    Raises:
+        ApiError: 404 model_not_found (model kind not loaded) or unknown-voice (also for an
+            unknown ``reference_voice``), 400 voice/model mismatch.
+    """
+    kind = params.kind
+    if kind is not None and kind not in service.workers:
+        message = f"The model {_MODEL_OF_KIND[kind]!r} is not loaded on this server"
+        raise ApiError(404, message, "model_not_found", "model")
+    param = "reference_voice" if params.clone else "voice"
+    if params.voice is not None:
+        try:
+            voice = service.resolve_voice(params.voice)
+        except VoiceNotFoundError as err:
+            raise ApiError(404, str(err), err.code, param) from None
+        if params.clone and voice.kind is not ModelKind.BASE:
+            raise _invalid(param, f"{voice.name!r} is a {voice.kind.value} voice, not a clone")
+        if kind is not None and voice.kind is not kind:
+            message = (
+                f"Voice {voice.name!r} is spoken by {_MODEL_OF_KIND[voice.kind]!r}, "
+                f"not {_MODEL_OF_KIND[kind]!r}"
+            )
+            raise _invalid(param, message, "voice-model-mismatch")
+        return voice.name
+    if kind is None or (kind is ModelKind.VOICE_DESIGN and params.instructions):
+        return None  # the default voice, or a voice designed from the instructions
+    default = service.resolve_voice(None)
+    if default.kind is kind:
+        return default.name
+    names = sorted(v.name for v in service.catalog.voices() if v.kind is kind)
+    if not names:
+        raise _invalid("voice", f"The model {_MODEL_OF_KIND[kind]!r} has no voices")
+    return names[0]
+
+
+# --- speech -----------------------------------------------------------------------------
+
+
+def is_ready(service: TtsService) -> bool:
+    """True when every model worker finished its warm-up without error."""
+    return all(w.ready.is_set() and w.warm_error is None for w in service.workers.values())
+
+
+async def _read_json(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ApiError(400, f"The request body is not valid JSON: {err}", "invalid-json") from None
+
+
+async def speech(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/audio/speech``: validate, open a stream, send audio as it is generated."""
+    service = request.app[_SERVICE_KEY]
+    params = parse_speech(await _read_json(request), service.max_chars)
+    if not is_ready(service):
+        raise ApiError(
+            503, "The models are still warming up; retry shortly", "not-ready", kind="server_error"
+        )
+    name = pick_voice(service, params)
+    stream = service.open(
+        SpeechRequest(name, params.language, params.instructions, params.seed, door="http")
+    )
+    finished = False
+    try:
+        stream.add_text(params.text)
+        stream.finish()
+        response = await _send(request, stream, params)
+        finished = True
+        return response
+    finally:
+        if not finished:  # refused, client gone, handler cancelled or failed: stop the model
+            stream.cancel()
+
+
+async def _send(
+    request: web.Request, stream: SpeechStream, params: SpeechParams
+) -> web.StreamResponse:
+    """Await the first chunk (errors before it are still JSON), then stream the rest.
+
+    Raises:
+        ApiError: 500 when the model fails before any audio.
+        asyncio.CancelledError: the client went away (the handler is cancelled).
+    """
+    chunks: Any = aiter(stream)  # an async generator: closed below, whatever happens
+    async with contextlib.aclosing(chunks):
+        try:
+            first = await anext(chunks, None)
+        except GenerationError as err:
+            message = f"Speech generation failed: {err}"
+            raise ApiError(500, message, "generation-failed", kind="server_error") from None
+        encoder = open_encoder(params.response_format)
+        try:
+            return await _stream_body(request, stream, params, encoder, first, chunks)
+        finally:
+            encoder.close()
+
+
+async def _stream_body(
+    request: web.Request,
+    stream: SpeechStream,
+    params: SpeechParams,
+    encoder: StreamEncoder,
+    first: np.ndarray | None,
+    chunks: AsyncIterator[np.ndarray],
+) -> web.StreamResponse:
+    """Send the headers, then each chunk through tempo and encoder as it comes."""
+    sse = params.stream_format == "sse"
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream" if sse else encoder.format.content_type,
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",  # reverse proxies: pass chunks through as they come
+            "X-Sample-Rate": str(SAMPLE_RATE),
+            "X-Voice": quote(stream.voice.name, safe=""),  # clone ids are file names: any script
+        }
+    )
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    send = _sse_sender(response) if sse else _raw_sender(response)
+    tempo = Tempo(params.speed)
+    try:
+        audio = first
+        while audio is not None:
+            await send(encoder.encode(tempo.process(audio)))
+            audio = await anext(chunks, None)
+        await send(encoder.encode(tempo.finish()) + encoder.finish())
+    except ConnectionError as err:  # the client went away between two chunks
+        _LOGGER.info(
+            "HTTP client left after %d samples; speech cancelled (%s)", stream.samples, err
+        )
+        stream.cancel()
+        return response
+    except GenerationError as err:
+        _LOGGER.error(
+            "Speech failed after %d samples; ending the response: %s", stream.samples, err
+        )
+        if not sse:
+            # No final chunk: the client sees an incomplete body, not a short "complete" file.
+            response.force_close()
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        error = _error_body(
+            f"Speech generation failed: {err}", "generation-failed", kind="server_error"
+        )
+        await _send_event(response, {"type": "error", **error})
+    else:
+        if sse:  # usage: input characters, output codec frames (80 ms each)
+            frames = math.ceil(stream.samples / SAMPLES_PER_FRAME)
+            usage = {"input_tokens": len(params.text), "output_tokens": frames}
+            usage["total_tokens"] = usage["input_tokens"] + frames
+            await _send_event(response, {"type": "speech.audio.done", "usage": usage})
+    await response.write_eof()
+    return response
+
+
+def _raw_sender(response: web.StreamResponse) -> Callable[[bytes], Awaitable[None]]:
+    async def send(data: bytes) -> None:
+        if data:  # an empty write would end the chunked body
+            await response.write(data)
+
+    return send
+
+
+def _sse_sender(response: web.StreamResponse) -> Callable[[bytes], Awaitable[None]]:
+    async def send(data: bytes) -> None:
+        if data:
+            await _send_event(
+                response, {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+            )
+
+    return send
+
+
+async def _send_event(response: web.StreamResponse, event: dict[str, Any]) -> None:
+    await response.write(b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n")
+
+
+# --- catalogue, models, probes ----------------------------------------------------------
+
+
+def _voice_json(voice: Voice) -> dict[str, Any]:
+    return {
+        "id": voice.name,
+        "name": voice.name,
+        "kind": voice.kind.value,
+        "model": _MODEL_OF_KIND[voice.kind],
+        "summary": voice.summary,
+        "languages": list(voice.languages),
+        "aliases": list(voice.aliases),
+    }
+
+
+async def voices(request: web.Request) -> web.Response:
+    """``GET /v1/audio/voices``: ``{"default": name, "voices": [voice, ...]}``, by name.
+
+    Each voice: ``id`` and ``name`` (the same), ``kind``, ``model`` (the model name that
+    selects its kind), ``summary``, ``languages`` (BCP-47), ``aliases``.
+    """
+    service = request.app[_SERVICE_KEY]
+    service.catalog.refresh()
+    listed = sorted(service.catalog.voices(), key=lambda v: v.name)
+    return web.json_response(
+        {"default": service.default_voice, "voices": [_voice_json(v) for v in listed]}
+    )
+
+
+async def models(request: web.Request) -> web.Response:
+    """``GET /v1/models``: OpenAI's list; the generic names and the loaded kinds' names."""
+    loaded = request.app[_SERVICE_KEY].workers
+    names = list(GENERIC_MODELS) + [name for name, kind in KIND_MODELS.items() if kind in loaded]
+    data = [
+        {"id": n, "object": "model", "created": _CREATED, "owned_by": "wyoming-qwen3tts"}
+        for n in names
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def health(request: web.Request) -> web.Response:
+    """``GET /health``: 200 whenever the process serves HTTP."""
+    return web.json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    """``GET /ready``: 200 when every model is warmed up, else 503; per-model states."""
+    service = request.app[_SERVICE_KEY]
+    states = {
+        kind.value: (
+            "failed" if w.warm_error is not None else "ready" if w.ready.is_set() else "loading"
+        )
+        for kind, w in service.workers.items()
+    }
+    ok = is_ready(service)
+    return web.json_response(
+        {"status": "ready" if ok else "not-ready", "models": states}, status=200 if ok else 503
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``: Prometheus text exposition."""
+    body = request.app[_SERVICE_KEY].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+# --- application ------------------------------------------------------------------------
+
+
+def _middleware(service: TtsService, api_key: str | None) -> Any:
+    expected = f"Bearer {api_key}".encode() if api_key else None
+
+    @web.middleware
+    async def handle(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        counted = request.path.startswith("/v1/")
+        try:
+            if expected is not None and request.path not in _OPEN_PATHS:
+                given = request.headers.get("Authorization", "").strip().encode()
+                if not given:
+                    raise ApiError(
+                        401,
+                        "Missing API key: send 'Authorization: Bearer <key>'",
+                        "invalid_api_key",
+                    )
+                if not hmac.compare_digest(given, expected):
+                    raise ApiError(401, "Incorrect API key provided", "invalid_api_key")
+            return await handler(request)
+        except RequestError as err:
+            api = _as_api_error(err)
+            if counted:
+                service.count_error("http", api)
+            _LOGGER.info(
+                "HTTP %s %s refused (%d %s): %s",
+                request.method,
+                request.path,
+                api.status,
+                api.code,
+                api,
+            )
+            body = _error_body(str(api), api.code, api.param, api.kind)
+            headers = {"WWW-Authenticate": "Bearer"} if api.status == 401 else None
+            return web.json_response(body, status=api.status, headers=headers)
+        except web.HTTPException as err:
+            if err.status < 400:
+                raise
+            code = _HTTP_CODES.get(err.status, "http-error")
+            return web.json_response(_error_body(err.reason, code), status=err.status)
+
+    return handle
+
+
+def create_app(service: TtsService, api_key: str | None = None) -> web.Application:
+    """The aiohttp application (routes and middleware) for ``service``."""
+    app = web.Application(
+        middlewares=[_middleware(service, api_key)],
+        client_max_size=max(1 << 20, 8 * service.max_chars + (64 << 10)),
+    )
+    app[_SERVICE_KEY] = service
+    app.router.add_post("/v1/audio/speech", speech)
+    app.router.add_get("/v1/audio/voices", voices)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def start_http(
+    service: TtsService, host: str, port: int, api_key: str | None
+) -> web.AppRunner:
+    """Serve the HTTP door on ``host``:``port``; returns the started runner.
+
+    ``runner.cleanup()`` stops it (in-flight responses get 2 s, then are cancelled).
+
+    A client that disconnects cancels its request handler, which cancels its generation.
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    if not api_key and not _is_loopback(host):
+        _LOGGER.warning(
+            "The HTTP endpoint on %s:%d has no --api-key: anyone who can reach this address can "
+            "generate speech with it. Set --api-key, or bind --http-host 127.0.0.1.",
+            host,
+            port,
+        )
+    runner = web.AppRunner(
+        create_app(service, api_key), handler_cancellation=True, shutdown_timeout=2.0
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    _LOGGER.info(
+        "Ready: OpenAI-compatible HTTP on http://%s:%d/v1 (API key %s)",
+        host,
+        port,
+        "required" if api_key else "not required",
+    )
+    return runner
