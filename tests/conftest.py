@@ -19,8 +19,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-import importlib.util
-_HTTP = (Path(__file__).resolve().parent.parent / "wyoming_qwen3tts" / "http_api.py").exists()  # TEMP
 ROOT = Path(__file__).resolve().parent.parent
 #: Tiny checkpoints are built once and reused (build_all skips complete folders).
 CHECKPOINTS = Path(os.environ.get("QWEN3TTS_TEST_CHECKPOINTS", ROOT / ".ckpt" / "tiny"))

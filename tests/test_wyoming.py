@@ -11,7 +11,7 @@ from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
 from wyoming.event import Event, Eventable
 from wyoming.info import Describe, Info
-from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
 from wyoming_qwen3tts.engine import SAMPLES_PER_FRAME
 from wyoming_qwen3tts.text import Segmenter, frame_budget
@@ -242,3 +242,28 @@ async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) 
         events = await read_until(client, "synthesize-stopped")
         assert events[-1].type == "synthesize-stopped"
         assert (await describe(client)).tts
+
+
+async def test_first_audio_chunk_arrives_while_generation_goes_on(server: Server) -> None:
+    """On the CUDA-graph engine audio streams: the first chunk reaches the client long before
+    the last (the reference CPU engine delivers a segment at once, so this is GPU-only)."""
+    if server.device != "cuda":
+        pytest.skip("the CPU reference engine has no audio streaming")
+    text = "This single sentence is long enough to need well over a hundred codec frames of audio."
+    loop = asyncio.get_running_loop()
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        sent = loop.time()
+        await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name="aria")).event())
+        arrivals: list[float] = []
+        while True:
+            event = await asyncio.wait_for(client.read_event(), _GUARD_S)
+            assert event is not None
+            if AudioChunk.is_type(event.type):
+                arrivals.append(loop.time() - sent)
+            if AudioStop.is_type(event.type):
+                done = loop.time() - sent
+                break
+    assert len(arrivals) > 10  # many chunks, not one buffered blob
+    # Streaming, not buffering: the first chunk comes in the first quarter of the generation.
+    assert arrivals[0] < done / 4, (arrivals[0], done)
+    print(f"first audio-chunk {arrivals[0] * 1000:.0f} ms, audio-stop {done * 1000:.0f} ms")
