@@ -15,8 +15,9 @@
 # (driver 580 or newer for CUDA 13). nvidia/cuda or NGC PyTorch bases would
 # bring a second CUDA copy and no s6/bashio. Ubuntu 24.04 gives Python 3.12,
 # the version the project's pinned stack was tested with.
-# Other torch builds: --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126
-# (older drivers, GPUs before Turing) or .../whl/cpu (a CPU-only image, far smaller).
+# Other torch builds: --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+# (a CUDA 12 build, for older drivers or GPUs before Turing; cu126 where PyTorch still
+# publishes it for TORCH_VERSION) or .../whl/cpu (a CPU-only image, far smaller).
 ARG BUILD_FROM=ubuntu:24.04
 FROM ${BUILD_FROM}
 

@@ -412,11 +412,19 @@ def run_service(sandbox: Sandbox, config: dict, ports: dict | None = None, **cha
     return result
 
 
+def parse_server_args(argv: list[str]):
+    """Parse ``argv`` with the server's own argument parser (exits on a bad flag)."""
+    main = pytest.importorskip("wyoming_qwen3tts.__main__")
+    return main.build_parser().parse_args(argv)
+
+
 def server_argv(sandbox: Sandbox, result: subprocess.CompletedProcess) -> list[str]:
+    """The server flags the run script exec'd; checked against the real CLI."""
     assert result.returncode == 0, result.stderr
     calls = sandbox.argvs("python3")
     assert len(calls) == 1, calls
     assert calls[0][:2] == ["-m", "wyoming_qwen3tts"]
+    parse_server_args(calls[0][2:])
     return calls[0][2:]
 
 
@@ -439,9 +447,13 @@ def expected(**overrides) -> list[str]:
 
 def test_run_script_defaults(sandbox, config):
     result = run_service(sandbox, config)
-    assert server_argv(sandbox, result) == expected() + [
+    argv = server_argv(sandbox, result)
+    assert argv == expected() + [
         "--http-host", "0.0.0.0", "--http-port", "8880", "--no-zeroconf",
     ]
+    args = parse_server_args(argv)
+    assert (args.chunk_size, args.http_port, args.no_zeroconf) == (4, 8880, True)
+    assert (args.data_dir, args.voices_dir) == ("/data", "/share/qwen3tts/voices")
     assert sandbox.argvs("mkdir") == [["-p", "/share/qwen3tts/voices"]]
     assert "[warning]" not in result.stderr  # port 8880 not published: no key needed
 
@@ -642,6 +654,15 @@ def test_dockerfile_builds_both_ways():
     assert "HEALTHCHECK" in text and "wyoming_qwen3tts.healthcheck" in text
     assert dockerfile_cmd()[:1] == ["wyoming-qwen3tts"]
     assert ["--data-dir", "/data", "--voices-dir", "/data/voices"] == dockerfile_cmd()[3:]
+
+
+def test_image_default_command_and_compose_flags_parse():
+    service = load_yaml(ROOT / "docker-compose.yml")["services"]["qwen3tts"]
+    args = parse_server_args(dockerfile_cmd()[1:] + service["command"])
+    assert (args.uri, args.data_dir, args.voices_dir) == (
+        "tcp://0.0.0.0:10200", "/data", "/data/voices"
+    )
+    assert args.zeroconf and not args.no_zeroconf
 
 
 def test_compose_reserves_the_gpu():
