@@ -9,7 +9,7 @@
 # Why no CUDA base image: CUDA comes with PyTorch's wheels. PyPI's torch 2.11
 # wheels for Linux x86_64 and aarch64 are CUDA 13.0 builds that pull the CUDA
 # runtime, cuBLAS and cuDNN in as nvidia-* wheels, so one recipe serves amd64
-# PCs and aarch64 GPU machines (Jetson Thor, GH200, DGX Spark) on any glibc
+# PCs and aarch64 servers and workstations (GH200, DGX Spark) on any glibc
 # base, Home Assistant's included, whose s6-overlay and bashio the add-on
 # needs. The host adds only its driver, through the NVIDIA Container Toolkit
 # (driver 580 or newer for CUDA 13). nvidia/cuda or NGC PyTorch bases would
