@@ -1,0 +1,1 @@
+"""Test helpers: offline, randomly initialised Qwen3-TTS checkpoints (see ``checkpoint``)."""
