@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     parser.add_argument("--chunk-size", type=int, default=2, help="Codec frames per audio chunk (80 ms each)")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="Longest text per request")
+    parser.add_argument("--seed", type=int, help="Seed for requests that bring none (default: random per stream)")
+    parser.add_argument("--fixed-frames", type=int, help="Benchmarks: generate exactly N codec frames per sentence")
     parser.add_argument("--zeroconf", nargs="?", const="", default="", metavar="NAME", help="Announce on the LAN (default on; optional service name)")
     parser.add_argument("--no-zeroconf", action="store_true", help="Do not announce on the LAN")
     parser.add_argument("--http-host", default="0.0.0.0", help="OpenAI-compatible endpoint address")
@@ -148,7 +150,10 @@ async def main(argv: list[str] | None = None) -> None:
         catalog.get(default_voice)
     except KeyError as err:
         raise SystemExit(f"--voice: {err}") from None
-    service = TtsService(catalog, workers, default_voice, metrics, max_chars=args.max_chars)
+    service = TtsService(
+        catalog, workers, default_voice, metrics,
+        max_chars=args.max_chars, seed=args.seed, fixed_frames=args.fixed_frames,
+    )
     _LOGGER.info("%d voice(s); default %s", len(names), default_voice)
 
     from .handler import handler_factory

@@ -92,6 +92,9 @@ class TtsService:
         default_voice: voice used when a request names none.
         metrics: where outcomes are counted.
         max_chars: longest text per request or stream.
+        seed: seed for requests that bring none (None: a random one per stream).
+        fixed_frames: generate exactly this many codec frames per segment (benchmarks with
+            random weights, which rarely end on their own); None caps by ``frame_budget``.
     """
 
     def __init__(
@@ -101,8 +104,12 @@ class TtsService:
         default_voice: str,
         metrics: Metrics,
         max_chars: int = DEFAULT_MAX_CHARS,
+        seed: int | None = None,
+        fixed_frames: int | None = None,
     ) -> None:
         self.catalog = catalog
+        self.seed = seed
+        self.fixed_frames = fixed_frames
         self.workers = workers
         self.default_voice = default_voice
         self.metrics = metrics
@@ -143,7 +150,9 @@ class TtsService:
         instruct = voice.instruct
         if request.instructions and voice.kind is not ModelKind.BASE:
             instruct = request.instructions.strip()
-        seed = request.seed if request.seed is not None else random.randrange(2**31)
+        seed = next((s for s in (request.seed, self.seed) if s is not None), None)
+        if seed is None:
+            seed = random.randrange(2**31)
         job = self.workers[voice.kind].open_job(asyncio.get_running_loop())
         return SpeechStream(self, job, voice, language, instruct, seed, request.door)
 
@@ -210,12 +219,13 @@ class SpeechStream:
 
     def _submit(self, text: str) -> None:
         self._segments += 1
-        budget = frame_budget(text)
+        fixed = self._service.fixed_frames
         self._job.submit(
             Segment(
                 text=text,
                 language=self.language,
-                max_new_tokens=budget,
+                max_new_tokens=fixed or frame_budget(text),
+                min_new_tokens=fixed or 2,
                 seed=self._seed,
                 instruct=self._instruct,
                 speaker=self.voice.speaker,
