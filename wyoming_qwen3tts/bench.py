@@ -439,10 +439,12 @@ def main(argv: list[str] | None = None) -> None:
     iso_server = servers[clone_chunk]
     texts = TEXTS[: max(levels)]
     alone = {t: run(wyoming_request(iso_server.port, t, VOICE)).pcm for t in texts}
+    again = run(wyoming_request(iso_server.port, texts[0], VOICE)).pcm
     together = run(concurrent(iso_server.port, texts, VOICE))
     expected_bytes = round(engine.generate(ModelKind.VOICE_DESIGN, texts[0], clone_chunk, instruct, language).audio_s * SAMPLE_RATE) * 2
     isolation = {
         "clients": len(texts),
+        "single_client_repeatable": again == alone[texts[0]],
         "identical_to_single_client": sum(alone[t] == s.pcm for t, s in zip(texts, together)),
         "bytes_per_stream": expected_bytes,
         "frames_per_stream": expected_bytes // (2 * SAMPLES_PER_FRAME),
