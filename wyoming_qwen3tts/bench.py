@@ -203,34 +203,39 @@ def start_server(chunk: int, checkpoints: dict[ModelKind, Path], voices_dir: Pat
     return ServerProcess(chunk, proc, port, http_port, log)
 
 
+async def _collect(client: Any, start: float, end_type: str) -> Sample:
+    """Read events until ``end_type``, keeping the PCM; times count from ``start``."""
+    from wyoming.audio import AudioChunk
+
+    first, pcm = None, bytearray()
+    while True:
+        event = await client.read_event()
+        if event is None:
+            raise RuntimeError("server closed the connection")
+        if AudioChunk.is_type(event.type):
+            first = first or time.perf_counter() - start
+            pcm += AudioChunk.from_event(event).audio
+        elif event.type == end_type:
+            done = time.perf_counter() - start
+            return Sample(first or done, done, len(pcm) / 2 / SAMPLE_RATE, bytes(pcm))
+        elif event.type == "error":
+            raise RuntimeError(f"server error: {event.data}")
+
+
 async def wyoming_request(port: int, text: str, voice: str) -> Sample:
     """synthesize -> first audio-chunk, audio-stop."""
-    from wyoming.audio import AudioChunk, AudioStop
     from wyoming.client import AsyncTcpClient
     from wyoming.tts import Synthesize, SynthesizeVoice
 
     async with AsyncTcpClient("127.0.0.1", port) as client:
         start = time.perf_counter()
         await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name=voice)).event())
-        first, pcm = None, bytearray()
-        while True:
-            event = await client.read_event()
-            if event is None:
-                raise RuntimeError("server closed the connection")
-            if AudioChunk.is_type(event.type):
-                first = first or time.perf_counter() - start
-                pcm += AudioChunk.from_event(event).audio
-            elif AudioStop.is_type(event.type):
-                done = time.perf_counter() - start
-                return Sample(first or done, done, len(pcm) / 2 / SAMPLE_RATE, bytes(pcm))
-            elif event.type == "error":
-                raise RuntimeError(f"server error: {event.data}")
+        return await _collect(client, start, "audio-stop")
 
 
 async def wyoming_streamed_text(port: int, text: str, voice: str, delta_chars: int, delta_s: float) -> Sample:
     """Home Assistant's streaming path: deltas of a few characters at LLM speed.
     first_audio counts from the first delta."""
-    from wyoming.audio import AudioChunk
     from wyoming.client import AsyncTcpClient
     from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
@@ -245,18 +250,9 @@ async def wyoming_streamed_text(port: int, text: str, voice: str, delta_chars: i
             await client.write_event(SynthesizeStop().event())
 
         feeder = asyncio.create_task(feed())
-        first, samples = None, 0
-        while True:
-            event = await client.read_event()
-            if event is None:
-                raise RuntimeError("server closed the connection")
-            if AudioChunk.is_type(event.type):
-                first = first or time.perf_counter() - start
-                samples += len(AudioChunk.from_event(event).audio) // 2
-            elif event.type == "synthesize-stopped":
-                await feeder
-                done = time.perf_counter() - start
-                return Sample(first or done, done, samples / SAMPLE_RATE)
+        sample = await _collect(client, start, "synthesize-stopped")
+        await feeder
+        return sample
 
 
 async def http_request(http_port: int, text: str, voice: str) -> Sample:

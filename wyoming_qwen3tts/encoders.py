@@ -34,6 +34,17 @@ import numpy as np
 from .engine import SAMPLE_RATE, to_pcm16
 
 
+def audio_frame(audio: np.ndarray, pts: int) -> av.AudioFrame:
+    """float32 [n_samples] mono at 24 kHz -> a PyAV frame starting at ``pts`` (in samples)."""
+    frame = av.AudioFrame.from_ndarray(
+        np.ascontiguousarray(audio, dtype=np.float32).reshape(1, -1), format="flt", layout="mono"
+    )
+    frame.sample_rate = SAMPLE_RATE
+    frame.time_base = Fraction(1, SAMPLE_RATE)
+    frame.pts = pts
+    return frame
+
+
 @dataclass(frozen=True)
 class AudioFormat:
     """One ``response_format``.
@@ -135,14 +146,7 @@ class AvEncoder(StreamEncoder):
 
     def encode(self, audio: np.ndarray) -> bytes:
         if len(audio):
-            frame = av.AudioFrame.from_ndarray(
-                np.ascontiguousarray(audio, dtype=np.float32).reshape(1, -1),
-                format="flt",
-                layout="mono",
-            )
-            frame.sample_rate = SAMPLE_RATE
-            frame.time_base = Fraction(1, SAMPLE_RATE)
-            frame.pts = self._pts
+            frame = audio_frame(audio, self._pts)
             self._pts += len(audio)
             self._container.mux(self._stream.encode(frame))
         return self._sink.take()

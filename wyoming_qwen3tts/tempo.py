@@ -15,6 +15,7 @@ import av
 import av.filter
 import numpy as np
 
+from .encoders import audio_frame
 from .engine import SAMPLE_RATE
 
 #: Accepted tempo factors (OpenAI's range for ``speed``).
@@ -74,14 +75,7 @@ class Tempo:
             return audio
         if not len(audio):
             return _EMPTY
-        frame = av.AudioFrame.from_ndarray(
-            np.ascontiguousarray(audio, dtype=np.float32).reshape(1, -1),
-            format="flt",
-            layout="mono",
-        )
-        frame.sample_rate = SAMPLE_RATE
-        frame.time_base = Fraction(1, SAMPLE_RATE)
-        frame.pts = self._pts
+        frame = audio_frame(audio, self._pts)
         self._pts += len(audio)
         self._graph.push(frame)
         return self._pull()

@@ -207,7 +207,8 @@ class VoiceCatalog:
         files = sorted(
             p for p in self.voices_dir.iterdir() if p.suffix.lower() in _AUDIO_SUFFIXES + (".txt",)
         )
-        signature = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in files)
+        stats = [(p.name, p.stat()) for p in files]
+        signature = tuple((name, st.st_mtime_ns, st.st_size) for name, st in stats)
         if signature == self._signature:
             return
         self._signature = signature
