@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import urllib.request
 
 import pytest
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -160,7 +162,15 @@ async def test_describe_answers_while_a_long_generation_runs(server: Server) -> 
         assert rest[-1].type == "audio-stop"
 
 
+def wyoming_metric(server: Server, name: str, outcome: str) -> float:
+    """One ``door="wyoming"`` sample of the server's Prometheus metrics (0 when absent)."""
+    text = urllib.request.urlopen(f"{server.http_url}/metrics", timeout=30).read().decode()
+    match = re.search(rf'^{name}{{door="wyoming",outcome="{outcome}"}} (\S+)$', text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
 async def test_disconnect_mid_stream_cancels_and_server_serves_on(server: Server) -> None:
+    cancelled = wyoming_metric(server, "tts_requests_total", "cancelled")
     client = AsyncTcpClient("127.0.0.1", server.port)
     await client.connect()
     await client.write_event(SynthesizeStart().event())
@@ -173,6 +183,8 @@ async def test_disconnect_mid_stream_cancels_and_server_serves_on(server: Server
         events = await read_until(client2, "audio-stop")
     check_audio_events(events, expected_frames("Still here."))
     assert server.alive()
+    # The gone client's stream was cancelled (its queued sentences dropped), not finished.
+    assert wyoming_metric(server, "tts_requests_total", "cancelled") == cancelled + 1
 
 
 async def _expect_error(client: AsyncTcpClient, event: Event | Eventable, code: str) -> Error:
