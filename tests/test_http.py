@@ -246,7 +246,8 @@ def test_speed_changes_duration(server: Server, pcm_samples: int, speed: float) 
     )
     audio, rate = decode(data, "wav")
     assert rate == SAMPLE_RATE
-    assert len(audio) == pytest.approx(pcm_samples / speed, rel=0.05)
+    # 5% for the tempo filter, plus one codec frame: random weights sometimes stop a frame early.
+    assert abs(len(audio) * speed - pcm_samples) <= 0.05 * pcm_samples + SAMPLES_PER_FRAME
 
 
 # --- voices, models, extensions ---------------------------------------------------------
@@ -407,6 +408,8 @@ async def test_api_key_required_when_set(keyed_server: Server) -> None:
     for path in ("/health", "/ready", "/metrics"):  # probes and scrapers need no key
         assert (await get(keyed_server, path))[0] == 200
     assert (await get(keyed_server, "/v1/models", {"Authorization": f"Bearer {API_KEY}"}))[0] == 200
+    assert (await get(keyed_server, "/v1/models", {"Authorization": f"bearer  {API_KEY}"}))[0] == 200
+    assert (await get(keyed_server, "/v1/models", {"Authorization": f"Basic {API_KEY}"}))[0] == 401
     with pytest.raises(openai.AuthenticationError):
         client_for(keyed_server, "wrong").audio.speech.create(
             model="tts-1", voice="alloy", input=TEXT

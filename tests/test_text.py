@@ -34,6 +34,11 @@ def test_a_sentence_is_released_as_soon_as_the_next_begins() -> None:
         ("Use `code` here", "Use code here"),
         ("Visit https://example.com today", "Visit today"),
         ("🎉", ""),
+        ("Temp 22.5°C 😀", "Temp 22.5°C"),
+        ("Mail a_b@c.de", "Mail a_b@c.de"),
+        ("Hi :-) ;)", "Hi :-) ;)"),
+        ("| a | b |\n|---|---|\n| 1 | 2 |", "a b 1 2"),
+        ("🇩🇪 Berlin", "Berlin"),
     ],
 )
 def test_clean_text_drops_markup_and_emoji(raw: str, clean: str) -> None:

@@ -82,3 +82,21 @@ def test_user_presets_add_and_override_and_bad_entries_are_skipped(tmp_path: Pat
     assert "broken" not in names and "nodesc" not in names
     (tmp_path / "bad.toml").write_text("this is [not toml")
     assert load_presets([tmp_path / "bad.toml"]) == {}
+
+
+def test_dangling_links_long_clips_and_alias_rules(tmp_path: Path) -> None:
+    write_voice(tmp_path, "ok")
+    (tmp_path / "ghost.wav").symlink_to(tmp_path / "does-not-exist.wav")
+    t = np.arange(24000 * 90) / 24000
+    sf.write(tmp_path / "long.wav", np.stack([0.2 * np.sin(2 * np.pi * 150 * t)] * 2, axis=1).astype(np.float32), 24000)
+    (tmp_path / "presets.toml").write_text(
+        '[aria]\nlanguage = "de"\ninstruct = "Eine Robotersprache."\n'
+        '[robo]\nlanguage = "en"\ninstruct = "A robot."\naliases = "rb"\n'
+    )
+    catalog = VoiceCatalog(tmp_path, ALL)
+    assert {"ok", "long"} <= {v.name for v in catalog.voices()} and "ghost" not in {v.name for v in catalog.voices()}
+    long = catalog.get("long").reference
+    assert long is not None and len(long.audio) == 20 * 24000  # only the first 20 s were read
+    assert catalog.get("alloy").name == "aria" and catalog.get("aria").language == "german"  # override keeps aliases
+    with pytest.raises(UnknownVoiceError, match="Unknown voice .robo."):
+        catalog.get("robo")  # a string instead of a list of aliases: entry refused

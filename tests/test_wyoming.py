@@ -279,3 +279,29 @@ async def test_first_audio_chunk_arrives_while_generation_goes_on(server: Server
     # Streaming, not buffering: the first chunk comes in the first quarter of the generation.
     assert arrivals[0] < done / 4, (arrivals[0], done)
     print(f"first audio-chunk {arrivals[0] * 1000:.0f} ms, audio-stop {done * 1000:.0f} ms")
+
+
+async def test_oversized_events_are_refused_and_the_connection_closed(server: Server) -> None:
+    """A client cannot make the server buffer unbounded data: huge lengths or header lines."""
+    for header in (
+        json.dumps({"type": "audio-chunk", "data": {}, "payload_length": 2_000_000_000}).encode() + b"\n",
+        json.dumps({"type": "synthesize", "data_length": 50_000_000}).encode() + b"\n",
+        b'{"type": "synthesize", "data": {"text": "' + b"a" * 200_000 + b'"}}\n',
+    ):
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            writer.write(header)
+            await writer.drain()
+            reply = json.loads(await asyncio.wait_for(reader.readline(), _GUARD_S))
+            assert reply["type"] == "error"
+            body = json.loads(await reader.readexactly(reply["data_length"]))
+            assert body["code"] == "malformed-event" and "closing" in body["text"]
+            assert await asyncio.wait_for(reader.read(), _GUARD_S) == b""  # closed by the server
+        except ConnectionResetError:
+            # Closing with the client's unread bytes still queued resets the connection
+            # (TCP), which can beat the error reply for the over-long line; closed either way.
+            assert header.startswith(b'{"type": "synthesize", "data": {')
+        finally:
+            writer.close()
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        assert (await describe(client)).tts

@@ -35,7 +35,9 @@ DEFAULT_VOICE = "aria"
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI; flag names are stable (docs, the add-on and tests use them)."""
-    parser = argparse.ArgumentParser(prog="wyoming-qwen3tts", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="wyoming-qwen3tts", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--uri", default="tcp://0.0.0.0:10200", help="Wyoming listen URI (tcp:// or unix://)")
     parser.add_argument("--data-dir", default="data", help="Models download here (DIR/models)")
     parser.add_argument("--voices-dir", help="Clone library and presets.toml (default DATA_DIR/voices)")
@@ -43,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--design-model", default=DEFAULT_MODELS[ModelKind.VOICE_DESIGN], help="VoiceDesign model: hub id, folder or none")
     parser.add_argument("--custom-voice-model", default=DEFAULT_MODELS[ModelKind.CUSTOM_VOICE], help="CustomVoice model: hub id, folder or none")
     parser.add_argument("--voice", help=f"Default voice (default {DEFAULT_VOICE!r} if available, else the first)")
-    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA when available")
     parser.add_argument("--chunk-size", type=int, default=2, help="Codec frames per audio chunk (80 ms each)")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="Longest text per request")
     parser.add_argument("--seed", type=int, help="Seed for requests that bring none (default: random per stream)")
@@ -57,6 +59,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="Debug logging")
     parser.add_argument("--version", action="version", version=__version__)
     return parser
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad settings before the (slow) model load.
+
+    Raises:
+        SystemExit: with a one-line reason.
+    """
+    for flag, value in (("--chunk-size", args.chunk_size), ("--max-chars", args.max_chars), ("--fixed-frames", args.fixed_frames)):
+        if value is not None and value < 1:
+            raise SystemExit(f"{flag} must be at least 1, got {value}")
+    if not 0 <= args.http_port <= 65535:
+        raise SystemExit(f"--http-port must be 0..65535, got {args.http_port}")
+    try:
+        AsyncServer.from_uri(args.uri)
+    except ValueError as err:
+        raise SystemExit(f"--uri {args.uri}: {err}") from None
+    uri = urlparse(args.uri)
+    ports = [("--uri", uri.hostname or "0.0.0.0", uri.port)] if uri.scheme == "tcp" else []
+    ports += [("--http-port", args.http_host, args.http_port)] if args.http_port else []
+    for flag, host, port in ports:  # fail now, not after loading the models
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's servers do
+            try:
+                probe.bind((host, port))
+            except OSError as err:
+                raise SystemExit(f"{flag}: cannot listen on {host}:{port}: {err.strerror}") from None
 
 
 def _device(choice: str) -> str:
@@ -135,12 +164,13 @@ async def main(argv: list[str] | None = None) -> None:
     if not args.debug:  # third-party chatter: config defaults, optional SoX binary
         for noisy in ("qwen_tts", "sox", "transformers", "faster_qwen3_tts"):
             logging.getLogger(noisy).setLevel(logging.WARNING if noisy != "sox" else logging.ERROR)
-    if args.chunk_size < 1:
-        raise SystemExit("--chunk-size must be at least 1")
+    check_args(args)
     metrics = Metrics()
     workers = await load_workers(args, metrics)
     custom = workers.get(ModelKind.CUSTOM_VOICE)
     voices_dir = Path(args.voices_dir) if args.voices_dir else Path(args.data_dir) / "voices"
+    voices_dir.mkdir(parents=True, exist_ok=True)
+    _LOGGER.info("Clone voices: put <id>.wav and <id>.txt in %s", voices_dir.resolve())
     catalog = VoiceCatalog(voices_dir, set(workers), custom.model.speakers() if custom else [])
     names = [v.name for v in catalog.voices()]
     if not names:

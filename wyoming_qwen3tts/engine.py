@@ -217,6 +217,8 @@ def resolve_checkpoint(source: str, models_dir: Path, local_files_only: bool) ->
     path = Path(source).expanduser()
     if path.is_dir():
         return path
+    if source.startswith(("/", ".", "~")) or path.exists():
+        raise FileNotFoundError(f"Model folder {source!r} does not exist (or is not a folder)")
     from huggingface_hub import snapshot_download
 
     try:

@@ -66,6 +66,31 @@ def build_info(voices: list[Voice]) -> Info:
     return Info(tts=[program])
 
 
+#: Largest data or payload part a client may announce, in bytes. A TTS request is text:
+#: 10,000 characters of JSON stay far below this.
+MAX_EVENT_BYTES = 1 << 20
+
+
+class MalformedEventError(RequestError):
+    """Not a usable Wyoming event."""
+
+    code = "malformed-event"
+
+
+def _oversize(line: bytes) -> str | None:
+    """"data_length"/"payload_length" when a header announces more than MAX_EVENT_BYTES."""
+    try:
+        header = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if isinstance(header, dict):
+        for key in ("data_length", "payload_length"):
+            size = header.get(key)
+            if isinstance(size, int) and size > MAX_EVENT_BYTES:
+                return key
+    return None
+
+
 class _ReplayReader:
     """A reader whose first line is one already read: lets ``async_read_event`` parse it."""
 
@@ -99,15 +124,22 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         self._write_lock = asyncio.Lock()
 
     async def run(self) -> None:
-        """Read events until EOF; a line that is not an event gets an ``error`` reply."""
+        """Read events until EOF. A line that is not an event gets an ``error`` reply; an
+        event announcing more than ``MAX_EVENT_BYTES`` of data or payload, or a header line
+        over the reader's limit, gets one and the connection is closed (the rest of the
+        stream cannot be parsed)."""
         try:
             while True:
                 try:
                     line = await self.reader.readline()
-                except ValueError:  # line over the reader's limit; the buffer was dropped
-                    await self._error("Event header line is too long", "malformed-event")
-                    continue
+                except ValueError:  # line over the reader's limit
+                    await self._malformed("Event header line is too long; closing")
+                    break
                 if not line:
+                    break
+                too_big = _oversize(line)
+                if too_big:
+                    await self._malformed(f"Event {too_big} is over {MAX_EVENT_BYTES} bytes; closing")
                     break
                 try:
                     event = await async_read_event(_ReplayReader(line, self.reader))  # type: ignore[arg-type]
@@ -116,7 +148,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
                 if event is None:
                     if self.reader.at_eof() and not line.endswith(b"\n"):
                         break
-                    await self._error("Malformed event: not a Wyoming event header", "malformed-event")
+                    await self._malformed("Malformed event: not a Wyoming event header")
                     continue
                 if not await self.handle_event(event):
                     break
@@ -126,6 +158,10 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             await self.disconnect()
             self.writer.close()
 
+    async def _malformed(self, text: str) -> None:
+        self._service.count_error("wyoming", MalformedEventError(text))
+        await self._error(text, MalformedEventError.code)
+
     async def handle_event(self, event: Event) -> bool:
         """Dispatch one event; always keeps the connection (returns True)."""
         try:
@@ -134,7 +170,8 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             self._service.count_error("wyoming", err)
             await self._error(str(err), err.code)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
-            await self._error(f"Malformed {event.type} event: {err!r}", "malformed-event")
+            detail = f"missing field {err}" if isinstance(err, KeyError) else str(err)
+            await self._malformed(f"Malformed {event.type} event: {detail}")
         return True
 
     async def _dispatch(self, event: Event) -> None:
@@ -171,7 +208,11 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         if not isinstance(voice, dict):
             raise TypeError("voice must be an object")
         # Read the raw dict: SynthesizeVoice drops language when name is set.
-        return SpeechRequest(voice=voice.get("name") or None, language=voice.get("language") or None)
+        name, language = voice.get("name"), voice.get("language")
+        for key, value in (("name", name), ("language", language)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"voice.{key} must be a string")
+        return SpeechRequest(voice=name or None, language=language or None)
 
     async def _synthesize(self, event: Event) -> None:
         text = event.data["text"]

@@ -498,7 +498,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def _middleware(service: TtsService, api_key: str | None) -> Any:
-    expected = f"Bearer {api_key}".encode() if api_key else None
+    expected = api_key.encode() if api_key else None
 
     @web.middleware
     async def handle(
@@ -507,8 +507,9 @@ def _middleware(service: TtsService, api_key: str | None) -> Any:
         counted = request.path.startswith("/v1/")
         try:
             if expected is not None and request.path not in _OPEN_PATHS:
-                given = request.headers.get("Authorization", "").strip().encode()
-                if not given:
+                scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+                given = token.strip().encode() if scheme.lower() == "bearer" else b""  # RFC 7235
+                if not scheme:
                     raise ApiError(
                         401,
                         "Missing API key: send 'Authorization: Bearer <key>'",

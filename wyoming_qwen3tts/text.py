@@ -10,7 +10,6 @@ per-segment frame budget.
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Iterable, Iterator
 
 from sentence_stream import SentenceBoundaryDetector
@@ -32,15 +31,14 @@ _CJK_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf9
 _LINK_RE = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
 _URL_RE = re.compile(r"https?://\S+")
 _CODE_FENCE_RE = re.compile(r"```[^\n]*\n?")
-_MARKDOWN_RE = re.compile(r"(^|\s)#{1,6}\s+|[*_`~]{1,3}(?=\S)|(?<=\S)[*_`~]{1,3}|^\s*[-+>]\s+", re.M)
+_MARKDOWN_RE = re.compile(
+    r"(^|\s)#{1,6}(?=\s|$)|[*`~]{1,3}|__|^\s*[-+>]\s+|^\s*\|?(?:\s*:?-{3,}:?\s*\|?)+\s*$|\|", re.M
+)
+#: Emoji and pictographs (not other symbols: "°", "©" and "€" are spoken).
+_EMOJI_RE = re.compile("[\U0001F000-\U0001FAFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F\u200D\U000E0020-\U000E007F]")
 _SPACE_RE = re.compile(r"\s+")
-_SPACE_BEFORE_PUNCT_RE = re.compile(r"\s+([.,!?;:…。！？，])")
+_SPACE_BEFORE_PUNCT_RE = re.compile(r"\s+([.,!?;:…。！？，])(?=\s|$)")
 _CLAUSE_BREAK_RE = re.compile(r"(?<=[,;:，；：、])\s*")
-
-
-def _is_emoji_or_symbol(char: str) -> bool:
-    category = unicodedata.category(char)
-    return category == "So" or category == "Cs" or char in "\u200d\ufe0f"
 
 
 def clean_text(text: str) -> str:
@@ -52,7 +50,7 @@ def clean_text(text: str) -> str:
     text = _LINK_RE.sub(r"\1", text)
     text = _URL_RE.sub(" ", text)
     text = _MARKDOWN_RE.sub(lambda m: m.group(1) or " ", text)
-    text = "".join(" " if _is_emoji_or_symbol(c) else c for c in text)
+    text = _EMOJI_RE.sub(" ", text)
     text = _SPACE_RE.sub(" ", text).strip()
     return _SPACE_BEFORE_PUNCT_RE.sub(r"\1", text)
 

@@ -100,7 +100,9 @@ class Reference:
         Raises:
             ValueError / soundfile.LibsndfileError / OSError: unreadable or too short audio.
         """
-        audio, sample_rate = sf.read(str(audio_path), dtype="float32", always_2d=False)
+        with sf.SoundFile(str(audio_path)) as clip:  # read only what is used, never a whole long file
+            sample_rate = clip.samplerate
+            audio = clip.read(frames=int(MAX_REFERENCE_SECONDS * sample_rate), dtype="float32")
         transcript_path = audio_path.with_suffix(".txt")
         transcript = transcript_path.read_text("utf-8") if transcript_path.exists() else None
         return cls.from_audio(audio, int(sample_rate), transcript)
@@ -154,6 +156,11 @@ def load_presets(paths: list[Path]) -> dict[str, Voice]:
                 if not instruct:
                     raise ValueError("empty instruct")
                 code = entry["language"].strip().lower().replace("_", "-").split("-")[0]
+                aliases = entry.get("aliases")
+                if aliases is None:  # an override keeps the names clients already use
+                    aliases = presets[name].aliases if name in presets else ()
+                if isinstance(aliases, str) or not all(isinstance(a, str) for a in aliases):
+                    raise ValueError("aliases must be a list of strings, e.g. [\"alloy\"]")
                 presets[name] = Voice(
                     name=name,
                     kind=ModelKind.VOICE_DESIGN,
@@ -161,9 +168,11 @@ def load_presets(paths: list[Path]) -> dict[str, Voice]:
                     languages=(code,),
                     language=language,
                     instruct=instruct,
-                    aliases=tuple(str(a) for a in entry.get("aliases", ())),
+                    aliases=tuple(aliases),
                 )
-            except (KeyError, TypeError, ValueError, AttributeError, UnsupportedLanguageError) as err:
+            except KeyError as err:
+                _LOGGER.error("Skipping preset %r in %s: missing key %s", name, path, err)
+            except (TypeError, ValueError, AttributeError, UnsupportedLanguageError) as err:
                 _LOGGER.error("Skipping preset %r in %s: %s", name, path, err)
     return presets
 
@@ -204,11 +213,19 @@ class VoiceCatalog:
         """Re-read the clone library if any of its files changed (added, removed, edited)."""
         if ModelKind.BASE not in self.kinds or self.voices_dir is None or not self.voices_dir.is_dir():
             return
-        files = sorted(
-            p for p in self.voices_dir.iterdir() if p.suffix.lower() in _AUDIO_SUFFIXES + (".txt",)
-        )
-        stats = [(p.name, p.stat()) for p in files]
-        signature = tuple((name, st.st_mtime_ns, st.st_size) for name, st in stats)
+        signature_items: list[tuple[str, int, int]] = []
+        files: list[Path] = []
+        for path in sorted(self.voices_dir.iterdir()):
+            if path.suffix.lower() not in _AUDIO_SUFFIXES + (".txt",):
+                continue
+            try:  # a dangling link or a file removed meanwhile is skipped, never fatal
+                st = path.stat()
+            except OSError as err:
+                _LOGGER.debug("Ignoring %s: %s", path, err)
+                continue
+            files.append(path)
+            signature_items.append((path.name, st.st_mtime_ns, st.st_size))
+        signature = tuple(signature_items)
         if signature == self._signature:
             return
         self._signature = signature
@@ -252,5 +269,6 @@ class VoiceCatalog:
         for voice in voices:
             if wanted in (a.lower() for a in voice.aliases):
                 return voice
-        names = ", ".join(sorted(v.name for v in voices)[:12])
-        raise UnknownVoiceError(f"Unknown voice {name!r}; available: {names}")
+        names = sorted(v.name for v in voices)
+        shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
+        raise UnknownVoiceError(f"Unknown voice {name!r}; available: {shown}")

@@ -1,0 +1,47 @@
+"""Bad command lines fail fast, before the model load, with a one-line reason."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "wyoming_qwen3tts", "--no-zeroconf", "--http-port", "0", *args],
+        capture_output=True, text=True, timeout=300, cwd=cwd,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--chunk-size", "0"], "--chunk-size must be at least 1"),
+        (["--fixed-frames", "-3"], "--fixed-frames must be at least 1"),
+        (["--max-chars", "0"], "--max-chars must be at least 1"),
+        (["--uri", "http://127.0.0.1:1234"], "--uri http://127.0.0.1:1234"),
+        (["--clone-model", "none", "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu"], "No model enabled"),
+        (["--clone-model", "./no-such-folder", "--design-model", "none", "--device", "cpu"], "does not exist"),
+        (["--clone-model", "Qwen/Qwen3-TTS-12Hz-1.7B-Base", "--design-model", "none", "--device", "cpu", "--local-files-only"], "--local-files-only"),
+    ],
+)
+def test_bad_settings_exit_with_a_reason(tmp_path: Path, args: list[str], message: str) -> None:
+    result = run_cli("--data-dir", str(tmp_path), *args, cwd=tmp_path)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+def test_port_in_use_fails_before_loading(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_cli("--uri", f"tcp://127.0.0.1:{port}", "--data-dir", str(tmp_path), cwd=tmp_path)
+    assert result.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "Loading" not in result.stderr
