@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -249,13 +249,17 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         self._streams.add(stream)
         self._chain(self._write_audio(stream))
 
-    def _chain(self, work: Any) -> None:
+    def _chain(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` after the previous reply's task, whatever that one's outcome."""
         previous = self._tail
 
         async def after_previous() -> None:
-            if previous is not None:
-                with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await previous
+            try:
+                if previous is not None:
+                    await asyncio.wait([previous])  # never raises the previous task's error
+            except asyncio.CancelledError:
+                work.close()  # disconnected before our turn: never started
+                raise
             await work
 
         self._tail = asyncio.create_task(after_previous())
