@@ -157,6 +157,7 @@ class Engine:
         return out
 
     def memory_gb(self) -> float:
+        """Peak GPU memory this process allocated through torch, in GB."""
         return self.torch.cuda.max_memory_allocated() / 1e9
 
 
@@ -180,6 +181,7 @@ class ServerProcess:
     log: Path
 
     def ready(self) -> bool:
+        """True once the server logs that it serves. Raises RuntimeError if it exited."""
         text = self.log.read_text(errors="replace")
         if self.proc.poll() is not None:
             raise RuntimeError(f"server (chunk {self.chunk}) exited:\n{text[-3000:]}")
@@ -188,6 +190,8 @@ class ServerProcess:
 
 def start_server(chunk: int, checkpoints: dict[ModelKind, Path], voices_dir: Path, work: Path,
                  frames: int, seed: int) -> ServerProcess:
+    """Start ``python -m wyoming_qwen3tts`` on CUDA with this chunk size (frames), exactly
+    ``frames`` codec frames per sentence and a fixed seed; logs go to WORK/server-chunkN.log."""
     port, http_port = _free_port(), _free_port()
     log = work / f"server-chunk{chunk}.log"
     args = [
@@ -273,6 +277,7 @@ async def http_request(http_port: int, text: str, voice: str) -> Sample:
 
 
 async def concurrent(port: int, texts: list[str], voice: str) -> list[Sample]:
+    """One Wyoming client per text, all sending at the same moment."""
     return list(await asyncio.gather(*(wyoming_request(port, t, voice) for t in texts)))
 
 
@@ -341,6 +346,7 @@ def write_report(rows: list[Row], extra: dict[str, Any], out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the whole benchmark (see the module docstring). Raises SystemExit without CUDA."""
     parser = argparse.ArgumentParser(prog="python -m wyoming_qwen3tts.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoints", default=".ckpt/full", help="Where full-size random checkpoints live")
