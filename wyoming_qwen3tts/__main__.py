@@ -162,15 +162,19 @@ async def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if not args.debug:  # third-party chatter: config defaults, optional SoX binary
-        for noisy in ("qwen_tts", "sox", "transformers", "faster_qwen3_tts"):
-            logging.getLogger(noisy).setLevel(logging.WARNING if noisy != "sox" else logging.ERROR)
+        for noisy in ("qwen_tts", "transformers", "faster_qwen3_tts"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        # The SoX binary is optional (qwen_tts imports the Python wrapper only); the wrapper
+        # resets its logger's level on import, so drop its warning with a filter instead.
+        logging.getLogger("sox").addFilter(lambda record: record.levelno >= logging.ERROR)
     check_args(args)
     metrics = Metrics()
     workers = await load_workers(args, metrics)
     custom = workers.get(ModelKind.CUSTOM_VOICE)
     voices_dir = Path(args.voices_dir) if args.voices_dir else Path(args.data_dir) / "voices"
     voices_dir.mkdir(parents=True, exist_ok=True)
-    _LOGGER.info("Clone voices: put <id>.wav and <id>.txt in %s", voices_dir.resolve())
+    if ModelKind.BASE in workers:
+        _LOGGER.info("Clone voices: put <id>.wav and <id>.txt in %s", voices_dir.resolve())
     catalog = VoiceCatalog(voices_dir, set(workers), custom.model.speakers() if custom else [])
     names = [v.name for v in catalog.voices()]
     if not names:
