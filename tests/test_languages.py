@@ -2,7 +2,7 @@
 
 import pytest
 
-from wyoming_qwen3tts.languages import UnsupportedLanguageError, to_code, to_qwen
+from wyoming_qwen3tts.languages import UnsupportedLanguageError, to_qwen
 
 
 @pytest.mark.parametrize(
@@ -18,7 +18,3 @@ def test_to_qwen(given: str | None, qwen: str) -> None:
 def test_unsupported_languages_raise(bad: str) -> None:
     with pytest.raises(UnsupportedLanguageError, match="Unsupported language"):
         to_qwen(bad)
-
-
-def test_to_code_round_trip() -> None:
-    assert to_code("german") == "de" and to_code("auto") is None

@@ -52,11 +52,3 @@ def to_qwen(language: str | None) -> str:
     raise UnsupportedLanguageError(
         f"Unsupported language {language!r}; use one of {', '.join(ALL_CODES)} or 'auto'"
     )
-
-
-def to_code(qwen_name: str) -> str | None:
-    """The BCP-47 primary code for a Qwen3-TTS language name, or None for "auto"/unknown."""
-    for code, name in QWEN_LANGUAGES.items():
-        if name == qwen_name:
-            return code
-    return None

@@ -212,11 +212,6 @@ class SpeechStream:
             self._submit(text)
         self._job.close()
 
-    @property
-    def segments(self) -> int:
-        """Segments queued so far."""
-        return self._segments
-
     def _submit(self, text: str) -> None:
         self._segments += 1
         fixed = self._service.fixed_frames
