@@ -1,11 +1,11 @@
-"""The benchmark's report (the measurements themselves need a GPU: python -m wyoming_qwen3tts.bench)."""
+"""The benchmark's report (the measurements themselves need a GPU: python -m benchmarks.bench)."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from wyoming_qwen3tts.bench import Sample, summarize, write_report
+from benchmarks.bench import Sample, summarize, write_report
 
 
 def test_summarize_and_report(tmp_path: Path) -> None:

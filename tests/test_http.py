@@ -34,10 +34,11 @@ from wyoming.error import Error
 from wyoming.tts import Synthesize, SynthesizeVoice
 
 from wyoming_qwen3tts.encoders import FORMATS, open_encoder
-from wyoming_qwen3tts.engine import SAMPLE_RATE, SAMPLES_PER_FRAME, Segment, SpeechModel
+from wyoming_qwen3tts.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from wyoming_qwen3tts.engine import Engine, Segment
+from wyoming_qwen3tts.engine.serial import SerialEngine
 from wyoming_qwen3tts.http_api import _SERVICE_KEY, create_app, start_http
 from wyoming_qwen3tts.metrics import Metrics
-from wyoming_qwen3tts.scheduler import ModelWorker
 from wyoming_qwen3tts.service import TtsService
 from wyoming_qwen3tts.tempo import Tempo, stage_factors
 from wyoming_qwen3tts.text import Segmenter, frame_budget
@@ -577,14 +578,17 @@ def test_tempo_rejects_out_of_range() -> None:
             Tempo(speed)
 
 
-class _ScriptedModel(SpeechModel):
+class _ScriptedEngine(SerialEngine):
     """Stands in for a Qwen3-TTS model: 4 chunks of noise per segment, each after
     ``pace_s`` seconds; a segment whose text contains FAIL raises after ``fail_after``
     chunks."""
 
     def __init__(self, kind: ModelKind, fail_after: int, pace_s: float) -> None:
-        self.kind, self.chunk_frames, self._prompts = kind, 2, {}  # type: ignore[assignment]
+        Engine.__init__(self, kind, chunk_frames=2, capacity=1)
         self.fail_after, self.pace_s = fail_after, pace_s
+
+    def speakers(self) -> list[str]:
+        return []
 
     def stream(self, segment: Segment) -> Iterator[np.ndarray]:
         for i in range(4):
@@ -596,19 +600,16 @@ class _ScriptedModel(SpeechModel):
 
 @contextlib.asynccontextmanager
 async def scripted_service(fail_after: int = 4, pace_s: float = 0.0) -> AsyncIterator[TtsService]:
-    """A real ``TtsService`` (VoiceDesign presets only) on a ``_ScriptedModel``."""
-    worker = ModelWorker(_ScriptedModel(ModelKind.VOICE_DESIGN, fail_after, pace_s))
-    worker.start(Segment("warm", "auto", 2))
-    await asyncio.to_thread(worker.ready.wait)
+    """A real ``TtsService`` (VoiceDesign presets only) on a ``_ScriptedEngine``."""
+    engine = _ScriptedEngine(ModelKind.VOICE_DESIGN, fail_after, pace_s)
+    await asyncio.to_thread(engine.warm, Segment("warm", "auto", 2))
+    service = TtsService(
+        VoiceCatalog(None, {ModelKind.VOICE_DESIGN}), {ModelKind.VOICE_DESIGN: engine}, "aria", Metrics()
+    )
     try:
-        yield TtsService(
-            VoiceCatalog(None, {ModelKind.VOICE_DESIGN}),
-            {ModelKind.VOICE_DESIGN: worker},
-            "aria",
-            Metrics(),
-        )
+        yield service
     finally:
-        await asyncio.to_thread(worker.stop)
+        await asyncio.to_thread(service.stop)
 
 
 @contextlib.asynccontextmanager
@@ -700,8 +701,8 @@ async def test_client_gone_between_writes_cancels_quietly(caplog: pytest.LogCapt
 
 async def test_not_ready_is_503(monkeypatch: pytest.MonkeyPatch) -> None:
     async with scripted_client(fail_after=4) as client:
-        worker = next(iter(client.app[_SERVICE_KEY].workers.values()))
-        monkeypatch.setattr(worker, "warm_error", RuntimeError("warm-up failed"))
+        engine = next(iter(client.app[_SERVICE_KEY]._engines.values()))
+        monkeypatch.setattr(engine, "warm_error", RuntimeError("warm-up failed"))
         resp = await client.post("/v1/audio/speech", json={"input": "Hello."})
         assert resp.status == 503 and (await resp.json())["error"]["code"] == "not-ready"
         assert (await client.get("/ready")).status == 503

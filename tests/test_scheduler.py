@@ -1,5 +1,5 @@
-"""The worker's ordering, cancellation and failure handling (a fake model stands in for
-the engine here; the real engine is exercised end to end in test_wyoming.py)."""
+"""The scheduler's ordering, cancellation and failure handling (a fake serial engine stands
+in for the model here; the real engines are exercised end to end in test_wyoming.py)."""
 
 from __future__ import annotations
 
@@ -10,22 +10,25 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from wyoming_qwen3tts.engine import Segment, SpeechModel
-from wyoming_qwen3tts.scheduler import GenerationError, Job, ModelWorker
+from wyoming_qwen3tts.engine import Engine, Segment
+from wyoming_qwen3tts.engine.serial import SerialEngine
+from wyoming_qwen3tts.scheduler import GenerationError, Job, Scheduler
 from wyoming_qwen3tts.voices import ModelKind
 
 
-class RecordingModel(SpeechModel):
+class RecordingModel(SerialEngine):
     """Yields ``max_new_tokens`` one-sample chunks whose value encodes the segment text."""
 
     def __init__(self) -> None:
-        self.kind = ModelKind.VOICE_DESIGN
-        self.chunk_frames = 1
+        Engine.__init__(self, ModelKind.VOICE_DESIGN, chunk_frames=1, capacity=1)
         self.order: list[str] = []
         self.gate = threading.Event()
         self.gate.set()
         self.active = 0
         self.max_active = 0
+
+    def speakers(self) -> list[str]:
+        return []
 
     def stream(self, segment: Segment) -> Iterator[np.ndarray]:
         if segment.text == "boom":
@@ -50,22 +53,23 @@ async def drain(job: Job) -> list[float]:
 
 
 @pytest.fixture
-def model_worker() -> Iterator[tuple[RecordingModel, ModelWorker]]:
+def engine_and_scheduler() -> Iterator[tuple[RecordingModel, Scheduler]]:
     model = RecordingModel()
-    worker = ModelWorker(model)
-    worker.start(seg("warm", 1))
-    worker.ready.wait(10)
+    model.warm(seg("warm", 1))
     model.order.clear()
-    yield model, worker
+    scheduler = Scheduler()
+    model.start(scheduler)
+    yield model, scheduler
     model.gate.set()
-    worker.stop()
+    scheduler.close()
+    model.join(10)
 
 
-async def test_clients_take_turns_at_segment_boundaries(model_worker: tuple[RecordingModel, ModelWorker]) -> None:
-    model, worker = model_worker
+async def test_clients_take_turns_at_segment_boundaries(engine_and_scheduler: tuple[RecordingModel, Scheduler]) -> None:
+    model, scheduler = engine_and_scheduler
     loop = asyncio.get_running_loop()
-    model.gate.clear()  # hold the worker so both queues fill first
-    a, b = worker.open_job(loop), worker.open_job(loop)
+    model.gate.clear()  # hold the engine so both queues fill first
+    a, b = scheduler.open_job(loop), scheduler.open_job(loop)
     for i in range(3):
         a.submit(seg(f"a{i}"))
     for i in range(2):
@@ -79,10 +83,10 @@ async def test_clients_take_turns_at_segment_boundaries(model_worker: tuple[Reco
     assert len(chunks_a) == 9 and len(chunks_b) == 6  # every chunk delivered, none duplicated
 
 
-async def test_cancel_drops_queued_work_and_stops_the_running_segment(model_worker: tuple[RecordingModel, ModelWorker]) -> None:
-    model, worker = model_worker
+async def test_cancel_drops_queued_work_and_stops_the_running_segment(engine_and_scheduler: tuple[RecordingModel, Scheduler]) -> None:
+    model, scheduler = engine_and_scheduler
     loop = asyncio.get_running_loop()
-    job = worker.open_job(loop)
+    job = scheduler.open_job(loop)
     model.gate.clear()
     for i in range(5):
         job.submit(seg(f"s{i}", frames=1000))
@@ -91,7 +95,7 @@ async def test_cancel_drops_queued_work_and_stops_the_running_segment(model_work
         await asyncio.sleep(0.01)
     job.cancel()
     model.gate.set()
-    other = worker.open_job(loop)
+    other = scheduler.open_job(loop)
     other.submit(seg("next"))
     other.close()
     assert len(await asyncio.wait_for(drain(other), 30)) == 3
@@ -99,16 +103,16 @@ async def test_cancel_drops_queued_work_and_stops_the_running_segment(model_work
     assert await drain(job) == []
 
 
-async def test_a_failing_segment_raises_for_its_client_only(model_worker: tuple[RecordingModel, ModelWorker]) -> None:
-    _model, worker = model_worker
+async def test_a_failing_segment_raises_for_its_client_only(engine_and_scheduler: tuple[RecordingModel, Scheduler]) -> None:
+    _model, scheduler = engine_and_scheduler
     loop = asyncio.get_running_loop()
-    bad = worker.open_job(loop)
+    bad = scheduler.open_job(loop)
     bad.submit(seg("boom"))
     bad.close()
     with pytest.raises(GenerationError, match="max_seq_len"):
         await asyncio.wait_for(drain(bad), 30)
-    good = worker.open_job(loop)
+    good = scheduler.open_job(loop)
     good.submit(seg("fine"))
     good.close()
     assert len(await asyncio.wait_for(drain(good), 30)) == 3
-    assert worker.queue_depth() == 0
+    assert scheduler.queue_depth() == 0

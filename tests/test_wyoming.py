@@ -15,7 +15,7 @@ from wyoming.event import Event, Eventable
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
-from wyoming_qwen3tts.engine import SAMPLES_PER_FRAME
+from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
 from wyoming_qwen3tts.text import Segmenter, frame_budget
 
 from .conftest import Server

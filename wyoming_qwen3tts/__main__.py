@@ -15,10 +15,10 @@ import numpy as np
 from wyoming.server import AsyncServer, AsyncTcpServer
 
 from . import __version__
+from .audio import SAMPLE_RATE
 from .discovery import Announcer
-from .engine import SAMPLE_RATE, Segment, SpeechModel, load_model, resolve_checkpoint
+from .engine import Engine, Segment, load_engine, resolve_checkpoint
 from .metrics import Metrics
-from .scheduler import ModelWorker
 from .service import DEFAULT_MAX_CHARS, TtsService
 from .voices import ModelKind, Reference, VoiceCatalog
 
@@ -104,7 +104,7 @@ def _device(choice: str) -> str:
     return choice
 
 
-def _warm_segment(kind: ModelKind, model: SpeechModel) -> Segment:
+def _warm_segment(kind: ModelKind, engine: Engine) -> Segment:
     """A 2-frame generation that exercises the whole path once before serving."""
     tone = 0.1 * np.sin(2 * np.pi * 220 * np.arange(SAMPLE_RATE) / SAMPLE_RATE)
     return Segment(
@@ -113,13 +113,13 @@ def _warm_segment(kind: ModelKind, model: SpeechModel) -> Segment:
         max_new_tokens=2,
         seed=0,
         instruct="A clear, neutral voice." if kind is ModelKind.VOICE_DESIGN else None,
-        speaker=next(iter(model.speakers()), None),
+        speaker=next(iter(engine.speakers()), None),
         reference=Reference.from_audio(tone, SAMPLE_RATE, None) if kind is ModelKind.BASE else None,
     )
 
 
-async def load_workers(args: argparse.Namespace, metrics: Metrics) -> dict[ModelKind, ModelWorker]:
-    """Load every enabled model, start its worker and wait for its warm-up.
+async def load_engines(args: argparse.Namespace) -> dict[ModelKind, Engine]:
+    """Load every enabled model and warm it up (graph capture and one short generation).
 
     Raises:
         SystemExit: no model enabled, or a model failed to load or warm up.
@@ -131,27 +131,25 @@ async def load_workers(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         ModelKind.VOICE_DESIGN: args.design_model,
         ModelKind.CUSTOM_VOICE: args.custom_voice_model,
     }
-    workers: dict[ModelKind, ModelWorker] = {}
+    engines: dict[ModelKind, Engine] = {}
     for kind, source in sources.items():
         if not source or source.lower() == "none":
             continue
         try:
             checkpoint = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
             _LOGGER.info("Loading %s model from %s on %s", kind.value, checkpoint, device)
-            model = await asyncio.to_thread(load_model, kind, checkpoint, device, args.chunk_size)
+            engine = await asyncio.to_thread(load_engine, kind, checkpoint, device, args.chunk_size)
         except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
             raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err
-        worker = ModelWorker(model)
-        worker.start(_warm_segment(kind, model))
-        await asyncio.to_thread(worker.ready.wait)
-        if worker.warm_error is not None:
-            raise SystemExit(f"Warm-up of the {kind.value} model failed: {worker.warm_error!r}")
-        metrics.track_queue(kind.value, worker.queue_depth)
-        workers[kind] = worker
-        _LOGGER.info("%s model ready", kind.value)
-    if not workers:
+        try:
+            await asyncio.to_thread(engine.warm, _warm_segment(kind, engine))
+        except Exception as err:  # noqa: BLE001 - any warm-up failure ends start-up with its reason
+            raise SystemExit(f"Warm-up of the {kind.value} model failed: {err!r}") from err
+        engines[kind] = engine
+        _LOGGER.info("%s model ready (%s)", kind.value, engine.backend)
+    if not engines:
         raise SystemExit("No model enabled: set at least one of --clone-model, --design-model, --custom-voice-model")
-    return workers
+    return engines
 
 
 async def main(argv: list[str] | None = None) -> None:
@@ -169,13 +167,13 @@ async def main(argv: list[str] | None = None) -> None:
         logging.getLogger("sox").addFilter(lambda record: record.levelno >= logging.ERROR)
     check_args(args)
     metrics = Metrics()
-    workers = await load_workers(args, metrics)
-    custom = workers.get(ModelKind.CUSTOM_VOICE)
+    engines = await load_engines(args)
+    custom = engines.get(ModelKind.CUSTOM_VOICE)
     voices_dir = Path(args.voices_dir) if args.voices_dir else Path(args.data_dir) / "voices"
     voices_dir.mkdir(parents=True, exist_ok=True)
-    if ModelKind.BASE in workers:
+    if ModelKind.BASE in engines:
         _LOGGER.info("Clone voices: put <id>.wav and <id>.txt in %s", voices_dir.resolve())
-    catalog = VoiceCatalog(voices_dir, set(workers), custom.model.speakers() if custom else [])
+    catalog = VoiceCatalog(voices_dir, set(engines), custom.speakers() if custom else [])
     names = [v.name for v in catalog.voices()]
     if not names:
         raise SystemExit(f"No voices: add a clone voice to {voices_dir} or enable the VoiceDesign model")
@@ -185,7 +183,7 @@ async def main(argv: list[str] | None = None) -> None:
     except KeyError as err:
         raise SystemExit(f"--voice: {err}") from None
     service = TtsService(
-        catalog, workers, default_voice, metrics,
+        catalog, engines, default_voice, metrics,
         max_chars=args.max_chars, seed=args.seed, fixed_frames=args.fixed_frames,
     )
     _LOGGER.info("%d voice(s); default %s", len(names), default_voice)
@@ -217,8 +215,7 @@ async def main(argv: list[str] | None = None) -> None:
     if http_runner:
         await http_runner.cleanup()
     await server.stop()
-    for worker in workers.values():
-        await asyncio.to_thread(worker.stop)
+    await asyncio.to_thread(service.stop)
 
 
 def run() -> None:

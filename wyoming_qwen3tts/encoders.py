@@ -31,7 +31,7 @@ from typing import cast
 import av
 import numpy as np
 
-from .engine import SAMPLE_RATE, to_pcm16
+from .audio import SAMPLE_RATE, to_pcm16
 
 
 def audio_frame(audio: np.ndarray, pts: int) -> av.AudioFrame:

@@ -24,15 +24,14 @@ from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
 from . import __version__
-from .engine import SAMPLE_RATE, to_pcm16
-from .scheduler import GenerationError
-from .service import RequestError, SpeechRequest, SpeechStream, TtsService, check_text
+from .audio import PCM_WIDTH, SAMPLE_RATE, to_pcm16
+from .service import GenerationError, RequestError, SpeechRequest, SpeechStream, TtsService
 from .voices import ModelKind, Voice
 
 _LOGGER = logging.getLogger(__name__)
 
 #: Output format of every stream: 24 kHz, 16-bit (2 bytes), mono.
-_FORMAT = {"rate": SAMPLE_RATE, "width": 2, "channels": 1}
+_FORMAT = {"rate": SAMPLE_RATE, "width": PCM_WIDTH, "channels": 1}
 
 _ATTRIBUTION = {
     ModelKind.BASE: Attribution("Qwen3-TTS Base (voice cloning)", "https://github.com/QwenLM/Qwen3-TTS"),
@@ -218,11 +217,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         text = event.data["text"]
         if not isinstance(text, str):
             raise TypeError("text must be a string")
-        check_text(text, self._service.max_chars)
-        stream = self._service.open(self._request(event.data))
-        stream.add_text(text)
-        stream.finish()
-        self._speak(stream)
+        self._speak(self._service.speak(self._request(event.data), text))
 
     async def _start_stream(self, event: Event) -> None:
         if self._stream is not None:

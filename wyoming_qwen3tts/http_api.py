@@ -34,10 +34,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .encoders import FORMATS, StreamEncoder, open_encoder
-from .engine import SAMPLE_RATE, SAMPLES_PER_FRAME
-from .scheduler import GenerationError
+from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from .service import (
     EmptyTextError,
+    GenerationError,
     LanguageError,
     RequestError,
     SpeechRequest,
@@ -256,7 +256,7 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
             unknown ``reference_voice``), 400 voice/model mismatch.
     """
     kind = params.kind
-    if kind is not None and kind not in service.workers:
+    if kind is not None and kind not in service.kinds:
         message = f"The model {_MODEL_OF_KIND[kind]!r} is not loaded on this server"
         raise ApiError(404, message, "model_not_found", "model")
     param = "reference_voice" if params.clone else "voice"
@@ -288,11 +288,6 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
 # --- speech -----------------------------------------------------------------------------
 
 
-def is_ready(service: TtsService) -> bool:
-    """True when every model worker finished its warm-up without error."""
-    return all(w.ready.is_set() and w.warm_error is None for w in service.workers.values())
-
-
 async def _read_json(request: web.Request) -> Any:
     try:
         return json.loads(await request.read())
@@ -304,18 +299,17 @@ async def speech(request: web.Request) -> web.StreamResponse:
     """``POST /v1/audio/speech``: validate, open a stream, send audio as it is generated."""
     service = request.app[_SERVICE_KEY]
     params = parse_speech(await _read_json(request), service.max_chars)
-    if not is_ready(service):
+    if not service.is_ready():
         raise ApiError(
             503, "The models are still warming up; retry shortly", "not-ready", kind="server_error"
         )
     name = pick_voice(service, params)
-    stream = service.open(
-        SpeechRequest(name, params.language, params.instructions, params.seed, door="http")
+    stream = service.speak(
+        SpeechRequest(name, params.language, params.instructions, params.seed, door="http"),
+        params.text,
     )
     finished = False
     try:
-        stream.add_text(params.text)
-        stream.finish()
         response = await _send(request, stream, params)
         finished = True
         return response
@@ -459,7 +453,7 @@ async def voices(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     """``GET /v1/models``: OpenAI's list; the generic names and the loaded kinds' names."""
-    loaded = request.app[_SERVICE_KEY].workers
+    loaded = request.app[_SERVICE_KEY].kinds
     names = list(GENERIC_MODELS) + [name for name, kind in KIND_MODELS.items() if kind in loaded]
     data = [
         {"id": n, "object": "model", "created": _CREATED, "owned_by": "wyoming-qwen3tts"}
@@ -476,13 +470,8 @@ async def health(request: web.Request) -> web.Response:
 async def ready(request: web.Request) -> web.Response:
     """``GET /ready``: 200 when every model is warmed up, else 503; per-model states."""
     service = request.app[_SERVICE_KEY]
-    states = {
-        kind.value: (
-            "failed" if w.warm_error is not None else "ready" if w.ready.is_set() else "loading"
-        )
-        for kind, w in service.workers.items()
-    }
-    ok = is_ready(service)
+    states = service.model_states()
+    ok = service.is_ready()
     return web.json_response(
         {"status": "ready" if ok else "not-ready", "models": states}, status=200 if ok else 503
     )

@@ -1,26 +1,24 @@
-"""One worker thread per model; clients take turns at segment (sentence) boundaries.
+"""Feeds an engine: clients take turns at segment (sentence) boundaries.
 
-faster-qwen3-tts is neither thread-safe nor re-entrant: one model owns one static KV cache
-and one set of CUDA graphs. ``ModelWorker`` is the only caller of its model. Each client
-stream is a ``Job``: an ordered queue of segments. The worker picks jobs round-robin, runs
-one whole segment, and hands every PCM chunk to the job's asyncio queue the moment it is
-decoded, so the event loop never blocks on generation.
+Each client stream is a ``Job``: an ordered queue of segments whose audio must come out in
+order, so a job has at most one segment in the engine at a time. The ``Scheduler`` is the
+engine's ``WorkSource``: whenever the engine has room (a free slot of the batched pool, or
+the serial engine's one), it takes the next segment round-robin from the jobs that have one
+waiting. Audio chunks are handed to the job's asyncio queue the moment they are decoded, so
+the event loop never blocks on generation.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import numpy as np
 
-from .engine import Segment, SpeechModel
-
-_LOGGER = logging.getLogger(__name__)
+from .engine import Segment, Work
 
 
 class GenerationError(RuntimeError):
@@ -37,19 +35,41 @@ class _SegmentDone:
 _WAKE = object()  # queue marker: re-check whether the job is complete
 
 
-class Job:
-    """One client's ordered segments on one worker, and their audio as an async stream.
+class _SegmentSink:
+    """The engine's ``Sink`` for one segment of a job (called from the engine thread)."""
 
-    Create with ``ModelWorker.open_job``. Call ``submit`` for each segment, ``close`` when
-    no more will come, and iterate to receive float32 [n_samples] chunks at 24 kHz.
-    ``cancel`` drops queued segments and stops the running one at its next chunk.
+    def __init__(self, job: Job, queued_at: float) -> None:
+        self._job = job
+        self._queue_wait = time.monotonic() - queued_at
+
+    def cancelled(self) -> bool:
+        return self._job.cancelled.is_set()
+
+    def audio(self, chunk: np.ndarray) -> None:
+        self._job._post(chunk)
+
+    def done(self, frames: int) -> None:
+        self._job._finished(_SegmentDone(self._queue_wait))
+
+    def failed(self, error: BaseException) -> None:
+        self._job._finished(error)
+
+
+class Job:
+    """One client's ordered segments on one model, and their audio as an async stream.
+
+    Create with ``Scheduler.open_job``. Call ``submit`` for each segment, ``close`` when no
+    more will come, and iterate to receive float32 [n_samples] chunks at 24 kHz.
+    ``cancel`` drops queued segments and stops the running one within a frame (a chunk on
+    the serial engine).
     """
 
-    def __init__(self, worker: ModelWorker, loop: asyncio.AbstractEventLoop) -> None:
-        self._worker = worker
+    def __init__(self, scheduler: Scheduler, loop: asyncio.AbstractEventLoop) -> None:
+        self._scheduler = scheduler
         self._loop = loop
         self._queue: asyncio.Queue[object] = asyncio.Queue()
-        self.pending: deque[tuple[Segment, float]] = deque()  # guarded by worker lock
+        self.pending: deque[tuple[Segment, float]] = deque()  # guarded by the scheduler lock
+        self.in_flight = False  # guarded by the scheduler lock
         self.cancelled = threading.Event()
         self._submitted = 0
         self._done = 0
@@ -60,7 +80,7 @@ class Job:
     def submit(self, segment: Segment) -> None:
         """Queue a segment (call from the event loop)."""
         self._submitted += 1
-        self._worker._enqueue(self, segment)
+        self._scheduler._enqueue(self, segment)
 
     def close(self) -> None:
         """No more segments; iteration ends after the last one's audio."""
@@ -68,18 +88,23 @@ class Job:
         self._queue.put_nowait(_WAKE)
 
     def cancel(self) -> None:
-        """Drop queued segments and stop the running one within one chunk. Idempotent."""
+        """Drop queued segments and stop the running one. Idempotent."""
         self.cancelled.set()
-        self._worker._drop(self)
+        self._scheduler._drop(self)
         self._closed = True
         self._queue.put_nowait(_WAKE)
 
     def _post(self, item: object) -> None:
-        """Hand an item to the event loop (call from the worker thread)."""
+        """Hand an item to the event loop (call from the engine thread)."""
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
         except RuntimeError:  # loop closed: the client is gone
             self.cancelled.set()
+
+    def _finished(self, item: object) -> None:
+        """The running segment ended (engine thread): report it, let the next one start."""
+        self._post(item)
+        self._scheduler._segment_ended(self)
 
     async def __aiter__(self) -> AsyncIterator[np.ndarray]:
         while True:
@@ -99,50 +124,13 @@ class Job:
                 raise GenerationError(str(item)) from item
 
 
-class ModelWorker:
-    """The single thread that runs generations on one ``SpeechModel``.
+class Scheduler:
+    """Round-robin work source of one engine: jobs in line, one segment each at a time."""
 
-    Args:
-        model: the loaded model; nothing else may call it once the worker starts.
-        on_error: called (in the worker thread) with each failure, for metrics.
-    """
-
-    def __init__(self, model: SpeechModel, on_error: Callable[[BaseException], None] | None = None) -> None:
-        self.model = model
-        self._on_error = on_error
+    def __init__(self) -> None:
         self._cond = threading.Condition()
         self._jobs: deque[Job] = deque()  # jobs with queued segments, in serving order
-        self._stopping = False
-        self._warm_segment: Segment | None = None
-        #: Set once warm-up finished (``warm_error`` says whether it failed).
-        self.ready = threading.Event()
-        self.warm_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"model-{model.kind.value}", daemon=True)
-
-    def start(self, warm_segment: Segment) -> None:
-        """Start the thread: warm-up (graph capture, then ``warm_segment`` generated through
-        the same path as requests) runs first, in this thread, then the queue is served."""
-        self._warm_segment = warm_segment
-        self._thread.start()
-
-    def _warm(self) -> None:
-        try:
-            self.model.warmup()
-            assert self._warm_segment is not None
-            samples = sum(len(chunk) for chunk in self.model.stream(self._warm_segment))
-            if samples == 0:
-                raise RuntimeError("warm-up generation produced no audio")
-        except BaseException as err:  # noqa: BLE001 - reported by whoever waits on ready
-            self.warm_error = err
-        finally:
-            self.ready.set()
-
-    def stop(self) -> None:
-        """Ask the thread to end after the current segment, and wait for it."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        self._thread.join(timeout=30)
+        self._closed = False
 
     def open_job(self, loop: asyncio.AbstractEventLoop) -> Job:
         """A new job for one client stream, delivering to ``loop``."""
@@ -153,12 +141,49 @@ class ModelWorker:
         with self._cond:
             return sum(len(job.pending) for job in self._jobs)
 
+    def close(self) -> None:
+        """Tell the engine to stop taking work."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def closed(self) -> bool:
+        return self._closed
+
+    def take(self, wait: float | None) -> Work | None:
+        """The next segment, round-robin: the first job in line that has a segment queued
+        and none running goes to the back of the line. Jobs found empty leave the line and
+        rejoin at the back on their next ``submit``."""
+        deadline = None if wait is None else time.monotonic() + wait
+        with self._cond:
+            while True:
+                picked = self._next()
+                if picked is not None or self._closed:
+                    return picked
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+
+    def _next(self) -> Work | None:
+        for _ in range(len(self._jobs)):
+            job = self._jobs.popleft()
+            if not job.pending:
+                continue  # idle: leaves the line
+            self._jobs.append(job)
+            if job.in_flight:
+                continue
+            segment, queued_at = job.pending.popleft()
+            job.in_flight = True
+            return Work(segment, _SegmentSink(job, queued_at))
+        return None
+
     def _enqueue(self, job: Job, segment: Segment) -> None:
         with self._cond:
             if job not in self._jobs:
                 self._jobs.append(job)
             job.pending.append((segment, time.monotonic()))
-            self._cond.notify()
+            self._cond.notify_all()
 
     def _drop(self, job: Job) -> None:
         with self._cond:
@@ -166,48 +191,7 @@ class ModelWorker:
             if job in self._jobs:
                 self._jobs.remove(job)
 
-    def _next(self) -> tuple[Job, Segment, float] | None:
-        """Round-robin: the first job in line with a queued segment goes to the back.
-
-        Jobs found idle leave the line and rejoin at the back on their next ``submit``.
-        """
-        while self._jobs:
-            job = self._jobs.popleft()
-            if job.pending:
-                self._jobs.append(job)
-                segment, queued_at = job.pending.popleft()
-                return job, segment, queued_at
-        return None
-
-    def _run(self) -> None:
-        self._warm()
-        while True:
-            with self._cond:
-                picked = self._next()
-                while picked is None and not self._stopping:
-                    self._cond.wait()
-                    picked = self._next()
-                if self._stopping:
-                    return
-            assert picked is not None
-            job, segment, queued_at = picked
-            self._generate(job, segment, time.monotonic() - queued_at)
-
-    def _generate(self, job: Job, segment: Segment, queue_wait_s: float) -> None:
-        if job.cancelled.is_set():
-            return
-        chunks = self.model.stream(segment)
-        try:
-            for chunk in chunks:
-                if job.cancelled.is_set():
-                    break
-                job._post(chunk)
-        except Exception as err:  # noqa: BLE001 - reported to the client, the worker lives on
-            _LOGGER.exception("Generation failed for %r", segment.text[:80])
-            if self._on_error:
-                self._on_error(err)
-            job._post(err)
-            return
-        finally:
-            chunks.close()  # type: ignore[attr-defined]
-        job._post(_SegmentDone(queue_wait_s))
+    def _segment_ended(self, job: Job) -> None:
+        with self._cond:
+            job.in_flight = False
+            self._cond.notify_all()

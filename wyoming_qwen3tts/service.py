@@ -1,10 +1,11 @@
 """The speech service both front doors call: one request type in, one PCM stream out.
 
-A front door turns its protocol into a ``SpeechRequest``, opens a ``SpeechStream`` with
-``TtsService.open`` (which resolves the voice and language or raises a ``RequestError``),
-feeds text with ``add_text`` (whole or in deltas), calls ``finish``, and iterates the
-stream for float32 [n_samples] chunks at 24 kHz. Segmentation, frame caps, seeds, the
-queue and metrics live here, so both doors behave the same.
+A front door turns its protocol into a ``SpeechRequest`` and calls ``TtsService.speak``
+(whole text) or ``TtsService.open`` (text streamed in with ``add_text`` and ``finish``).
+Either resolves the voice and language or raises a ``RequestError``; the stream yields
+float32 [n_samples] chunks at 24 kHz, or raises ``GenerationError``. Segmentation, frame
+caps, seeds, the engines, their schedulers and metrics live behind this module, so both
+doors behave the same and neither imports the engine or the scheduler.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .engine import SAMPLE_RATE, Segment
+from .audio import SAMPLE_RATE
+from .engine import Engine, Segment
 from .languages import UnsupportedLanguageError, to_qwen
 from .metrics import Metrics
-from .scheduler import GenerationError, Job, ModelWorker
+from .scheduler import GenerationError, Job, Scheduler
 from .text import Segmenter, clean_text, frame_budget
 from .voices import ModelKind, UnknownVoiceError, Voice, VoiceCatalog
 
@@ -83,12 +85,27 @@ class SpeechRequest:
     door: str = "wyoming"
 
 
+__all__ = [
+    "DEFAULT_MAX_CHARS",
+    "EmptyTextError",
+    "GenerationError",
+    "LanguageError",
+    "RequestError",
+    "SpeechRequest",
+    "SpeechStream",
+    "TextTooLongError",
+    "TtsService",
+    "VoiceNotFoundError",
+    "check_text",
+]
+
+
 class TtsService:
-    """Voices, model workers and limits shared by every front door.
+    """Voices, engines and limits shared by every front door.
 
     Args:
         catalog: the voice catalogue.
-        workers: one started worker per loaded model kind.
+        engines: one warmed-up engine per loaded model kind; the service starts them.
         default_voice: voice used when a request names none.
         metrics: where outcomes are counted.
         max_chars: longest text per request or stream.
@@ -100,7 +117,7 @@ class TtsService:
     def __init__(
         self,
         catalog: VoiceCatalog,
-        workers: dict[ModelKind, ModelWorker],
+        engines: dict[ModelKind, Engine],
         default_voice: str,
         metrics: Metrics,
         max_chars: int = DEFAULT_MAX_CHARS,
@@ -110,10 +127,42 @@ class TtsService:
         self.catalog = catalog
         self.seed = seed
         self.fixed_frames = fixed_frames
-        self.workers = workers
+        self._engines = engines
+        self._schedulers = {kind: Scheduler() for kind in engines}
+        for kind, engine in engines.items():
+            metrics.track_queue(kind.value, self._schedulers[kind].queue_depth)
+            engine.start(self._schedulers[kind])
         self.default_voice = default_voice
         self.metrics = metrics
         self.max_chars = max_chars
+
+    @property
+    def kinds(self) -> frozenset[ModelKind]:
+        """The loaded model kinds."""
+        return frozenset(self._engines)
+
+    @property
+    def backend(self) -> str:
+        """The engines' back end, in words (for ``describe`` and logs)."""
+        return ", ".join(sorted({engine.backend for engine in self._engines.values()}))
+
+    def model_states(self) -> dict[str, str]:
+        """Each loaded model's state: "ready", "loading" or "failed" (for ``/ready``)."""
+        return {
+            kind.value: "failed" if e.warm_error is not None else "ready" if e.ready.is_set() else "loading"
+            for kind, e in self._engines.items()
+        }
+
+    def is_ready(self) -> bool:
+        """True when every model finished its warm-up without error."""
+        return all(state == "ready" for state in self.model_states().values())
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop every engine after its current step (blocking)."""
+        for scheduler in self._schedulers.values():
+            scheduler.close()
+        for engine in self._engines.values():
+            engine.join(timeout)
 
     def count_error(self, door: str, error: RequestError) -> None:
         """Count a refused request (the doors call this for every ``RequestError``)."""
@@ -139,7 +188,7 @@ class TtsService:
             VoiceNotFoundError, LanguageError: the request cannot be served.
         """
         voice = self.resolve_voice(request.voice)
-        if request.instructions and not request.voice and ModelKind.VOICE_DESIGN in self.workers:
+        if request.instructions and not request.voice and ModelKind.VOICE_DESIGN in self._engines:
             # A description alone designs a voice: take the VoiceDesign model.
             designed = [v for v in self.catalog.voices() if v.kind is ModelKind.VOICE_DESIGN]
             voice = designed[0] if designed and voice.kind is not ModelKind.VOICE_DESIGN else voice
@@ -153,8 +202,20 @@ class TtsService:
         seed = next((s for s in (request.seed, self.seed) if s is not None), None)
         if seed is None:
             seed = random.randrange(2**31)
-        job = self.workers[voice.kind].open_job(asyncio.get_running_loop())
+        job = self._schedulers[voice.kind].open_job(asyncio.get_running_loop())
         return SpeechStream(self, job, voice, language, instruct, seed, request.door)
+
+    def speak(self, request: SpeechRequest, text: str) -> SpeechStream:
+        """Validate a whole-text request and start speaking it (must run in the event loop).
+
+        Raises:
+            EmptyTextError, TextTooLongError, VoiceNotFoundError, LanguageError.
+        """
+        check_text(text, self.max_chars)
+        stream = self.open(request)
+        stream.add_text(text)
+        stream.finish()
+        return stream
 
 
 class SpeechStream:

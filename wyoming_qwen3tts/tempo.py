@@ -16,7 +16,7 @@ import av.filter
 import numpy as np
 
 from .encoders import audio_frame
-from .engine import SAMPLE_RATE
+from .audio import SAMPLE_RATE
 
 #: Accepted tempo factors (OpenAI's range for ``speed``).
 MIN_SPEED = 0.25

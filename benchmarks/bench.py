@@ -1,6 +1,6 @@
 """GPU benchmark: first audio and speed at the client, against the bare engine, in one run.
 
-``python -m wyoming_qwen3tts.bench`` on a machine with an NVIDIA GPU:
+``python -m benchmarks.bench`` on a machine with an NVIDIA GPU:
 
 1. builds full-size random 1.7B VoiceDesign and Base checkpoints (offline) unless present;
 2. loads the bare engine (faster-qwen3-tts) in this process and starts one real server
@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from .engine import SAMPLE_RATE, SAMPLES_PER_FRAME
-from .testing.checkpoint import build_checkpoint
-from .voices import ModelKind, VoiceCatalog
+from wyoming_qwen3tts.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from wyoming_qwen3tts.testing.checkpoint import build_checkpoint
+from wyoming_qwen3tts.voices import ModelKind, VoiceCatalog
 
 #: Distinct one-sentence texts, one per concurrent client.
 TEXTS = [
@@ -347,7 +347,7 @@ def write_report(rows: list[Row], extra: dict[str, Any], out: Path) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the whole benchmark (see the module docstring). Raises SystemExit without CUDA."""
-    parser = argparse.ArgumentParser(prog="python -m wyoming_qwen3tts.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoints", default=".ckpt/full", help="Where full-size random checkpoints live")
     parser.add_argument("--out", default="benchmarks/results", help="Results go in OUT/<gpu-name>/")
