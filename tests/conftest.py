@@ -1,7 +1,8 @@
 """Shared fixtures: tiny random checkpoints and real server processes started as users do.
 
-Every test that uses ``server`` runs twice: on the CPU reference engine (default) and on
-the CUDA-graph engine (marked ``gpu``; ``pytest -m gpu`` on an NVIDIA machine).
+Every test that uses ``server`` runs on three servers: the CPU reference engine (the CPU
+default), the batched engine run eagerly on the CPU (``--engine batched``), and the batched
+CUDA-graph engine (marked ``gpu``; ``pytest -m gpu`` on an NVIDIA machine).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Server:
     http_port: int
     log: Path
     device: str
+    engine: str = "auto"
 
     @property
     def uri(self) -> str:
@@ -73,6 +75,11 @@ class Server:
     @property
     def http_url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def streams_audio(self) -> bool:
+        """True when audio leaves frame by frame (not a whole sentence at once)."""
+        return self.device == "cuda" or self.engine == "batched"
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -84,6 +91,7 @@ class Server:
 def start_server(
     checkpoints: Path, voices_dir: Path, log: Path, device: str = "cpu", extra: list[str] | None = None,
     wrap: list[str] | None = None, uri_host: str = "127.0.0.1", timeout: float = 240.0,
+    engine: str = "auto",
 ) -> Server:
     """Start ``python -m wyoming_qwen3tts`` as a user would; wait until it serves.
 
@@ -99,13 +107,13 @@ def start_server(
         "--clone-model", str(checkpoints / "base"),
         "--design-model", str(checkpoints / "voice_design"),
         "--custom-voice-model", str(checkpoints / "custom_voice"),
-        "--device", device,
+        "--device", device, "--engine", engine,
         "--http-host", "127.0.0.1", "--http-port", str(http_port),
         "--local-files-only",
     ] + (extra if extra is not None else ["--no-zeroconf"])
     handle = log.open("w")
     proc = subprocess.Popen((wrap or []) + args, stdout=handle, stderr=subprocess.STDOUT, text=True, cwd=log.parent)
-    server = Server(proc, port, http_port, log, device)
+    server = Server(proc, port, http_port, log, device, engine)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not server.alive():
@@ -136,14 +144,20 @@ def _cuda() -> bool:
         return False
 
 
-@pytest.fixture(scope="session", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+#: Server variants: (device, engine) by fixture parameter.
+SERVERS = {"cpu": ("cpu", "auto"), "batched": ("cpu", "batched"), "cuda": ("cuda", "auto")}
+
+
+@pytest.fixture(scope="session", params=["cpu", "batched", pytest.param("cuda", marks=pytest.mark.gpu)])
 def server(
     request: pytest.FixtureRequest, checkpoints: Path, voices_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
-    """One server with all three model kinds, shared by the session (CPU, and CUDA under -m gpu)."""
-    if request.param == "cuda" and not _cuda():
+    """One server with all three model kinds, shared by the session: the CPU reference
+    engine, the batched engine on the CPU, and (under -m gpu) the CUDA-graph engine."""
+    device, engine = SERVERS[request.param]
+    if device == "cuda" and not _cuda():
         pytest.skip("no CUDA device")
     folder = tmp_path_factory.mktemp(f"server-{request.param}")
-    srv = start_server(checkpoints, voices_dir, folder / "server.log", device=request.param)
+    srv = start_server(checkpoints, voices_dir, folder / "server.log", device=device, engine=engine)
     yield srv
     stop_server(srv)

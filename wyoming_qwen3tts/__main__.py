@@ -17,7 +17,7 @@ from wyoming.server import AsyncServer, AsyncTcpServer
 from . import __version__
 from .audio import SAMPLE_RATE
 from .discovery import Announcer
-from .engine import Engine, Segment, load_engine, resolve_checkpoint
+from .engine import ENGINES, Engine, Segment, load_engine, pick_engine, resolve_checkpoint
 from .metrics import Metrics
 from .service import DEFAULT_MAX_CHARS, TtsService
 from .voices import ModelKind, Reference, VoiceCatalog
@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--voice", help=f"Default voice (default {DEFAULT_VOICE!r} if available, else the first)")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA when available")
     parser.add_argument("--chunk-size", type=int, default=2, help="Codec frames per audio chunk (80 ms each)")
+    parser.add_argument("--engine", choices=ENGINES, default="auto", help="auto: batched on CUDA, reference on the CPU")
+    parser.add_argument("--max-streams", type=int, default=8, help="Streams generated at once per model (batched engine)")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="Longest text per request")
     parser.add_argument("--seed", type=int, help="Seed for requests that bring none (default: random per stream)")
     parser.add_argument("--fixed-frames", type=int, help="Benchmarks: generate exactly N codec frames per sentence")
@@ -67,7 +69,7 @@ def check_args(args: argparse.Namespace) -> None:
     Raises:
         SystemExit: with a one-line reason.
     """
-    for flag, value in (("--chunk-size", args.chunk_size), ("--max-chars", args.max_chars), ("--fixed-frames", args.fixed_frames)):
+    for flag, value in (("--chunk-size", args.chunk_size), ("--max-chars", args.max_chars), ("--fixed-frames", args.fixed_frames), ("--max-streams", args.max_streams)):
         if value is not None and value < 1:
             raise SystemExit(f"{flag} must be at least 1, got {value}")
     if not 0 <= args.http_port <= 65535:
@@ -88,18 +90,32 @@ def check_args(args: argparse.Namespace) -> None:
                 raise SystemExit(f"{flag}: cannot listen on {host}:{port}: {err.strerror}") from None
 
 
-def _device(choice: str) -> str:
+def _device(choice: str, engine: str) -> str:
+    """The device to run on, checked against the engine asked for.
+
+    Raises:
+        SystemExit: no CUDA for ``--device cuda``, or an engine the device cannot run.
+    """
     import torch
 
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     elif choice == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is available")
+    try:
+        engine = pick_engine(engine, choice)
+    except ValueError as err:
+        raise SystemExit(f"--engine: {err}") from None
     if choice == "cpu":
+        how = (
+            "the batched engine runs eagerly, frame by frame"
+            if engine == "batched"
+            else "the qwen_tts reference model; audio arrives a whole sentence at a time"
+        )
         _LOGGER.warning(
-            "No CUDA GPU: running the qwen_tts reference model on the CPU. This path is SLOW "
-            "(the 1.7B models take several seconds per second of speech, and audio arrives "
-            "a whole sentence at a time). Use an NVIDIA GPU for real-time speech."
+            "No CUDA GPU: running on the CPU (%s). This path is SLOW (the 1.7B models take "
+            "several seconds per second of speech). Use an NVIDIA GPU for real-time speech.",
+            how,
         )
     return choice
 
@@ -118,13 +134,13 @@ def _warm_segment(kind: ModelKind, engine: Engine) -> Segment:
     )
 
 
-async def load_engines(args: argparse.Namespace) -> dict[ModelKind, Engine]:
+async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[ModelKind, Engine]:
     """Load every enabled model and warm it up (graph capture and one short generation).
 
     Raises:
         SystemExit: no model enabled, or a model failed to load or warm up.
     """
-    device = _device(args.device)
+    device = _device(args.device, args.engine)
     models_dir = Path(args.data_dir) / "models"
     sources = {
         ModelKind.BASE: args.clone_model,
@@ -138,7 +154,10 @@ async def load_engines(args: argparse.Namespace) -> dict[ModelKind, Engine]:
         try:
             checkpoint = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
             _LOGGER.info("Loading %s model from %s on %s", kind.value, checkpoint, device)
-            engine = await asyncio.to_thread(load_engine, kind, checkpoint, device, args.chunk_size)
+            engine = await asyncio.to_thread(
+                load_engine, kind, checkpoint, device, args.chunk_size, args.engine, args.max_streams,
+                metrics.join_stall.labels(kind.value).observe,
+            )
         except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
             raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err
         try:
@@ -167,7 +186,7 @@ async def main(argv: list[str] | None = None) -> None:
         logging.getLogger("sox").addFilter(lambda record: record.levelno >= logging.ERROR)
     check_args(args)
     metrics = Metrics()
-    engines = await load_engines(args)
+    engines = await load_engines(args, metrics)
     custom = engines.get(ModelKind.CUSTOM_VOICE)
     voices_dir = Path(args.voices_dir) if args.voices_dir else Path(args.data_dir) / "voices"
     voices_dir.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,12 @@ class Metrics:
         self.audio_seconds = Counter(
             "tts_audio_seconds", "Seconds of audio delivered", ["door"], registry=self.registry
         )
+        self.join_stall = Histogram(
+            "tts_join_stall_seconds",
+            "GPU time of a batched prefill, during which running streams wait (batched engine)",
+            ["model"], buckets=(0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0),
+            registry=self.registry,
+        )
         self._queue_depth = Gauge(
             "tts_queue_depth", "Segments waiting for a model worker", ["model"], registry=self.registry
         )

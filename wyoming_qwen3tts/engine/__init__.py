@@ -4,10 +4,11 @@ Only the service and the command line import this package; the front doors never
 """
 
 from .base import Engine, ModelMismatchError, Sink, Work, WorkSource
-from .loader import MAX_SEQ_LEN, load_engine, resolve_checkpoint
+from .loader import ENGINES, MAX_SEQ_LEN, load_engine, pick_engine, resolve_checkpoint
 from .segment import Sampling, Segment
 
 __all__ = [
+    "ENGINES",
     "MAX_SEQ_LEN",
     "Engine",
     "ModelMismatchError",
@@ -17,5 +18,6 @@ __all__ = [
     "Work",
     "WorkSource",
     "load_engine",
+    "pick_engine",
     "resolve_checkpoint",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from ..voices import ModelKind
@@ -10,8 +11,11 @@ from .base import Engine
 
 _LOGGER = logging.getLogger(__name__)
 
-#: Static KV-cache length of faster-qwen3-tts (its default): prompt + generated frames.
+#: Talker KV positions per stream, prompt + generated frames (faster-qwen3-tts's default
+#: ``max_seq_len``; ``text.MAX_SEGMENT_SECONDS`` keeps every segment inside it).
 MAX_SEQ_LEN = 2048
+#: Engines ``load_engine`` can build.
+ENGINES = ("auto", "batched", "single", "reference")
 
 
 def resolve_checkpoint(source: str, models_dir: Path, local_files_only: bool) -> Path:
@@ -40,33 +44,78 @@ def resolve_checkpoint(source: str, models_dir: Path, local_files_only: bool) ->
         raise FileNotFoundError(f"Cannot get model {source!r}{hint}: {err}") from err
 
 
-def load_engine(kind: ModelKind, checkpoint: Path, device: str, chunk_frames: int) -> Engine:
-    """Load a checkpoint through the real loaders.
+def pick_engine(engine: str, device: str) -> str:
+    """The engine ``auto`` means on ``device``: batched on CUDA, the reference model on the CPU.
+
+    Raises:
+        ValueError: an engine that cannot run on ``device``.
+    """
+    if engine == "auto":
+        return "batched" if device == "cuda" else "reference"
+    if engine == "single" and device != "cuda":
+        raise ValueError("the single-stream engine (faster-qwen3-tts) needs CUDA")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
+    return engine
+
+
+def load_engine(
+    kind: ModelKind,
+    checkpoint: Path,
+    device: str,
+    chunk_frames: int,
+    engine: str = "auto",
+    max_streams: int = 8,
+    on_join: Callable[[float], None] | None = None,
+) -> Engine:
+    """Load a checkpoint through the real loaders (faster-qwen3-tts / qwen_tts).
 
     Args:
         kind: the kind the checkpoint must be.
         checkpoint: local folder (see ``resolve_checkpoint``).
-        device: "cuda" (faster-qwen3-tts, bf16, CUDA graphs) or "cpu" (qwen_tts, float32).
+        device: "cuda" (bf16) or "cpu" (float32).
         chunk_frames: codec frames per streamed chunk.
+        engine: "batched" (the slot pool; CUDA graphs on CUDA, eager elsewhere), "single"
+            (faster-qwen3-tts's own single-stream generator, CUDA only), "reference"
+            (qwen_tts, whole segments, the CPU path) or "auto" (see ``pick_engine``).
+        max_streams: slots of the batched engine.
+        on_join: the batched engine's join-stall observer (seconds).
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
-        OSError / ValueError: unreadable checkpoint.
+        ValueError: an engine that cannot run on ``device``.
+        OSError: unreadable checkpoint.
     """
     import torch
 
+    engine = pick_engine(engine, device)
     if device == "cuda":
         from faster_qwen3_tts import FasterQwen3TTS
-
-        from .single import SingleStreamEngine
 
         tts = FasterQwen3TTS.from_pretrained(
             str(checkpoint), device="cuda", dtype=torch.bfloat16, max_seq_len=MAX_SEQ_LEN
         )
-        return SingleStreamEngine(kind, tts, chunk_frames)
-    from qwen_tts import Qwen3TTSModel
+        qwen = tts.model
+    else:
+        from qwen_tts import Qwen3TTSModel
 
+        qwen = Qwen3TTSModel.from_pretrained(str(checkpoint), device_map=device, dtype=torch.float32)
+        tts = None
+    if engine == "batched":
+        from .batched import BatchedEngine
+
+        if tts is None:
+            from faster_qwen3_tts import FasterQwen3TTS
+
+            # Only its prompt building is used off CUDA; from_pretrained refuses the CPU.
+            tts = FasterQwen3TTS(qwen, None, None, device=device, dtype=torch.float32, max_seq_len=MAX_SEQ_LEN)
+        return BatchedEngine(
+            kind, tts, chunk_frames, max_streams, MAX_SEQ_LEN, graphs=device == "cuda", on_join=on_join
+        )
+    if engine == "single":
+        from .single import SingleStreamEngine
+
+        return SingleStreamEngine(kind, tts, chunk_frames)
     from .reference import ReferenceEngine
 
-    qwen = Qwen3TTSModel.from_pretrained(str(checkpoint), device_map="cpu", dtype=torch.float32)
     return ReferenceEngine(kind, qwen, chunk_frames)

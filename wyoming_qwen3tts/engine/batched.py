@@ -1,0 +1,475 @@
+"""The batched engine: a pool of slots, every active stream one codec frame per step.
+
+One thread per model runs this loop:
+
+1. **Admit.** While slots are free, take segments from the work source (round-robin between
+   clients), build their prompts and prefill them together in one forward pass of the
+   talker. Each new row's keys and values are copied into its slot, its first token is
+   sampled, and its codec decoder state is reset (or, for an ICL clone, set to the state after
+   the reference codes, computed once per reference).
+2. **Step.** Replay the captured graph of the smallest (batch, length) bucket that holds the
+   active rows: talker + code predictor + codec decoder for every row at once
+   (``step.FrameStep``, ``codec.StreamingDecoder``). The frame's PCM and EOS flags are copied
+   to pinned host memory asynchronously.
+3. **Deliver.** While that step runs, read the previous step's PCM and flags (no ``.item()``
+   in the step), hand each row's audio to its sink every ``chunk_frames`` frames, and retire
+   rows that hit EOS, their frame cap or the end of the cache, or whose client left. A
+   retired row's slot is filled at once by moving the last row into it.
+
+On the CPU (tests) the same step runs eagerly, synchronously.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..voices import ModelKind
+from .base import Engine, ModelMismatchError, Work, WorkSource
+from .codec import StreamingDecoder
+from .prompt import Prompt, PromptBuilder
+from .prompts import ClonePrompts
+from .segment import Segment
+from .step import FrameStep, SlotState
+
+_LOGGER = logging.getLogger(__name__)
+
+#: Decoder states after an ICL reference's codes, kept per reference (each a few MB).
+_PREFIX_CACHE_SIZE = 16
+
+
+def buckets(limit: int, sizes: tuple[int, ...]) -> list[int]:
+    """The sizes up to ``limit``, always ending with ``limit`` itself (sorted, distinct)."""
+    return sorted({s for s in sizes if s < limit} | {limit})
+
+
+@dataclass
+class _Row:
+    """One active segment in a slot."""
+
+    work: Work
+    max_frames: int
+    prompt_len: int
+    frames: int = 0
+    pcm: list[np.ndarray] = field(default_factory=list)
+    finished: bool = False
+
+
+@dataclass
+class _Launched:
+    """A step in flight: which row was where, and where its outputs land."""
+
+    rows: list[_Row]
+    pcm: torch.Tensor  # float32 [b, samples_per_frame], host (pinned on CUDA)
+    eos: torch.Tensor  # bool [b], host
+    done: torch.cuda.Event | None
+
+
+class BatchedEngine(Engine):
+    """Many streams of one model in one batched step (see the module docstring).
+
+    Args:
+        kind: the model kind (checked against the checkpoint).
+        tts: ``faster_qwen3_tts.FasterQwen3TTS`` around the loaded model (its prompt building
+            is reused; its own single-stream graphs are not).
+        chunk_frames: codec frames per delivered chunk.
+        max_streams: slots (streams generated at once).
+        max_len: talker KV positions per slot (prompt + frames).
+        graphs: capture CUDA graphs (True on CUDA; False runs eagerly, e.g. on the CPU).
+        batch_buckets, length_buckets: graph shapes captured (the pool size and ``max_len``
+            are always included).
+        on_join: called with each admission's prefill time in seconds (the stall it causes
+            the running rows), for metrics.
+
+    Raises:
+        ModelMismatchError: the checkpoint is of another kind.
+    """
+
+    def __init__(
+        self,
+        kind: ModelKind,
+        tts: Any,
+        chunk_frames: int,
+        max_streams: int,
+        max_len: int,
+        graphs: bool,
+        batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
+        length_buckets: tuple[int, ...] = (256, 1024),
+        on_join: Callable[[float], None] | None = None,
+    ) -> None:
+        super().__init__(kind, chunk_frames, capacity=max_streams)
+        qwen = tts.model
+        model = qwen.model
+        if getattr(model, "tts_model_type", None) != kind.value:
+            raise ModelMismatchError(
+                f"checkpoint is a {getattr(model, 'tts_model_type', None)!r} model, expected {kind.value!r}"
+            )
+        self._qwen = qwen
+        self._model = model
+        self.talker = model.talker
+        self.device = next(self.talker.parameters()).device
+        self.use_graphs = graphs and self.device.type == "cuda"
+        self.backend = (
+            "batched CUDA-graph engine" if self.use_graphs else f"batched engine (eager, {self.device.type})"
+        )
+        self.prompts = ClonePrompts(qwen)
+        self.builder = PromptBuilder(kind, tts, self.prompts)
+        self.max_len = max_len
+        self.state = SlotState(self.talker, max_streams, max_len)
+        with torch.inference_mode():
+            pad_id = torch.tensor([[model.config.tts_pad_token_id]], device=self.device)
+            pad = self.talker.text_projection(self.talker.get_text_embeddings()(pad_id)).reshape(-1)
+        self.step = FrameStep(self.talker, self.state, pad)
+        codec = model.speech_tokenizer.model.decoder
+        self.decoder = StreamingDecoder(codec, max_streams)
+        self._scratch = StreamingDecoder(codec, 1)
+        self._prefixes: OrderedDict[str, list[torch.Tensor]] = OrderedDict()
+        self.samples_per_frame = self.decoder.samples_per_frame
+        self._pcm = torch.zeros(max_streams, self.samples_per_frame, dtype=torch.float32, device=self.device)
+        self.batch_buckets = buckets(max_streams, batch_buckets)
+        self.length_buckets = buckets(max_len, length_buckets)
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._host: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._flip = 0
+        self._rows: list[_Row] = []
+        self._on_join = on_join
+        self._joins: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def slot_bytes(self) -> int:
+        """Device memory held per slot: talker and predictor KV, codec decoder state, the rest."""
+        tensors = [*self.state.tensors(), *self.step.pred_keys, *self.step.pred_values, *self.decoder.state(), self._pcm]
+        return sum(t.numel() * t.element_size() for t in tensors) // self.capacity
+
+    # --- Engine -----------------------------------------------------------------------------
+
+    def speakers(self) -> list[str]:
+        if self.kind is not ModelKind.CUSTOM_VOICE:
+            return []
+        return list(self._qwen.get_supported_speakers() or [])
+
+    def warmup(self, segment: Segment) -> None:
+        """Capture every (batch, length) graph, then generate ``segment`` through the pool."""
+        if self.use_graphs:
+            self._capture()
+        else:
+            self._host = [self._host_buffers() for _ in range(2)]
+
+        class _Collect:
+            samples = 0
+            error: BaseException | None = None
+
+            def cancelled(self) -> bool:
+                return False
+
+            def audio(self, chunk: np.ndarray) -> None:
+                self.samples += len(chunk)
+
+            def done(self, frames: int) -> None:
+                pass
+
+            def failed(self, error: BaseException) -> None:
+                self.error = error
+
+        sink = _Collect()
+
+        class _One:
+            given = False
+
+            def take(self, wait: float | None) -> Work | None:
+                if self.given:
+                    return None
+                self.given = True
+                return Work(segment, sink)
+
+            def closed(self) -> bool:
+                return self.given
+
+        source = _One()
+        self._admit(source, block=False)
+        pending = None
+        while self._rows or pending is not None:
+            launched = self._launch() if self._rows else None
+            if pending is not None:
+                self._deliver(pending)
+            pending = launched
+            self._retire()
+        if sink.error is not None:
+            raise sink.error
+        if sink.samples == 0:
+            raise RuntimeError("warm-up generation produced no audio")
+
+    def serve(self, source: WorkSource) -> None:
+        pending: _Launched | None = None
+        while not source.closed():
+            try:
+                self._admit(source, block=not self._rows and pending is None)
+            except Exception:  # noqa: BLE001 - a broken work source: keep serving, but not in a spin
+                _LOGGER.exception("Admission failed")
+                time.sleep(0.1)
+            launched = None
+            if self._rows:
+                try:
+                    launched = self._launch()
+                except Exception as err:  # noqa: BLE001 - a broken step fails its rows, not the server
+                    _LOGGER.exception("Batched step failed; failing %d stream(s)", len(self._rows))
+                    for row in self._rows:
+                        if not row.finished:
+                            row.finished = True
+                            row.work.sink.failed(err)
+            if pending is not None:
+                self._deliver(pending)
+            pending = launched
+            self._retire()
+        for row in self._rows:  # stopping: end what is running
+            if not row.finished:
+                row.finished = True
+                row.work.sink.done(row.frames)
+        self._rows.clear()
+
+    # --- admission ----------------------------------------------------------------------------
+
+    def _admit(self, source: WorkSource, block: bool) -> None:
+        """Take work while slots are free and prefill it in one batch."""
+        batch: list[tuple[Work, Prompt]] = []
+        while len(self._rows) + len(batch) < self.capacity:
+            work = source.take(wait=None if block and not batch else 0)
+            if work is None:
+                break
+            if work.sink.cancelled():
+                work.sink.done(0)
+                continue
+            try:
+                prompt = self.builder.build(work.segment)
+                if prompt.embeds.shape[0] + 1 >= self.max_len:
+                    raise RuntimeError(
+                        f"Input is too long: the prompt has {prompt.embeds.shape[0]} positions, "
+                        f"the cache {self.max_len}. Use shorter text or a shorter reference clip."
+                    )
+            except Exception as err:  # noqa: BLE001 - this request fails, the others go on
+                _LOGGER.warning("Cannot start %r: %s", work.segment.text[:80], err)
+                work.sink.failed(err)
+                continue
+            batch.append((work, prompt))
+        if batch:
+            start = len(self._rows)
+            try:
+                self._prefill(batch)
+            except Exception as err:  # noqa: BLE001 - fail these requests only
+                _LOGGER.exception("Prefill failed for %d request(s)", len(batch))
+                del self._rows[start:]
+                for work, _prompt in batch:
+                    work.sink.failed(err)
+
+    @torch.inference_mode()
+    def _prefill(self, batch: list[tuple[Work, Prompt]]) -> None:
+        """One talker forward over the new prompts (left-padded), into slots at the end."""
+        s, talker = self.state, self.talker
+        start = len(self._rows)
+        timing = None
+        if self.use_graphs:
+            timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            timing[0].record()
+        lengths = [p.embeds.shape[0] for _, p in batch]
+        longest = max(lengths)
+        embeds = torch.zeros(len(batch), longest, batch[0][1].embeds.shape[-1],
+                             dtype=batch[0][1].embeds.dtype, device=self.device)
+        mask = torch.zeros(len(batch), longest, dtype=torch.int64, device=self.device)
+        for i, (_, prompt) in enumerate(batch):
+            embeds[i, longest - lengths[i] :] = prompt.embeds
+            mask[i, longest - lengths[i] :] = 1
+        out = talker.forward(
+            inputs_embeds=embeds,
+            attention_mask=mask,
+            use_cache=True,
+            output_hidden_states=True,
+            return_dict=True,
+            trailing_text_hidden=batch[0][1].pad_embed.view(1, 1, -1),
+            tts_pad_embed=batch[0][1].pad_embed.view(1, 1, -1),
+            generation_step=None,
+            past_hidden=None,
+            past_key_values=None,
+        )
+        rows = torch.arange(start, start + len(batch), device=self.device)
+        for i, ((work, prompt), length) in enumerate(zip(batch, lengths, strict=True)):
+            slot = start + i
+            for layer, cache in enumerate(out.past_key_values.layers):
+                s.keys[layer][slot, :, :length] = cache.keys[i, :, longest - length :]
+                s.values[layer][slot, :, :length] = cache.values[i, :, longest - length :]
+            seg = work.segment
+            sampling = seg.sampling
+            seed = seg.seed if seg.seed is not None else random.randrange(2**62)
+            s.position[slot] = length
+            s.frame[slot] = 0
+            s.seed[slot] = seed
+            s.min_new_tokens[slot] = max(1, seg.min_new_tokens)  # a segment has >= 1 frame
+            s.temperature[slot] = sampling.temperature
+            s.top_k[slot] = sampling.top_k
+            s.top_p[slot] = sampling.top_p
+            s.penalty[slot] = sampling.repetition_penalty
+            s.pred_temperature[slot] = sampling.predictor_temperature
+            s.pred_top_k[slot] = sampling.predictor_top_k
+            s.pred_top_p[slot] = sampling.predictor_top_p
+            s.seen[slot] = False
+            s.past_hidden[slot] = out.past_hidden[i, -1]
+            self._start_decoder(slot, prompt)
+            self._rows.append(_Row(work, max(1, seg.max_new_tokens), length))
+        s.token[rows] = self.step.first_token(out.logits[:, -1].float(), rows)
+        if timing is not None:
+            timing[1].record()
+            self._joins.append(timing)
+        _LOGGER.debug("Admitted %d stream(s): prompts of %s positions", len(batch), lengths)
+
+    def _start_decoder(self, slot: int, prompt: Prompt) -> None:
+        """Reset a slot's decoder; for an ICL clone, continue after the reference codes."""
+        if prompt.ref_codes is None or prompt.ref_key is None:
+            self.decoder.reset(slot)
+            return
+        saved = self._prefixes.get(prompt.ref_key)
+        if saved is None:
+            self._scratch.reset(0)
+            self._scratch.step(prompt.ref_codes.to(self.device).T[None])
+            saved = [t[0].clone() for t in self._scratch.state()]
+            self._prefixes[prompt.ref_key] = saved
+            if len(self._prefixes) > _PREFIX_CACHE_SIZE:
+                self._prefixes.popitem(last=False)
+        else:
+            self._prefixes.move_to_end(prompt.ref_key)
+        for buffer, value in zip(self.decoder.state(), saved, strict=True):
+            buffer[slot].copy_(value)
+
+    # --- stepping -----------------------------------------------------------------------------
+
+    def _body(self, b: int, length: int) -> None:
+        codes = self.step.run(b, length)
+        # A row whose token was EOS runs one more (discarded) step; keep its ids in range.
+        codes = codes.clamp(max=self.decoder.codebook_size - 1)
+        self._pcm[:b].copy_(self.decoder.step(codes[:, :, None]))
+
+    def _bucket(self) -> tuple[int, int]:
+        n = len(self._rows)
+        b = next(x for x in self.batch_buckets if x >= n)
+        need = max(r.prompt_len + r.frames for r in self._rows) + 2
+        length = next((x for x in self.length_buckets if x >= need), self.max_len)
+        return b, length
+
+    def _host_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        pin = self.device.type == "cuda"
+        pcm = torch.zeros(self.capacity, self.samples_per_frame, dtype=torch.float32, pin_memory=pin)
+        eos = torch.zeros(self.capacity, dtype=torch.bool, pin_memory=pin)
+        return pcm, eos
+
+    @torch.inference_mode()
+    def _launch(self) -> _Launched:
+        """Start one step for the active rows; its outputs are read by ``_deliver``."""
+        b, length = self._bucket()
+        graph = self._graphs.get((b, length))
+        if graph is not None:
+            graph.replay()
+        else:
+            self._body(b, length)
+        pcm, eos = self._host[self._flip]
+        self._flip ^= 1
+        n = len(self._rows)
+        pcm[:n].copy_(self._pcm[:n], non_blocking=True)
+        eos[:n].copy_(self.state.eos[:n], non_blocking=True)
+        done = None
+        if self.use_graphs:
+            done = torch.cuda.Event()
+            done.record()
+        return _Launched(list(self._rows), pcm[:n], eos[:n], done)
+
+    def _deliver(self, launched: _Launched) -> None:
+        """Hand out a finished step's audio; mark rows that ended."""
+        if launched.done is not None:
+            launched.done.synchronize()
+        self._report_joins()
+        pcm = launched.pcm.numpy()
+        eos = launched.eos.numpy()
+        for i, row in enumerate(launched.rows):
+            if row.finished:
+                continue
+            sink = row.work.sink
+            if sink.cancelled():
+                row.finished = True
+                sink.done(row.frames)
+                continue
+            row.frames += 1
+            row.pcm.append(pcm[i].copy())
+            ended = (
+                bool(eos[i])
+                or row.frames >= row.max_frames
+                or row.prompt_len + row.frames - 1 >= self.max_len - 1
+            )
+            if len(row.pcm) >= self.chunk_frames or ended:
+                sink.audio(np.concatenate(row.pcm))
+                row.pcm.clear()
+            if ended:
+                row.finished = True
+                sink.done(row.frames)
+
+    def _retire(self) -> None:
+        """Free the slots of finished rows, moving the last rows into the holes."""
+        i = 0
+        while i < len(self._rows):
+            if not self._rows[i].finished:
+                i += 1
+                continue
+            last = len(self._rows) - 1
+            if i != last:
+                self._move(last, i)
+                self._rows[i] = self._rows[last]
+            self._rows.pop()
+
+    @torch.inference_mode()
+    def _move(self, src: int, dst: int) -> None:
+        for tensor in self.state.tensors():
+            tensor[dst].copy_(tensor[src])
+        self.decoder.move_row(src, dst)
+
+    def _report_joins(self) -> None:
+        if not self._joins:
+            return
+        for start, end in self._joins:
+            stall = start.elapsed_time(end) / 1000.0
+            _LOGGER.debug("Join stall %.1f ms", stall * 1000)
+            if self._on_join is not None:
+                self._on_join(stall)
+        self._joins.clear()
+
+    # --- graphs -------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        """Capture one graph per (batch, length) bucket, sharing one memory pool."""
+        t0 = time.monotonic()
+        self._host = [self._host_buffers() for _ in range(2)]
+        saved = [t.clone() for t in (*self.state.tensors(), *self.decoder.state())]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        pool = None
+        with torch.cuda.stream(stream):
+            for b in self.batch_buckets:
+                for length in self.length_buckets:
+                    self._body(b, length)  # warm-up outside the graph (lazy inits, autotuning)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                        self._body(b, length)
+                    pool = graph.pool()
+                    self._graphs[(b, length)] = graph
+        torch.cuda.current_stream().wait_stream(stream)
+        for tensor, value in zip((*self.state.tensors(), *self.decoder.state()), saved, strict=True):
+            tensor.copy_(value)
+        torch.cuda.synchronize()
+        _LOGGER.info(
+            "%s: captured %d graphs (batch %s x length %s) in %.1f s; %d slots of %.0f MB",
+            self.kind.value, len(self._graphs), self.batch_buckets, self.length_buckets, time.monotonic() - t0,
+            self.capacity, self.slot_bytes() / 1e6,
+        )

@@ -1,0 +1,205 @@
+"""An incremental, batched codec decoder: codec frames in, PCM out, state kept per row.
+
+The Qwen3-TTS-Tokenizer-12Hz decoder is causal end to end: causal convolutions (left
+padding only), transposed convolutions trimmed on the right, and a transformer with a
+sliding window of 72 frames. So a stream can be decoded frame by frame if every stage keeps
+what it needs of the past: each convolution its last ``(kernel - 1) * dilation`` input
+samples, each transposed convolution its previous input frame, and the transformer the keys
+and values of its last 72 positions. Decoding then costs the same for every frame, however
+long the stream, and equals decoding the whole sequence at once (``tests/test_codec.py``).
+
+This module walks the loaded decoder's own modules and calls their own layers and weights;
+only the bookkeeping of the past is ours. State lives in static buffers with one row per
+slot, so a step over rows ``[0, B)`` can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (
+    Qwen3TTSTokenizerV2CausalConvNet as CausalConv,
+)
+from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (
+    Qwen3TTSTokenizerV2CausalTransConvNet as CausalTransConv,
+)
+from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (
+    Qwen3TTSTokenizerV2ConvNeXtBlock as ConvNeXtBlock,
+)
+from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (
+    Qwen3TTSTokenizerV2DecoderDecoderBlock as DecoderBlock,
+)
+from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (
+    Qwen3TTSTokenizerV2DecoderDecoderResidualUnit as ResidualUnit,
+)
+
+from .layers import layer_step
+
+
+class StreamingDecoder:
+    """Decode codec frames of up to ``slots`` streams at once, each continuing its past.
+
+    Args:
+        decoder: the loaded ``Qwen3TTSTokenizerV2Decoder`` (``model.speech_tokenizer.model.decoder``).
+        slots: rows of state kept (one per stream).
+
+    Attributes:
+        samples_per_frame: PCM samples per codec frame (the decoder's total upsampling, 1920).
+    """
+
+    def __init__(self, decoder: Any, slots: int) -> None:
+        self.decoder = decoder
+        self.slots = slots
+        param = next(decoder.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.samples_per_frame = int(decoder.total_upsample)
+        #: Ids per codebook (2048): codes must be below it.
+        self.codebook_size = int(decoder.config.codebook_size)
+        transformer = decoder.pre_transformer
+        self.window = int(transformer.config.sliding_window)
+        self._conv_state: dict[int, torch.Tensor] = {}
+        self._build_conv_state()
+        heads = transformer.config.num_key_value_heads
+        head_dim = transformer.layers[0].self_attn.head_dim
+        shape = (slots, heads, self.window, head_dim)
+        self._keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in transformer.layers]
+        self._values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in transformer.layers]
+        #: Absolute position of each remembered key (-1: empty), int64 [slots, window].
+        self._key_pos = torch.full((slots, self.window), -1, dtype=torch.int64, device=self.device)
+        #: Frames decoded so far by each row, int64 [slots].
+        self._frames = torch.zeros(slots, dtype=torch.int64, device=self.device)
+
+    # --- state ------------------------------------------------------------------------------
+
+    def _build_conv_state(self) -> None:
+        """One zeroed buffer [slots, channels, context] per stateful convolution."""
+        for module in self.decoder.modules():
+            if isinstance(module, CausalConv):
+                if module.stride != 1:
+                    raise ValueError("strided causal convolutions are not supported")
+                context, channels = module.padding, module.conv.in_channels
+            elif isinstance(module, CausalTransConv):
+                kernel, stride = module.conv.kernel_size[0], module.conv.stride[0]
+                if kernel not in (stride, 2 * stride):
+                    raise ValueError(f"transposed convolution kernel {kernel} / stride {stride}")
+                context, channels = (kernel - stride) // stride, module.conv.in_channels
+            else:
+                continue
+            if context > 0:
+                self._conv_state[id(module)] = torch.zeros(
+                    self.slots, channels, context, dtype=self.dtype, device=self.device
+                )
+
+    def state(self) -> list[torch.Tensor]:
+        """Every state buffer (each with the slot as its first dimension)."""
+        return [*self._conv_state.values(), *self._keys, *self._values, self._key_pos, self._frames]
+
+    def reset(self, row: int) -> None:
+        """Forget row ``row``'s past (a new stream starts there)."""
+        for buffer in self.state():
+            buffer[row].fill_(-1 if buffer is self._key_pos else 0)
+
+    # --- stages ------------------------------------------------------------------------------
+
+    def _conv(self, module: Any, x: torch.Tensor) -> torch.Tensor:
+        state = self._conv_state.get(id(module))
+        if state is None:
+            return module.conv(x)
+        context = state.shape[-1]
+        rows = state[: x.shape[0]]
+        full = torch.cat([rows, x], dim=-1)
+        rows.copy_(full[..., -context:])
+        return module.conv(full)
+
+    def _trans_conv(self, module: Any, x: torch.Tensor) -> torch.Tensor:
+        state = self._conv_state.get(id(module))
+        if state is None:  # kernel == stride: frames do not overlap
+            return module.conv(x)
+        stride = module.conv.stride[0]
+        rows = state[: x.shape[0]]
+        full = torch.cat([rows, x], dim=-1)
+        rows.copy_(x[..., -1:])
+        frames = x.shape[-1]
+        return module.conv(full)[..., stride : stride + frames * stride]
+
+    def _convnext(self, block: Any, x: torch.Tensor) -> torch.Tensor:
+        h = self._conv(block.dwconv, x).permute(0, 2, 1)
+        h = block.pwconv2(block.act(block.pwconv1(block.norm(h))))
+        return x + (block.gamma * h).permute(0, 2, 1)
+
+    def _residual_unit(self, unit: Any, x: torch.Tensor) -> torch.Tensor:
+        h = self._conv(unit.conv1, unit.act1(x))
+        return x + self._conv(unit.conv2, unit.act2(h))
+
+    def _stage(self, module: Any, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(module, CausalConv):
+            return self._conv(module, x)
+        if isinstance(module, CausalTransConv):
+            return self._trans_conv(module, x)
+        if isinstance(module, ConvNeXtBlock):
+            return self._convnext(module, x)
+        if isinstance(module, ResidualUnit):
+            return self._residual_unit(module, x)
+        if isinstance(module, DecoderBlock):
+            for inner in module.block:
+                x = self._stage(inner, x)
+            return x
+        return module(x)  # pointwise (SnakeBeta)
+
+    def _transformer(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, n, latent] -> [B, n, latent] through the sliding-window transformer."""
+        model = self.decoder.pre_transformer
+        b, n, _ = x.shape
+        h = model.input_proj(x)
+        positions = self._frames[:b, None] + torch.arange(n, device=self.device)[None, :]
+        cos, sin = model.rotary_emb(h, positions)
+        key_pos = torch.cat([self._key_pos[:b], positions], dim=-1)  # [B, window + n]
+        q = positions[:, :, None]
+        k = key_pos[:, None, :]
+        allowed = (k >= 0) & (k <= q) & (k > q - self.window)
+        for i, layer in enumerate(model.layers):
+            keys, values = self._keys[i][:b], self._values[i][:b]
+
+            def kv(k_new: torch.Tensor, v_new: torch.Tensor, keys: torch.Tensor = keys, values: torch.Tensor = values) -> tuple[torch.Tensor, torch.Tensor]:
+                all_k = torch.cat([keys, k_new], dim=2)
+                all_v = torch.cat([values, v_new], dim=2)
+                keys.copy_(all_k[:, :, -self.window :])
+                values.copy_(all_v[:, :, -self.window :])
+                return all_k, all_v
+
+            h = layer_step(layer, h, cos, sin, kv, allowed)
+        self._key_pos[:b].copy_(key_pos[:, -self.window :])
+        self._frames[:b] += n
+        return model.output_proj(model.norm(h))
+
+    # --- decoding -----------------------------------------------------------------------------
+
+    def step(self, codes: torch.Tensor) -> torch.Tensor:
+        """Decode the next ``n`` frames of rows ``[0, B)``.
+
+        Args:
+            codes: int64 [B, 16, n], codebook ids in [0, 2048).
+
+        Returns:
+            PCM [B, n * 1920] in [-1, 1], in the decoder's dtype.
+        """
+        d = self.decoder
+        h = self._conv(d.pre_conv, d.quantizer.decode(codes))
+        h = self._transformer(h.transpose(1, 2)).permute(0, 2, 1)
+        for blocks in d.upsample:
+            for block in blocks:
+                h = self._stage(block, h)
+        for block in d.decoder:
+            h = self._stage(block, h)
+        return h.clamp(min=-1, max=1)[:, 0]
+
+    def copy_row(self, source: StreamingDecoder, source_row: int, row: int) -> None:
+        """Make row ``row``'s past equal to row ``source_row`` of ``source`` (same decoder)."""
+        for mine, theirs in zip(self.state(), source.state(), strict=True):
+            mine[row].copy_(theirs[source_row])
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Move a stream's past from row ``src`` to row ``dst`` (compaction of the pool)."""
+        for buffer in self.state():
+            buffer[dst].copy_(buffer[src])
