@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Run a stage on the lent GPU machine (no network there: wheels travel in .whl, see
+# ../shared/gpu/fetch-wheels.sh). Usage: benchmarks/gpu.sh STAGE...  (output under $OUT)
+#   tests    pytest -m gpu (tiny checkpoints, CUDA)
+#   ckpt     build the full-size random VoiceDesign and Base checkpoints (in parallel)
+#   ckptbg   the same in the background (later stages wait on the builder's lock)
+#   profile  python -m benchmarks.profile_step
+#   bench    python -m benchmarks.bench
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+for stage in "$@"; do
+  start=$(date +%s)
+  case "$stage" in
+    tests) timeout "${TESTS_S:-330}" python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 ${TESTS:-} 2>&1 | tee "$OUT/gpu-tests.log" | tail -40 ;;
+    ckpt)
+      for kind in voice_design base; do
+        python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > "$OUT/ckpt-$kind.log" 2>&1 &
+      done
+      wait; tail -2 "$OUT"/ckpt-*.log ;;
+    ckptbg)
+      for kind in voice_design base; do
+        nohup python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > "$OUT/ckpt-$kind.log" 2>&1 &
+      done ;;
+    profile) timeout "${PROFILE_S:-240}" python3 -m benchmarks.profile_step --out "$OUT" 2>&1 | tee "$OUT/profile.log" | tail -45 ;;
+    bench) timeout "${BENCH_S:-560}" python3 -m benchmarks.bench --out "$OUT/results" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+  echo "== $stage: $(( $(date +%s) - start )) s"
+done
