@@ -146,6 +146,9 @@ def _cuda() -> bool:
 
 #: Server variants: (device, engine) by fixture parameter.
 SERVERS = {"cpu": ("cpu", "auto"), "batched": ("cpu", "batched"), "cuda": ("cuda", "auto")}
+#: Extra arguments of every test server (the CUDA one runs float32, so that the exact checks
+#: of the end-to-end suites hold there too); QWEN3TTS_TEST_DEBUG=1 adds --debug.
+EXTRA = {"cuda": ["--dtype", "float32"]}
 
 
 @pytest.fixture(scope="session", params=["cpu", "batched", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -158,6 +161,13 @@ def server(
     if device == "cuda" and not _cuda():
         pytest.skip("no CUDA device")
     folder = tmp_path_factory.mktemp(f"server-{request.param}")
-    srv = start_server(checkpoints, voices_dir, folder / "server.log", device=device, engine=engine)
+    extra = ["--no-zeroconf", *EXTRA.get(request.param, [])]
+    if os.environ.get("QWEN3TTS_TEST_DEBUG"):
+        extra.append("--debug")
+    srv = start_server(checkpoints, voices_dir, folder / "server.log", device=device, engine=engine, extra=extra)
     yield srv
     stop_server(srv)
+    keep = os.environ.get("QWEN3TTS_TEST_LOGS")
+    if keep:  # e.g. on the GPU machine, to bring the server's log back
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        (Path(keep) / f"server-{request.param}.log").write_text(srv.output())

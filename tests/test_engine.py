@@ -30,6 +30,16 @@ def _need(device: str) -> None:
         pytest.skip("no CUDA device")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def exact_float32() -> Iterator[None]:
+    """Float32 without TF32 on the GPU: the checks here compare to 1e-4, and TF32 rounds
+    matrix products and convolutions to 10 bits, differently for differently shaped calls."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 @pytest.fixture(scope="module", params=DEVICES)
 def design(request: pytest.FixtureRequest, checkpoints: Path) -> Iterator[BatchedEngine]:
     """A VoiceDesign engine with 4 slots, chunks of one frame."""
@@ -109,7 +119,7 @@ def test_greedy_codes_equal_the_reference_generator(kind: str, device: str, chec
     codes = torch.from_numpy(ours)
     ref_codes = engine.builder.build(segment).ref_codes
     if ref_codes is not None:
-        codes = torch.cat([ref_codes, codes])
+        codes = torch.cat([ref_codes.cpu(), codes])
     (whole,), _sr = engine._model.speech_tokenizer.decode([{"audio_codes": codes.to(engine.device)}])
     whole = np.asarray(whole)[-frames * 1920 :]
     assert len(sink.pcm) == frames * 1920
@@ -175,7 +185,7 @@ def test_eos_ends_a_row_after_min_new_tokens(design: BatchedEngine) -> None:
     (EOS is held back until then), read back a step later without stalling the others."""
     eos = design.step.eos_id
     favour_eos = design.talker.codec_head.register_forward_hook(
-        lambda _module, _args, logits: logits.index_fill(-1, torch.tensor([eos]), 100.0)
+        lambda _module, _args, logits: logits.index_fill(-1, torch.tensor([eos], device=logits.device), 100.0)
     )
     try:
         short = Segment("Stops early.", "english", max_new_tokens=40, min_new_tokens=3, seed=1,

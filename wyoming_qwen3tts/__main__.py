@@ -17,7 +17,7 @@ from wyoming.server import AsyncServer, AsyncTcpServer
 from . import __version__
 from .audio import SAMPLE_RATE
 from .discovery import Announcer
-from .engine import ENGINES, Engine, Segment, load_engine, pick_engine, resolve_checkpoint
+from .engine import DTYPES, ENGINES, Engine, Segment, load_engine, pick_engine, resolve_checkpoint
 from .metrics import Metrics
 from .service import DEFAULT_MAX_CHARS, TtsService
 from .voices import ModelKind, Reference, VoiceCatalog
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chunk-size", type=int, default=2, help="Codec frames per audio chunk (80 ms each)")
     parser.add_argument("--engine", choices=ENGINES, default="auto", help="auto: batched on CUDA, reference on the CPU")
     parser.add_argument("--max-streams", type=int, default=8, help="Streams generated at once per model (batched engine)")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="Weights: auto is bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="Longest text per request")
     parser.add_argument("--seed", type=int, help="Seed for requests that bring none (default: random per stream)")
     parser.add_argument("--fixed-frames", type=int, help="Benchmarks: generate exactly N codec frames per sentence")
@@ -156,7 +157,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
             _LOGGER.info("Loading %s model from %s on %s", kind.value, checkpoint, device)
             engine = await asyncio.to_thread(
                 load_engine, kind, checkpoint, device, args.chunk_size, args.engine, args.max_streams,
-                metrics.join_stall.labels(kind.value).observe,
+                metrics.join_stall.labels(kind.value).observe, args.dtype,
             )
         except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
             raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err

@@ -4,10 +4,11 @@ Only the service and the command line import this package; the front doors never
 """
 
 from .base import Engine, ModelMismatchError, Sink, Work, WorkSource
-from .loader import ENGINES, MAX_SEQ_LEN, load_engine, pick_engine, resolve_checkpoint
+from .loader import DTYPES, ENGINES, MAX_SEQ_LEN, load_engine, pick_engine, resolve_checkpoint
 from .segment import Sampling, Segment
 
 __all__ = [
+    "DTYPES",
     "ENGINES",
     "MAX_SEQ_LEN",
     "Engine",

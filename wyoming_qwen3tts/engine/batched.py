@@ -61,6 +61,8 @@ class _Row:
     frames: int = 0
     pcm: list[np.ndarray] = field(default_factory=list)
     finished: bool = False
+    admitted: float = field(default_factory=time.monotonic)
+    first_audio: float | None = None
 
 
 @dataclass
@@ -145,7 +147,7 @@ class BatchedEngine(Engine):
 
     def slot_bytes(self) -> int:
         """Device memory held per slot: talker and predictor KV, codec decoder state, the rest."""
-        tensors = [*self.state.tensors(), *self.step.pred_keys, *self.step.pred_values, *self.decoder.state(), self._pcm]
+        tensors = [*self.state.tensors(), *self.step.pred_keys, *self.step.pred_values, *self.decoder.state(), self._pcm]  # noqa: E501
         return sum(t.numel() * t.element_size() for t in tensors) // self.capacity
 
     # --- Engine -----------------------------------------------------------------------------
@@ -310,13 +312,7 @@ class BatchedEngine(Engine):
             s.frame[slot] = 0
             s.seed[slot] = seed
             s.min_new_tokens[slot] = max(1, seg.min_new_tokens)  # a segment has >= 1 frame
-            s.temperature[slot] = sampling.temperature
-            s.top_k[slot] = sampling.top_k
-            s.top_p[slot] = sampling.top_p
-            s.penalty[slot] = sampling.repetition_penalty
-            s.pred_temperature[slot] = sampling.predictor_temperature
-            s.pred_top_k[slot] = sampling.predictor_top_k
-            s.pred_top_p[slot] = sampling.predictor_top_p
+            s.set_sampling(slot, sampling)
             s.seen[slot] = False
             s.past_hidden[slot] = out.past_hidden[i, -1]
             self._start_decoder(slot, prompt)
@@ -409,11 +405,20 @@ class BatchedEngine(Engine):
                 or row.prompt_len + row.frames - 1 >= self.max_len - 1
             )
             if len(row.pcm) >= self.chunk_frames or ended:
+                if row.first_audio is None:
+                    row.first_audio = time.monotonic() - row.admitted
                 sink.audio(np.concatenate(row.pcm))
                 row.pcm.clear()
             if ended:
                 row.finished = True
                 sink.done(row.frames)
+                if _LOGGER.isEnabledFor(logging.DEBUG):
+                    reason = "EOS" if eos[i] else "frame cap" if row.frames >= row.max_frames else "cache end"
+                    _LOGGER.debug(
+                        "%s: %d frames (%s), first audio %.0f ms after admission, %.2f s in all, %d rows",
+                        self.kind.value, row.frames, reason, (row.first_audio or 0) * 1000,
+                        time.monotonic() - row.admitted, len(launched.rows),
+                    )
 
     def _retire(self) -> None:
         """Free the slots of finished rows, moving the last rows into the holes."""

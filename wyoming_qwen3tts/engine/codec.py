@@ -34,7 +34,7 @@ from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (
     Qwen3TTSTokenizerV2DecoderDecoderResidualUnit as ResidualUnit,
 )
 
-from .layers import layer_step
+from .layers import FusedLayer, attention_mask, rope_tables
 
 
 class StreamingDecoder:
@@ -60,8 +60,9 @@ class StreamingDecoder:
         self.window = int(transformer.config.sliding_window)
         self._conv_state: dict[int, torch.Tensor] = {}
         self._build_conv_state()
+        self._layers = [FusedLayer(layer) for layer in transformer.layers]
         heads = transformer.config.num_key_value_heads
-        head_dim = transformer.layers[0].self_attn.head_dim
+        head_dim = self._layers[0].head_dim
         shape = (slots, heads, self.window, head_dim)
         self._keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in transformer.layers]
         self._values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in transformer.layers]
@@ -153,12 +154,13 @@ class StreamingDecoder:
         b, n, _ = x.shape
         h = model.input_proj(x)
         positions = self._frames[:b, None] + torch.arange(n, device=self.device)[None, :]
-        cos, sin = model.rotary_emb(h, positions)
+        cos, sin = rope_tables(*model.rotary_emb(h, positions))
         key_pos = torch.cat([self._key_pos[:b], positions], dim=-1)  # [B, window + n]
         q = positions[:, :, None]
         k = key_pos[:, None, :]
         allowed = (k >= 0) & (k <= q) & (k > q - self.window)
-        for i, layer in enumerate(model.layers):
+        mask = attention_mask(allowed, self._layers[0].group, h.dtype)
+        for i, layer in enumerate(self._layers):
             keys, values = self._keys[i][:b], self._values[i][:b]
 
             def kv(k_new: torch.Tensor, v_new: torch.Tensor, keys: torch.Tensor = keys, values: torch.Tensor = values) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,7 +170,7 @@ class StreamingDecoder:
                 values.copy_(all_v[:, :, -self.window :])
                 return all_k, all_v
 
-            h = layer_step(layer, h, cos, sin, kv, allowed)
+            h = layer(h, cos, sin, kv, mask)
         self._key_pos[:b].copy_(key_pos[:, -self.window :])
         self._frames[:b] += n
         return model.output_proj(model.norm(h))

@@ -1,11 +1,23 @@
-"""One pre-norm transformer layer of a Qwen3-TTS module, run on our own KV storage.
+"""One pre-norm transformer layer of a Qwen3-TTS module, run lean on our own KV storage.
 
 The talker, the code predictor and the codec decoder's transformer are stacks of the same
-layer shape: RMSNorm -> attention (q/k/v projections, optional q/k RMSNorm, rotary
+layer shape: RMSNorm -> attention (q/k/v projections, optional per-head q/k RMSNorm, rotary
 embedding) -> output projection -> residual, then RMSNorm -> gated MLP -> residual (the
-codec's layers also scale both residual branches). This module runs such a layer with the
-loaded modules' own weights and submodules, but lets the caller say where keys and values
-live, so that every batch row can sit at its own position.
+codec's layers also scale both residual branches).
+
+A frame step runs these layers hundreds of times with tiny batches, so its cost is the number
+of kernels, not arithmetic. ``FusedLayer`` runs the same computation in fewer kernels:
+
+* q, k and v are one matrix product, and so are the MLP's gate and up projections: their
+  weights are laid out once, side by side, and the modules' own ``weight`` parameters become
+  views into that block (the modules still work, e.g. for the prefill; nothing is copied);
+* each RMSNorm is one ``F.rms_norm``, and q and k are normalised together;
+* the rotary embedding is applied to q and k at once;
+* grouped-query attention uses the kv heads as they are (the ``group`` query heads sharing a
+  kv head become ``group * n`` queries of it), with an additive mask built once per step.
+
+Keys and values go where the caller says (``KvStore``), so every batch row can sit at its own
+position.
 """
 
 from __future__ import annotations
@@ -15,78 +27,127 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from qwen_tts.core.models.modeling_qwen3_tts import apply_rotary_pos_emb
+from torch import nn
 
 #: ``kv(k, v) -> (keys, values)``: store this step's keys/values ([B, kv_heads, n, head_dim])
 #: and return everything to attend over ([B, kv_heads, L, head_dim]).
 KvStore = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def attend(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Grouped-query attention without copying keys per head.
+def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Lay the linears' weights (and biases) out as one block; rebind each module's
+    parameters to views into it. Returns (weight [sum(out), in], bias or None)."""
+    weight = torch.cat([lin.weight.data for lin in linears])
+    bias = None
+    if linears[0].bias is not None:
+        bias = torch.cat([lin.bias.data for lin in linears])  # type: ignore[union-attr]
+    start = 0
+    for lin in linears:
+        end = start + lin.out_features
+        lin.weight = nn.Parameter(weight[start:end], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[start:end], requires_grad=False)
+        start = end
+    return weight, bias
+
+
+def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, signed sin) for ``FusedLayer``: x * cos + roll(x, half) * signed_sin equals the
+    library's ``x * cos + rotate_half(x) * sin``. Shapes [..., head_dim]."""
+    half = sin.shape[-1] // 2
+    return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def attention_mask(allowed: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask ``FusedLayer`` expects, from bool [B, n, L] (True: may attend).
+
+    Returns [B, 1, 1, L] for n == 1 (broadcast over the group), else [B, 1, group * n, L].
+    """
+    b, n, length = allowed.shape
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask = mask.masked_fill(~allowed, float("-inf"))
+    if n == 1:
+        return mask[:, None]
+    return mask[:, None, None].expand(b, 1, group, n, length).reshape(b, 1, group * n, length)
+
+
+class FusedLayer:
+    """A loaded decoder layer, run with fused kernels (see the module docstring).
 
     Args:
-        q: [B, heads, n, head_dim].
-        keys, values: [B, kv_heads, L, head_dim] (heads = kv_heads * group).
-        allowed: bool [B, n, L], True where query t may see key l (each query sees >= 1 key).
-        scale: softmax scale (1/sqrt(head_dim) for every Qwen3-TTS module).
-
-    Returns:
-        [B, n, heads * head_dim].
+        layer: ``Qwen3TTSTalkerDecoderLayer``, ``Qwen3TTSDecoderLayer`` (code predictor) or
+            ``Qwen3TTSTokenizerV2DecoderTransformerLayer`` (codec). Its q/k/v and gate/up
+            weights are re-laid out in place (same values).
     """
-    b, heads, n, hd = q.shape
-    kv_heads = keys.shape[1]
-    group = heads // kv_heads
-    # The `group` query heads that share a kv head become `group * n` queries of it.
-    q = q.reshape(b, kv_heads, group * n, hd)
-    mask = allowed[:, None, None, :, :].expand(b, 1, group, n, allowed.shape[-1])
-    mask = mask.reshape(b, 1, group * n, allowed.shape[-1])
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
-    return out.reshape(b, heads, n, hd).transpose(1, 2).reshape(b, n, heads * hd)
 
+    def __init__(self, layer: Any) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.head_dim = hd = int(attn.head_dim)
+        self.heads = attn.q_proj.out_features // hd
+        self.kv_heads = attn.k_proj.out_features // hd
+        self.group = self.heads // self.kv_heads
+        self.scale = float(attn.scaling)
+        self.qkv, self.qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.gate_up, self.gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
+        self.intermediate = mlp.gate_proj.out_features
+        self.act = mlp.act_fn
+        self.o_proj, self.down = attn.o_proj, mlp.down_proj
+        self.norm1 = (layer.input_layernorm.weight, float(layer.input_layernorm.variance_epsilon))
+        self.norm2 = (layer.post_attention_layernorm.weight, float(layer.post_attention_layernorm.variance_epsilon))
+        self.qk_norm: tuple[torch.Tensor, float] | None = None
+        if hasattr(attn.q_norm, "weight"):
+            weight = torch.cat([
+                attn.q_norm.weight[None].expand(self.heads, hd), attn.k_norm.weight[None].expand(self.kv_heads, hd)
+            ])
+            self.qk_norm = (weight, float(attn.q_norm.variance_epsilon))
+        scale_attn = getattr(layer, "self_attn_layer_scale", None)
+        scale_mlp = getattr(layer, "mlp_layer_scale", None)
+        self.scale_attn = scale_attn.scale if scale_attn is not None else None
+        self.scale_mlp = scale_mlp.scale if scale_mlp is not None else None
 
-def layer_step(
-    layer: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KvStore, allowed: torch.Tensor
-) -> torch.Tensor:
-    """Run one decoder layer of the talker, predictor or codec transformer.
+    def __call__(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KvStore, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """One layer.
 
-    Args:
-        layer: a loaded ``Qwen3TTSTalkerDecoderLayer`` / ``Qwen3TTSDecoderLayer`` /
-            ``Qwen3TTSTokenizerV2DecoderTransformerLayer``.
-        hidden: [B, n, hidden] in the model's dtype.
-        cos, sin: rotary tables [B, n, head_dim].
-        kv: where this step's keys and values go (see ``KvStore``).
-        allowed: bool [B, n, L], which stored keys each query sees.
+        Args:
+            hidden: [B, n, hidden] in the model's dtype.
+            cos, sin: ``rope_tables`` output, [B, n, head_dim].
+            kv: where this step's keys and values go.
+            mask: ``attention_mask`` output for the keys ``kv`` returns.
 
-    Returns:
-        [B, n, hidden].
-    """
-    attn = layer.self_attn
-    b, n, _ = hidden.shape
-    hd = attn.head_dim
-    x = layer.input_layernorm(hidden)
-    q = attn.q_norm(attn.q_proj(x).view(b, n, -1, hd)).transpose(1, 2)
-    k = attn.k_norm(attn.k_proj(x).view(b, n, -1, hd)).transpose(1, 2)
-    v = attn.v_proj(x).view(b, n, -1, hd).transpose(1, 2)
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    keys, values = kv(k, v)
-    out = attn.o_proj(attend(q, keys, values, allowed, attn.scaling))
-    scale_attn = getattr(layer, "self_attn_layer_scale", None)
-    hidden = hidden + (scale_attn(out) if scale_attn is not None else out)
-    out = layer.mlp(layer.post_attention_layernorm(hidden))
-    scale_mlp = getattr(layer, "mlp_layer_scale", None)
-    return hidden + (scale_mlp(out) if scale_mlp is not None else out)
+        Returns:
+            [B, n, hidden].
+        """
+        b, n, _ = hidden.shape
+        hd, heads, kv_heads = self.head_dim, self.heads, self.kv_heads
+        x = F.rms_norm(hidden, (hidden.shape[-1],), self.norm1[0], self.norm1[1])
+        qkv = F.linear(x, self.qkv, self.qkv_bias).view(b, n, heads + 2 * kv_heads, hd)
+        qk = qkv[:, :, : heads + kv_heads]
+        if self.qk_norm is not None:
+            qk = F.rms_norm(qk, (hd,), None, self.qk_norm[1]) * self.qk_norm[0]
+        cos4, sin4 = cos[:, :, None], sin[:, :, None]
+        qk = torch.addcmul(qk * cos4, qk.roll(hd // 2, dims=-1), sin4)
+        keys, values = kv(qk[:, :, heads:].transpose(1, 2), qkv[:, :, heads + kv_heads :].transpose(1, 2))
+        q = qk[:, :, :heads].reshape(b, n, kv_heads, self.group, hd).permute(0, 2, 3, 1, 4)
+        q = q.reshape(b, kv_heads, self.group * n, hd)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
+        out = out.view(b, kv_heads, self.group, n, hd).permute(0, 3, 1, 2, 4).reshape(b, n, heads * hd)
+        out = self.o_proj(out)
+        hidden = hidden + (out * self.scale_attn if self.scale_attn is not None else out)
+        x = F.rms_norm(hidden, (hidden.shape[-1],), self.norm2[0], self.norm2[1])
+        gate_up = F.linear(x, self.gate_up, self.gate_up_bias)
+        out = self.down(self.act(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :])
+        return hidden + (out * self.scale_mlp if self.scale_mlp is not None else out)
 
 
 def write_rows(store: torch.Tensor, new: torch.Tensor, positions: torch.Tensor) -> None:
-    """Write each row's new keys (or values) at that row's own positions, in place.
+    """Write each row's new key (or value) at that row's own position, in place.
 
     Args:
         store: [B, kv_heads, L, head_dim], the rows' slot regions.
-        new: [B, kv_heads, n, head_dim].
-        positions: int64 [B, n], where each new entry goes (distinct within a row).
+        new: [B, kv_heads, 1, head_dim].
+        positions: int64 [B], where each row's entry goes.
     """
-    rows = torch.arange(store.shape[0], device=store.device)[:, None].expand_as(positions)
-    store[rows, :, positions] = new.transpose(1, 2)
+    index = positions.view(-1, 1, 1, 1).expand(new.shape)
+    store.scatter_(2, index, new)

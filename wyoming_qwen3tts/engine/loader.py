@@ -16,6 +16,8 @@ _LOGGER = logging.getLogger(__name__)
 MAX_SEQ_LEN = 2048
 #: Engines ``load_engine`` can build.
 ENGINES = ("auto", "batched", "single", "reference")
+#: Weight dtypes ``load_engine`` accepts ("auto": bfloat16 on CUDA, float32 on the CPU).
+DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 def resolve_checkpoint(source: str, models_dir: Path, local_files_only: bool) -> Path:
@@ -67,6 +69,7 @@ def load_engine(
     engine: str = "auto",
     max_streams: int = 8,
     on_join: Callable[[float], None] | None = None,
+    dtype: str = "auto",
 ) -> Engine:
     """Load a checkpoint through the real loaders (faster-qwen3-tts / qwen_tts).
 
@@ -80,6 +83,8 @@ def load_engine(
             (qwen_tts, whole segments, the CPU path) or "auto" (see ``pick_engine``).
         max_streams: slots of the batched engine.
         on_join: the batched engine's join-stall observer (seconds).
+        dtype: one of ``DTYPES``. float32 on CUDA also turns TF32 off (exact float32), for GPUs
+            without bfloat16 and for exact comparisons.
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
@@ -89,17 +94,20 @@ def load_engine(
     import torch
 
     engine = pick_engine(engine, device)
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
+    weights = getattr(torch, dtype if dtype != "auto" else "bfloat16" if device == "cuda" else "float32")
     if device == "cuda":
         from faster_qwen3_tts import FasterQwen3TTS
 
-        tts = FasterQwen3TTS.from_pretrained(
-            str(checkpoint), device="cuda", dtype=torch.bfloat16, max_seq_len=MAX_SEQ_LEN
-        )
+        if weights is torch.float32:
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        tts = FasterQwen3TTS.from_pretrained(str(checkpoint), device="cuda", dtype=weights, max_seq_len=MAX_SEQ_LEN)
         qwen = tts.model
     else:
         from qwen_tts import Qwen3TTSModel
 
-        qwen = Qwen3TTSModel.from_pretrained(str(checkpoint), device_map=device, dtype=torch.float32)
+        qwen = Qwen3TTSModel.from_pretrained(str(checkpoint), device_map=device, dtype=weights)
         tts = None
     if engine == "batched":
         from .batched import BatchedEngine
@@ -108,7 +116,7 @@ def load_engine(
             from faster_qwen3_tts import FasterQwen3TTS
 
             # Only its prompt building is used off CUDA; from_pretrained refuses the CPU.
-            tts = FasterQwen3TTS(qwen, None, None, device=device, dtype=torch.float32, max_seq_len=MAX_SEQ_LEN)
+            tts = FasterQwen3TTS(qwen, None, None, device=device, dtype=weights, max_seq_len=MAX_SEQ_LEN)
         return BatchedEngine(
             kind, tts, chunk_frames, max_streams, MAX_SEQ_LEN, graphs=device == "cuda", on_join=on_join
         )

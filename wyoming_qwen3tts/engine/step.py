@@ -22,9 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from .layers import layer_step, write_rows
-from .sampling import RowParams, penalise, sample
+from .layers import FusedLayer, attention_mask, rope_tables, write_rows
+from .sampling import RowParams, effective, gumbel, penalise, sample
 
 #: Positions of the code predictor's sequence: the talker state, the first codebook, then
 #: 14 more codebooks (faster-qwen3-tts's PredictorGraph uses the same 17).
@@ -68,9 +69,9 @@ class SlotState:
         self.min_new_tokens = longs()
         self.past_hidden = torch.zeros(slots, config.hidden_size, dtype=dtype, device=device)
         self.seen = torch.zeros(slots, config.vocab_size, dtype=torch.bool, device=device)
-        self.temperature, self.top_k, self.top_p = floats(0.9), longs(), floats(1.0)
+        self.temperature, self.top_k, self.top_p = floats(0.9), longs(), floats(2.0)
         self.penalty = floats(1.0)
-        self.pred_temperature, self.pred_top_k, self.pred_top_p = floats(0.9), longs(), floats(1.0)
+        self.pred_temperature, self.pred_top_k, self.pred_top_p = floats(0.9), longs(), floats(2.0)
         #: Outputs of the last step: the frame's 16 codes, and whether the next token is EOS.
         self.codes = torch.zeros(slots, config.num_code_groups, dtype=torch.int64, device=device)
         self.eos = torch.zeros(slots, dtype=torch.bool, device=device)
@@ -78,6 +79,14 @@ class SlotState:
     def tensors(self) -> list[torch.Tensor]:
         """Every per-slot tensor (for moving a row)."""
         return [*self.keys, *self.values, *(v for v in vars(self).values() if isinstance(v, torch.Tensor))]
+
+    def set_sampling(self, slot: int, sampling: Any) -> None:
+        """Store a row's ``Sampling`` (top-k/top-p as ``sampling.effective`` makes them)."""
+        self.temperature[slot] = sampling.temperature
+        self.top_k[slot], self.top_p[slot] = effective(sampling.top_k, sampling.top_p)
+        self.penalty[slot] = sampling.repetition_penalty
+        self.pred_temperature[slot] = sampling.predictor_temperature
+        self.pred_top_k[slot], self.pred_top_p[slot] = effective(sampling.predictor_top_k, sampling.predictor_top_p)
 
     def talker_params(self, b: int) -> RowParams:
         return RowParams(self.temperature[:b], self.top_k[:b], self.top_p[:b])
@@ -112,35 +121,64 @@ class FrameStep:
         self.is_eos[self.eos_id] = True
         predictor = talker.code_predictor
         self.predictor = predictor
+        self.groups = int(config.num_code_groups)
+        self.talker_layers = [FusedLayer(layer) for layer in talker.model.layers]
+        self.pred_layers = [FusedLayer(layer) for layer in predictor.model.layers]
+        # The 15 codebook embeddings as one table (the modules' weights become views into it),
+        # so a frame's embeddings are one gather.
+        tables = list(predictor.model.codec_embedding)
+        self.code_vocab = int(tables[0].num_embeddings)
+        stacked = torch.cat([t.weight.data for t in tables])
+        for i, t in enumerate(tables):
+            t.weight = torch.nn.Parameter(stacked[i * self.code_vocab : (i + 1) * self.code_vocab], requires_grad=False)
+        self.code_table = stacked
+        self.code_offsets = torch.arange(len(tables), device=device) * self.code_vocab
+        self.lm_heads = [head.weight for head in predictor.lm_head]
         pred_cfg = predictor.model.config
-        pred_attn = predictor.model.layers[0].self_attn
+        dtype = state.keys[0].dtype
         self.pred_keys = [
-            torch.zeros(state.slots, pred_cfg.num_key_value_heads, PREDICTOR_POSITIONS, pred_attn.head_dim,
-                        dtype=state.keys[0].dtype, device=device)
+            torch.zeros(state.slots, pred_cfg.num_key_value_heads, PREDICTOR_POSITIONS,
+                        self.pred_layers[0].head_dim, dtype=dtype, device=device)
             for _ in predictor.model.layers
         ]
         self.pred_values = [torch.zeros_like(k) for k in self.pred_keys]
-        positions = torch.arange(PREDICTOR_POSITIONS, device=device)[None, :]
-        probe = torch.zeros(1, dtype=state.keys[0].dtype, device=device)
-        cos, sin = predictor.model.rotary_emb(probe, positions)
-        self.pred_cos, self.pred_sin = cos[0], sin[0]  # [17, head_dim]
+        # Everything of the predictor's 15 steps that does not depend on the rows: positions,
+        # rotary tables and masks (broadcast over the batch).
+        keys_at = torch.arange(PREDICTOR_POSITIONS, device=device)
+        probe = torch.zeros(1, dtype=dtype, device=device)
+        self.pred_steps: list[tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        for step in range(self.groups - 1):
+            start, n = (0, 2) if step == 0 else (step + 1, 1)
+            where = torch.arange(start, start + n, device=device)
+            cos, sin = rope_tables(*predictor.model.rotary_emb(probe, where[None, :]))
+            allowed = (keys_at[None, :] <= where[:, None])[None]
+            mask = attention_mask(allowed, self.pred_layers[0].group, dtype)
+            self.pred_steps.append((start, n, cos, sin, mask))
+        #: Draws per frame: the next talker token (stream 0), then codebooks 2..16.
+        self.streams = torch.arange(self.groups, device=device)
 
     # --- sampling ---------------------------------------------------------------------------
 
     def first_token(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Sample the first frame's token from prefill logits, float32 [n, vocab], for slots
-        ``rows`` (int64 [n]): no repetition history yet; counter 0."""
+        ``rows`` (int64 [n]): no repetition history yet; frame 0, stream 0."""
         s = self.state
         logits = logits.masked_fill(self.suppressed, float("-inf"))
         hold = (s.min_new_tokens[rows] > 0)[:, None] & self.is_eos
         logits = logits.masked_fill(hold, float("-inf"))
         params = RowParams(s.temperature[rows], s.top_k[rows], s.top_p[rows])
-        return sample(logits, params, s.seed[rows], torch.zeros_like(rows), 0)
+        noise = gumbel(s.seed[rows], torch.zeros_like(rows)[:, None], self.streams[:1])
+        return sample(logits, params, noise[:, 0])
 
     # --- the step ---------------------------------------------------------------------------
 
-    def _predict(self, past_hidden: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        """The 15 other codebooks of each row's frame, int64 [B, 15]."""
+    def _embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Sum of the predictor's codebook embeddings of ``codes`` int64 [B, k] (codebooks
+        2..k+1): [B, hidden]."""
+        return self.code_table[codes + self.code_offsets[: codes.shape[1]]].sum(dim=1)
+
+    def _predict(self, past_hidden: torch.Tensor, first: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """The 15 other codebooks of each row's frame, int64 [B, 15]; ``noise`` [B, 15, K]."""
         b = first.shape[0]
         s, pred = self.state, self.predictor
         model = pred.model
@@ -148,28 +186,23 @@ class FrameStep:
         first_embed = self.talker.get_input_embeddings()(first)
         h = pred.small_to_mtp_projection(torch.stack([past_hidden, first_embed], dim=1))
         codes = []
-        for step in range(pred.config.num_code_groups - 1):
-            start = 0 if step == 0 else step + 1
-            n = h.shape[1]
-            where = torch.arange(start, start + n, device=h.device)
-            positions = where[None, :].expand(b, n)
-            cos = self.pred_cos[where][None].expand(b, n, -1)
-            sin = self.pred_sin[where][None].expand(b, n, -1)
-            keys_at = torch.arange(PREDICTOR_POSITIONS, device=h.device)
-            allowed = (keys_at[None, :] <= where[:, None])[None].expand(b, n, PREDICTOR_POSITIONS)
-            for i, layer in enumerate(model.layers):
+        for step, (start, n, cos, sin, mask) in enumerate(self.pred_steps):
+            for i, layer in enumerate(self.pred_layers):
 
-                def kv(k: torch.Tensor, v: torch.Tensor, i: int = i) -> tuple[torch.Tensor, torch.Tensor]:
-                    write_rows(self.pred_keys[i][:b], k, positions)
-                    write_rows(self.pred_values[i][:b], v, positions)
-                    return self.pred_keys[i][:b], self.pred_values[i][:b]
+                def kv(k: torch.Tensor, v: torch.Tensor, i: int = i, start: int = start, n: int = n) -> tuple[torch.Tensor, torch.Tensor]:
+                    keys, values = self.pred_keys[i][:b], self.pred_values[i][:b]
+                    keys[:, :, start : start + n] = k
+                    values[:, :, start : start + n] = v
+                    return keys, values
 
-                h = layer_step(layer, h, cos, sin, kv, allowed)
-            logits = pred.lm_head[step](model.norm(h[:, -1])).float()
-            code = sample(logits, params, s.seed[:b], s.frame[:b], 1 + step)
+                h = layer(h, cos, sin, kv, mask)
+            last = F.rms_norm(h[:, -1], (h.shape[-1],), model.norm.weight, model.norm.variance_epsilon)
+            logits = F.linear(last, self.lm_heads[step]).float()
+            code = sample(logits, params, noise[:, step])
             codes.append(code)
-            if step + 1 < pred.config.num_code_groups - 1:
-                h = pred.small_to_mtp_projection(model.codec_embedding[step](code))[:, None]
+            if step + 1 < len(self.pred_steps):
+                embed = self.code_table[code + step * self.code_vocab]
+                h = pred.small_to_mtp_projection(embed)[:, None]
         return torch.stack(codes, dim=1)
 
     def _talker(self, embeds: torch.Tensor, length: int) -> torch.Tensor:
@@ -180,18 +213,18 @@ class FrameStep:
         h = embeds[:, None]
         rope_ids = position.view(1, b, 1).expand(3, b, 1)
         cos, sin = model.rotary_emb(h, rope_ids)
-        cos, sin = cos[0], sin[0]  # all three mrope sections share the position: plain rope
+        cos, sin = rope_tables(cos[0], sin[0])  # the three mrope sections share the position
         allowed = (torch.arange(length, device=h.device)[None, :] <= position[:, None])[:, None, :]
-        where = position[:, None]
-        for i, layer in enumerate(model.layers):
+        mask = attention_mask(allowed, self.talker_layers[0].group, h.dtype)
+        for i, layer in enumerate(self.talker_layers):
 
             def kv(k: torch.Tensor, v: torch.Tensor, i: int = i) -> tuple[torch.Tensor, torch.Tensor]:
-                write_rows(s.keys[i][:b], k, where)
-                write_rows(s.values[i][:b], v, where)
+                write_rows(s.keys[i][:b], k, position)
+                write_rows(s.values[i][:b], v, position)
                 return s.keys[i][:b, :, :length], s.values[i][:b, :, :length]
 
-            h = layer_step(layer, h, cos, sin, kv, allowed)
-        return model.norm(h)[:, 0]
+            h = layer(h, cos, sin, kv, mask)
+        return F.rms_norm(h[:, 0], (h.shape[-1],), model.norm.weight, model.norm.variance_epsilon)
 
     def run(self, b: int, length: int) -> torch.Tensor:
         """Advance rows [0, b) by one frame; the talker attends to ``length`` positions.
@@ -204,24 +237,25 @@ class FrameStep:
             The frame's codes, int64 [b, 16] (a view of ``state.codes``).
         """
         s = self.state
-        token, past_hidden = s.token[:b], s.past_hidden[:b]
-        rest = self._predict(past_hidden, token)
+        token, past_hidden, frame = s.token[:b], s.past_hidden[:b], s.frame[:b]
+        # This frame's draws: codebooks 2..16 of frame f, and the first codebook of frame f + 1.
+        counters = (frame[:, None] + (self.streams == 0)).expand(b, self.groups)
+        noise = gumbel(s.seed[:b], counters, self.streams)
+        rest = self._predict(past_hidden, token, noise[:, 1:])
         s.codes[:b, 0] = token
         s.codes[:b, 1:] = rest
-        embeds = self.talker.get_input_embeddings()(token)
-        for i, table in enumerate(self.predictor.model.codec_embedding):
-            embeds = embeds + table(rest[:, i])
+        embeds = self.talker.get_input_embeddings()(token) + self._embed_codes(rest)
         hidden = self._talker(embeds + self.pad_embed, length)
         logits = self.talker.codec_head(hidden).float()
         seen = s.seen[:b]
         seen.scatter_(1, token[:, None], True)
         logits = penalise(logits, seen, s.penalty[:b]).masked_fill(self.suppressed, float("-inf"))
-        hold = ((s.frame[:b] + 1) < s.min_new_tokens[:b])[:, None] & self.is_eos
+        hold = ((frame + 1) < s.min_new_tokens[:b])[:, None] & self.is_eos
         logits = logits.masked_fill(hold, float("-inf"))
-        nxt = sample(logits, s.talker_params(b), s.seed[:b], s.frame[:b] + 1, 0)
+        nxt = sample(logits, s.talker_params(b), noise[:, 0])
         s.eos[:b] = nxt == self.eos_id
         token.copy_(nxt)
         past_hidden.copy_(hidden)
         s.position[:b] = (s.position[:b] + 1).clamp(max=s.max_len - 1)
-        s.frame[:b] += 1
+        frame += 1
         return s.codes[:b]
