@@ -197,13 +197,14 @@ def main(argv: list[str] | None = None) -> None:
         length = engine._bucket()[1]
         embeds = torch.zeros(b, state.past_hidden.shape[-1], dtype=state.past_hidden.dtype, device="cuda")
         codes = state.codes[:b, :, None].clone().clamp(max=2047)
+        noise = torch.zeros(b, 15, 64, device="cuda")
         saved = [t.clone() for t in (state.position, state.frame)]
         row = {
             "batch": b,
             "length": length,
             "whole_ms": timed_replay(lambda: engine._body(b, length)),
             "talker_ms": timed_replay(lambda: step._talker(embeds, length)),
-            "predictor_ms": timed_replay(lambda: step._predict(state.past_hidden[:b], state.token[:b])),
+            "predictor_ms": timed_replay(lambda: step._predict(state.past_hidden[:b], state.token[:b], noise)),
             "decoder_ms": timed_replay(lambda: engine.decoder.step(codes)),
         }
         state.position.copy_(saved[0])  # the timed replays moved the rows on
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
             for part, fn in (
                 ("whole", lambda: engine._body(1, length)),
                 ("talker", lambda: step._talker(embeds, length)),
-                ("predictor", lambda: step._predict(state.past_hidden[:1], state.token[:1])),
+                ("predictor", lambda: step._predict(state.past_hidden[:1], state.token[:1], noise)),
                 ("decoder", lambda: engine.decoder.step(codes)),
             ):
                 n, ms = kernels(fn)
