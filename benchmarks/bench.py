@@ -59,6 +59,8 @@ TEXTS = [
 #: Two sentences, streamed as Home Assistant streams an LLM reply.
 STREAMED_TEXT = "Sure, I turned on the hallway lights. Anything else I can do for you?"
 VOICE = "aria"
+#: The baseline's row label: faster-qwen3-tts's own streaming generator, in this process.
+BARE = "bare faster-qwen3-tts"
 CLONE_TRANSCRIPT = "This is a short reference recording for the benchmark."
 
 
@@ -351,7 +353,7 @@ def write_report(rows: list[Row], extra: dict[str, Any], out: Path) -> str:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for path, style in (("engine", "--"), ("wyoming", "-")):
+        for path, style in ((BARE, "--"), ("wyoming", "-")):
             for chunk in sorted({r.chunk_frames for r in rows}):
                 pts = sorted((r.clients, r.first_audio_p95_ms) for r in rows
                              if r.path == path and r.chunk_frames == chunk and r.voice == VOICE)
@@ -453,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
         e_blocks, s_blocks = interleave(
             lambda: [engine.generate(ModelKind.VOICE_DESIGN, TEXTS[0], chunk, instruct, language)],
             lambda: [run(wyoming_request(server.port, TEXTS[0], VOICE))], args.runs)
-        rows.append(summarize("engine", VOICE, chunk, 1, e_blocks, gpu_memory_gb=engine.memory_gb()))
+        rows.append(summarize(BARE, VOICE, chunk, 1, e_blocks, gpu_memory_gb=engine.memory_gb()))
         rows.append(summarize("wyoming", VOICE, chunk, 1, s_blocks, gpu_memory_gb=mem.get(server.proc.pid),
                               join_stall_ms=stall_ms(server, mark)))
         _e, h_blocks = interleave(
@@ -478,7 +480,7 @@ def main(argv: list[str] | None = None) -> None:
             lambda: run(concurrent(server.port, texts, VOICE)), args.concurrent_runs)
         waits1 = scrape(server.http_port, "tts_queue_wait_seconds_sum"), scrape(server.http_port, "tts_queue_wait_seconds_count")
         wait_ms = 1000 * (waits1[0] - waits0[0]) / max(1.0, waits1[1] - waits0[1])
-        rows.append(summarize("engine", VOICE, conc_chunk, clients, e_blocks))
+        rows.append(summarize(BARE, VOICE, conc_chunk, clients, e_blocks))
         rows.append(summarize("wyoming", VOICE, conc_chunk, clients, s_blocks, queue_wait_ms=wait_ms,
                               join_stall_ms=stall_ms(server, mark), gpu_memory_gb=gpu_memory_by_pid().get(server.proc.pid)))
         print(f"{clients} clients: done at {time.perf_counter() - t0:.0f} s", flush=True)
@@ -490,7 +492,7 @@ def main(argv: list[str] | None = None) -> None:
     e_blocks, s_blocks = interleave(
         lambda: [engine.generate(ModelKind.BASE, TEXTS[0], conc_chunk, "", "auto", ref)],
         lambda: [run(wyoming_request(server.port, TEXTS[0], "clone"))], args.runs)
-    rows.append(summarize("engine", "clone", conc_chunk, 1, e_blocks))
+    rows.append(summarize(BARE, "clone", conc_chunk, 1, e_blocks))
     rows.append(summarize("wyoming", "clone", conc_chunk, 1, s_blocks))
 
     # Isolation: 8 concurrent clients, each against what a lone client gets.
@@ -521,13 +523,13 @@ def main(argv: list[str] | None = None) -> None:
 
     ratios: dict[str, float] = {}
     for chunk in chunks:
-        eng, wyo = get("engine", chunk), get("wyoming", chunk)
+        eng, wyo = get(BARE, chunk), get("wyoming", chunk)
         ratios[f"wyoming first audio p95, chunk {chunk}"] = wyo.first_audio_p95_ms / eng.first_audio_p95_ms
         ratios[f"wyoming first audio p50, chunk {chunk}"] = wyo.first_audio_p50_ms / eng.first_audio_p50_ms
         ratios[f"engine speed / wyoming speed, chunk {chunk}"] = eng.speed_per_stream / wyo.speed_per_stream
         ratios[f"http TTFB p95, chunk {chunk}"] = get("http (TTFB)", chunk).first_audio_p95_ms / eng.first_audio_p95_ms
     ratios["clone wyoming first audio p95"] = (
-        get("wyoming", conc_chunk, voice="clone").first_audio_p95_ms / get("engine", conc_chunk, voice="clone").first_audio_p95_ms)
+        get("wyoming", conc_chunk, voice="clone").first_audio_p95_ms / get(BARE, conc_chunk, voice="clone").first_audio_p95_ms)
 
     targets: dict[str, dict[str, Any]] = {}
 

@@ -116,3 +116,29 @@ async def test_a_failing_segment_raises_for_its_client_only(engine_and_scheduler
     good.close()
     assert len(await asyncio.wait_for(drain(good), 30)) == 3
     assert scheduler.queue_depth() == 0
+
+
+async def test_a_client_that_does_not_read_gets_no_new_segments(
+    engine_and_scheduler: tuple[RecordingModel, Scheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Back-pressure: while a job's unread audio is over the limit its next segment waits
+    (others go on); once its client reads, it continues, losing nothing."""
+    from wyoming_qwen3tts import scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "MAX_BACKLOG_SECONDS", 2 / 24000)  # two samples
+    model, scheduler = engine_and_scheduler
+    loop = asyncio.get_running_loop()
+    stalled = scheduler.open_job(loop)
+    for i in range(3):
+        stalled.submit(seg(f"s{i}"))
+    stalled.close()
+    while not model.order:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)  # its first segment's three chunks are unread
+    other = scheduler.open_job(loop)
+    other.submit(seg("o0"))
+    other.close()
+    assert len(await asyncio.wait_for(drain(other), 30)) == 3
+    assert model.order == ["s0", "o0"]  # s1 held back, o0 went ahead
+    assert len(await asyncio.wait_for(drain(stalled), 30)) == 9  # reading resumes it
+    assert model.order == ["s0", "o0", "s1", "s2"]

@@ -18,7 +18,15 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
+from .audio import SAMPLE_RATE
 from .engine import Segment, Work
+
+#: Audio a client may leave unread before its next segment is held back, in seconds. A client
+#: that stops reading thus holds at most this much (plus the running segment) in memory; the
+#: front doors drop a stream whose writes stall (see their timeouts).
+MAX_BACKLOG_SECONDS = 20.0
+#: How often a waiting engine re-checks held-back jobs, in seconds.
+_RECHECK_S = 0.05
 
 
 class GenerationError(RuntimeError):
@@ -46,6 +54,7 @@ class _SegmentSink:
         return self._job.cancelled.is_set()
 
     def audio(self, chunk: np.ndarray) -> None:
+        self._job.posted += len(chunk)
         self._job._post(chunk)
 
     def done(self, frames: int) -> None:
@@ -76,6 +85,14 @@ class Job:
         self._closed = False
         #: Seconds each finished segment waited in the queue before generation began.
         self.queue_waits: list[float] = []
+        #: Samples handed over by the engine / taken by the client (one writer each).
+        self.posted = 0
+        self.consumed = 0
+
+    @property
+    def backlog_seconds(self) -> float:
+        """Audio generated for this job that its client has not taken yet, in seconds."""
+        return (self.posted - self.consumed) / SAMPLE_RATE
 
     def submit(self, segment: Segment) -> None:
         """Queue a segment (call from the event loop)."""
@@ -114,6 +131,7 @@ class Job:
                 return
             item = await self._queue.get()
             if isinstance(item, np.ndarray):
+                self.consumed += len(item)
                 if not self.cancelled.is_set():
                     yield item
             elif isinstance(item, _SegmentDone):
@@ -151,21 +169,26 @@ class Scheduler:
         return self._closed
 
     def take(self, wait: float | None) -> Work | None:
-        """The next segment, round-robin: the first job in line that has a segment queued
-        and none running goes to the back of the line. Jobs found empty leave the line and
-        rejoin at the back on their next ``submit``."""
+        """The next segment, round-robin: the first job in line that has a segment queued,
+        none running and less than ``MAX_BACKLOG_SECONDS`` of unread audio goes to the back of
+        the line. Jobs found empty leave the line and rejoin at the back on their next
+        ``submit``."""
         deadline = None if wait is None else time.monotonic() + wait
         with self._cond:
             while True:
-                picked = self._next()
+                picked, held = self._next()
                 if picked is not None or self._closed:
                     return picked
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return None
+                if held:  # reading clients free held jobs without notifying: look again soon
+                    remaining = _RECHECK_S if remaining is None else min(remaining, _RECHECK_S)
                 self._cond.wait(remaining)
 
-    def _next(self) -> Work | None:
+    def _next(self) -> tuple[Work | None, bool]:
+        """(the work picked or None, whether a job was held back for its unread audio)."""
+        held = False
         for _ in range(len(self._jobs)):
             job = self._jobs.popleft()
             if not job.pending:
@@ -173,10 +196,13 @@ class Scheduler:
             self._jobs.append(job)
             if job.in_flight:
                 continue
+            if job.backlog_seconds > MAX_BACKLOG_SECONDS:
+                held = True
+                continue
             segment, queued_at = job.pending.popleft()
             job.in_flight = True
-            return Work(segment, _SegmentSink(job, queued_at))
-        return None
+            return Work(segment, _SegmentSink(job, queued_at)), held
+        return None, held
 
     def _enqueue(self, job: Job, segment: Segment) -> None:
         with self._cond:
