@@ -76,7 +76,7 @@ def run(engine: BatchedEngine, schedule: dict[int, list[tuple[Segment, Collect]]
     cancel = cancel or {}
     pending = None
     if not engine._host:
-        engine._host = [engine._host_buffers() for _ in range(2)]
+        engine._capture()
     for t in range(max_steps):
         queue.items.extend(Work(segment, sink) for segment, sink in schedule.get(t, []))
         for sink in cancel.get(t, []):

@@ -188,8 +188,7 @@ def test_eos_ends_a_row_after_min_new_tokens(design: BatchedEngine) -> None:
         lambda _module, _args, logits: logits.index_fill(-1, torch.tensor([eos], device=logits.device), 100.0)
     )
     if design.use_graphs:  # a hook only acts where it is captured
-        design._graphs.clear()
-        design._capture()
+        design.graphs.capture()
     try:
         short = Segment("Stops early.", "english", max_new_tokens=40, min_new_tokens=3, seed=1,
                         instruct=INSTRUCT)
@@ -198,8 +197,7 @@ def test_eos_ends_a_row_after_min_new_tokens(design: BatchedEngine) -> None:
     finally:
         favour_eos.remove()
         if design.use_graphs:
-            design._graphs.clear()
-            design._capture()
+            design.graphs.capture()
     assert sink.frames == 3 and len(sink.pcm) == 3 * 1920
 
 

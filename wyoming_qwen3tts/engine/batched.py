@@ -22,9 +22,7 @@ On the CPU (tests) the same step runs eagerly, synchronously.
 from __future__ import annotations
 
 import logging
-import random
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,20 +33,14 @@ import torch
 from ..voices import ModelKind
 from .base import Engine, ModelMismatchError, Work, WorkSource
 from .codec import StreamingDecoder
+from .graphs import StepGraphs, buckets
+from .prefill import Prefill
 from .prompt import Prompt, PromptBuilder
 from .prompts import ClonePrompts
 from .segment import Segment
 from .step import FrameStep, SlotState
 
 _LOGGER = logging.getLogger(__name__)
-
-#: Decoder states after an ICL reference's codes, kept per reference (each a few MB).
-_PREFIX_CACHE_SIZE = 16
-
-
-def buckets(limit: int, sizes: tuple[int, ...]) -> list[int]:
-    """The sizes up to ``limit``, always ending with ``limit`` itself (sorted, distinct)."""
-    return sorted({s for s in sizes if s < limit} | {limit})
 
 
 @dataclass
@@ -130,15 +122,16 @@ class BatchedEngine(Engine):
             pad_id = torch.tensor([[model.config.tts_pad_token_id]], device=self.device)
             pad = self.talker.text_projection(self.talker.get_text_embeddings()(pad_id)).reshape(-1)
         self.step = FrameStep(self.talker, self.state, pad)
-        codec = model.speech_tokenizer.model.decoder
-        self.decoder = StreamingDecoder(codec, max_streams)
-        self._scratch = StreamingDecoder(codec, 1)
-        self._prefixes: OrderedDict[str, list[torch.Tensor]] = OrderedDict()
+        self.decoder = StreamingDecoder(model.speech_tokenizer.model.decoder, max_streams)
+        self.prefill = Prefill(self.talker, self.state, self.step, self.decoder)
         self.samples_per_frame = self.decoder.samples_per_frame
         self._pcm = torch.zeros(max_streams, self.samples_per_frame, dtype=torch.float32, device=self.device)
-        self.batch_buckets = buckets(max_streams, batch_buckets)
-        self.length_buckets = buckets(max_len, length_buckets)
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.graphs = StepGraphs(
+            self._body,
+            lambda: [*self.state.tensors(), *self.decoder.state()],
+            buckets(max_streams, batch_buckets),
+            buckets(max_len, length_buckets),
+        )
         self._host: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._flip = 0
         self._rows: list[_Row] = []
@@ -159,10 +152,7 @@ class BatchedEngine(Engine):
 
     def warmup(self, segment: Segment) -> None:
         """Capture every (batch, length) graph, then generate ``segment`` through the pool."""
-        if self.use_graphs:
-            self._capture()
-        else:
-            self._host = [self._host_buffers() for _ in range(2)]
+        self._capture()
 
         class _Collect:
             samples = 0
@@ -261,85 +251,23 @@ class BatchedEngine(Engine):
                 continue
             batch.append((work, prompt))
         if batch:
-            start = len(self._rows)
+            timing = None
+            if self.use_graphs:
+                timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                timing[0].record()
             try:
-                self._prefill(batch)
+                lengths = self.prefill.run(len(self._rows), [(w.segment, p) for w, p in batch])
             except Exception as err:  # noqa: BLE001 - fail these requests only
                 _LOGGER.exception("Prefill failed for %d request(s)", len(batch))
-                del self._rows[start:]
                 for work, _prompt in batch:
                     work.sink.failed(err)
-
-    @torch.inference_mode()
-    def _prefill(self, batch: list[tuple[Work, Prompt]]) -> None:
-        """One talker forward over the new prompts (left-padded), into slots at the end."""
-        s, talker = self.state, self.talker
-        start = len(self._rows)
-        timing = None
-        if self.use_graphs:
-            timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            timing[0].record()
-        lengths = [p.embeds.shape[0] for _, p in batch]
-        longest = max(lengths)
-        embeds = torch.zeros(len(batch), longest, batch[0][1].embeds.shape[-1],
-                             dtype=batch[0][1].embeds.dtype, device=self.device)
-        mask = torch.zeros(len(batch), longest, dtype=torch.int64, device=self.device)
-        for i, (_, prompt) in enumerate(batch):
-            embeds[i, longest - lengths[i] :] = prompt.embeds
-            mask[i, longest - lengths[i] :] = 1
-        out = talker.forward(
-            inputs_embeds=embeds,
-            attention_mask=mask,
-            use_cache=True,
-            output_hidden_states=True,
-            return_dict=True,
-            trailing_text_hidden=batch[0][1].pad_embed.view(1, 1, -1),
-            tts_pad_embed=batch[0][1].pad_embed.view(1, 1, -1),
-            generation_step=None,
-            past_hidden=None,
-            past_key_values=None,
-        )
-        rows = torch.arange(start, start + len(batch), device=self.device)
-        for i, ((work, prompt), length) in enumerate(zip(batch, lengths, strict=True)):
-            slot = start + i
-            for layer, cache in enumerate(out.past_key_values.layers):
-                s.keys[layer][slot, :, :length] = cache.keys[i, :, longest - length :]
-                s.values[layer][slot, :, :length] = cache.values[i, :, longest - length :]
-            seg = work.segment
-            sampling = seg.sampling
-            seed = seg.seed if seg.seed is not None else random.randrange(2**62)
-            s.position[slot] = length
-            s.frame[slot] = 0
-            s.seed[slot] = seed
-            s.min_new_tokens[slot] = max(1, seg.min_new_tokens)  # a segment has >= 1 frame
-            s.set_sampling(slot, sampling)
-            s.seen[slot] = False
-            s.past_hidden[slot] = out.past_hidden[i, -1]
-            self._start_decoder(slot, prompt)
-            self._rows.append(_Row(work, max(1, seg.max_new_tokens), length))
-        s.token[rows] = self.step.first_token(out.logits[:, -1].float(), rows)
-        if timing is not None:
-            timing[1].record()
-            self._joins.append(timing)
-        _LOGGER.debug("Admitted %d stream(s): prompts of %s positions", len(batch), lengths)
-
-    def _start_decoder(self, slot: int, prompt: Prompt) -> None:
-        """Reset a slot's decoder; for an ICL clone, continue after the reference codes."""
-        if prompt.ref_codes is None or prompt.ref_key is None:
-            self.decoder.reset(slot)
-            return
-        saved = self._prefixes.get(prompt.ref_key)
-        if saved is None:
-            self._scratch.reset(0)
-            self._scratch.step(prompt.ref_codes.to(self.device).T[None])
-            saved = [t[0].clone() for t in self._scratch.state()]
-            self._prefixes[prompt.ref_key] = saved
-            if len(self._prefixes) > _PREFIX_CACHE_SIZE:
-                self._prefixes.popitem(last=False)
-        else:
-            self._prefixes.move_to_end(prompt.ref_key)
-        for buffer, value in zip(self.decoder.state(), saved, strict=True):
-            buffer[slot].copy_(value)
+                return
+            if timing is not None:
+                timing[1].record()
+                self._joins.append(timing)
+            for (work, _prompt), length in zip(batch, lengths, strict=True):
+                self._rows.append(_Row(work, max(1, work.segment.max_new_tokens), length))
+            _LOGGER.debug("Admitted %d stream(s): prompts of %s positions", len(batch), lengths)
 
     # --- stepping -----------------------------------------------------------------------------
 
@@ -350,11 +278,8 @@ class BatchedEngine(Engine):
         self._pcm[:b].copy_(self.decoder.step(codes[:, :, None]))
 
     def _bucket(self) -> tuple[int, int]:
-        n = len(self._rows)
-        b = next(x for x in self.batch_buckets if x >= n)
-        need = max(r.prompt_len + r.frames for r in self._rows) + 2
-        length = next((x for x in self.length_buckets if x >= need), self.max_len)
-        return b, length
+        # a row's next position is prompt + frames delivered + (at most) one step in flight
+        return self.graphs.bucket(len(self._rows), max(r.prompt_len + r.frames for r in self._rows) + 2)
 
     def _host_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         pin = self.device.type == "cuda"
@@ -365,12 +290,7 @@ class BatchedEngine(Engine):
     @torch.inference_mode()
     def _launch(self) -> _Launched:
         """Start one step for the active rows; its outputs are read by ``_deliver``."""
-        b, length = self._bucket()
-        graph = self._graphs.get((b, length))
-        if graph is not None:
-            graph.replay()
-        else:
-            self._body(b, length)
+        self.graphs.run(*self._bucket())
         pcm, eos = self._host[self._flip]
         self._flip ^= 1
         n = len(self._rows)
@@ -449,32 +369,14 @@ class BatchedEngine(Engine):
                 self._on_join(stall)
         self._joins.clear()
 
-    # --- graphs -------------------------------------------------------------------------------
-
-    @torch.inference_mode()
     def _capture(self) -> None:
-        """Capture one graph per (batch, length) bucket, sharing one memory pool."""
-        t0 = time.monotonic()
+        """Host buffers, and on CUDA one graph per (batch, length) bucket."""
         self._host = [self._host_buffers() for _ in range(2)]
-        saved = [t.clone() for t in (*self.state.tensors(), *self.decoder.state())]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        pool = None
-        with torch.cuda.stream(stream):
-            for b in self.batch_buckets:
-                for length in self.length_buckets:
-                    self._body(b, length)  # warm-up outside the graph (lazy inits, autotuning)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        self._body(b, length)
-                    pool = graph.pool()
-                    self._graphs[(b, length)] = graph
-        torch.cuda.current_stream().wait_stream(stream)
-        for tensor, value in zip((*self.state.tensors(), *self.decoder.state()), saved, strict=True):
-            tensor.copy_(value)
-        torch.cuda.synchronize()
+        if not self.use_graphs:
+            return
+        seconds = self.graphs.capture()
         _LOGGER.info(
             "%s: captured %d graphs (batch %s x length %s) in %.1f s; %d slots of %.0f MB",
-            self.kind.value, len(self._graphs), self.batch_buckets, self.length_buckets, time.monotonic() - t0,
+            self.kind.value, len(self.graphs), self.graphs.batch_sizes, self.graphs.lengths, seconds,
             self.capacity, self.slot_bytes() / 1e6,
         )

@@ -1,0 +1,85 @@
+"""One CUDA graph per (batch, length) bucket of the frame step, sharing one memory pool."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def buckets(limit: int, sizes: tuple[int, ...]) -> list[int]:
+    """The sizes up to ``limit``, always ending with ``limit`` itself (sorted, distinct)."""
+    return sorted({s for s in sizes if s < limit} | {limit})
+
+
+class StepGraphs:
+    """The step ``body(b, length)`` for every bucket: captured on CUDA, eager elsewhere.
+
+    A step for ``n`` active rows runs the smallest batch bucket ``b >= n`` (rows past ``n``
+    are padding whose results are ignored) and the smallest length bucket that holds every
+    row's next position, so short streams do not attend over the whole cache.
+
+    Args:
+        body: the step, ``body(b, length)``, reading and writing static buffers only.
+        state: every buffer the body mutates (saved and restored around capture, which
+            runs the body for real).
+        batch_sizes, lengths: the buckets (see ``buckets``).
+    """
+
+    def __init__(
+        self,
+        body: Callable[[int, int], None],
+        state: Callable[[], list[torch.Tensor]],
+        batch_sizes: list[int],
+        lengths: list[int],
+    ) -> None:
+        self._body = body
+        self._state = state
+        self.batch_sizes = batch_sizes
+        self.lengths = lengths
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+
+    def bucket(self, rows: int, need: int) -> tuple[int, int]:
+        """(batch, length) for ``rows`` active rows that need ``need`` positions.
+
+        Raises:
+            StopIteration: more rows than the largest batch bucket.
+        """
+        b = next(x for x in self.batch_sizes if x >= rows)
+        return b, next((x for x in self.lengths if x >= need), self.lengths[-1])
+
+    def run(self, b: int, length: int) -> None:
+        """Launch one step (a graph replay where captured; else the body, eagerly)."""
+        graph = self._graphs.get((b, length))
+        if graph is not None:
+            graph.replay()
+        else:
+            self._body(b, length)
+
+    @torch.inference_mode()
+    def capture(self) -> float:
+        """Capture every bucket (CUDA only); returns the seconds it took."""
+        t0 = time.monotonic()
+        self._graphs.clear()
+        saved = [t.clone() for t in self._state()]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        pool = None
+        with torch.cuda.stream(stream):
+            for b in self.batch_sizes:
+                for length in self.lengths:
+                    self._body(b, length)  # warm-up outside the graph (lazy inits, autotuning)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                        self._body(b, length)
+                    pool = graph.pool()
+                    self._graphs[(b, length)] = graph
+        torch.cuda.current_stream().wait_stream(stream)
+        for tensor, value in zip(self._state(), saved, strict=True):
+            tensor.copy_(value)
+        torch.cuda.synchronize()
+        return time.monotonic() - t0
+
+    def __len__(self) -> int:
+        return len(self._graphs)
