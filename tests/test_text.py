@@ -94,6 +94,8 @@ def test_replies_become_sentences_however_they_are_split(language: str, text: st
         ("numbered items and bullets", "1) one\n2. two\n• three\n+ four", "one. two. three. four."),
         ("quote markers vanish", "> Quoted\n> text.", "Quoted text."),
         ("thematic break", "Before\n\n---\nAfter", "Before After"),
+        ("setext heading underline", "Title\n=====\nText", "Title Text"),
+        ("a spaced asterisk is no markup", "5 * 3 = 15, *not* 16", "5 * 3 = 15, not 16"),
         ("link read as its text", "See [the docs](https://example.com/x \"Docs\") now", "See the docs now"),
         ("image read as its alt text", "![a red car](car.png) drove by", "a red car drove by"),
         ("bare URL read as its domain", "Visit https://www.example.com/a/b?c=d. Then", "Visit example.com. Then"),

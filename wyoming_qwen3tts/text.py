@@ -87,12 +87,12 @@ _TERMINAL = set(".!?…:;。！？：；")
 
 # --- markdown lines --------------------------------------------------------------------------
 _FENCE_RE = re.compile(r"(`{3,}|~{3,})")
-_RULE_RE = re.compile(r"([-*_])(?:[ \t]*\1){2,}[ \t]*")
+_RULE_RE = re.compile(r"([-*_=])(?:[ \t]*\1){2,}[ \t]*")  # also a setext heading's underline
 _HEADING_RE = re.compile(r"#{1,6}(?:\s+|$)(?:\d{1,3}[.)]\s+)?")
 _ITEM_RE = re.compile(r"(?:[-*+•]|\d{1,3}[.)])\s+|・\s*")
 _QUOTE_RE = re.compile(r"(?:>\s?)+")
 #: Line starts that may still become a marker above once more characters arrive.
-_UNDECIDED_RE = re.compile(r"`{1,2}|~{1,2}|#{1,6}(?:\s+\d{0,3}[.)]?)?|[-*_+][-*_+ \t]*|\d{1,3}[.)]?")
+_UNDECIDED_RE = re.compile(r"`{1,2}|~{1,2}|#{1,6}(?:\s+\d{0,3}[.)]?)?|[-*_+=][-*_+= \t]*|\d{1,3}[.)]?")
 _SEPARATOR_CELL_RE = re.compile(r"\s*:?-+:?\s*")
 _STRUCTURAL = ("heading", "item", "table")
 
@@ -377,11 +377,12 @@ def _inline_sub(match: re.Match[str], left: str) -> str:
     if match["url"]:
         return _domain(match["url"])
     marker, text = match["marker"], match.string
-    if marker[0] == "_":  # snake_case and a_b@c.de keep their underscores
-        before = text[match.start() - 1] if match.start() else left
-        after = text[match.end()] if match.end() < len(text) else " "
-        if before.isalnum() and after.isalnum():
-            return marker
+    before = text[match.start() - 1] if match.start() else left
+    after = text[match.end()] if match.end() < len(text) else " "
+    if marker[0] == "_" and before.isalnum() and after.isalnum():
+        return marker  # snake_case and a_b@c.de keep their underscores
+    if marker == "*" and before.isspace() and after.isspace():
+        return marker  # "5 * 3": no emphasis can open and close at spaces on both sides
     return ""
 
 
