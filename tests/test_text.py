@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -203,3 +204,23 @@ def test_frame_budget_grows_with_text_and_is_bounded() -> None:
     assert frame_budget("Hi.") < frame_budget("Hello there, how are you doing today?")
     assert frame_budget("字" * 10) > frame_budget("a" * 10)  # CJK characters take longer to say
     assert frame_budget("Hi.") >= 13  # at least a second of audio
+
+
+#: Pieces of LLM-style markdown in several scripts, for random texts below.
+_PIECES = [
+    "\n- ", "\n1. ", "\n# ", "\n| a | b |", "\n|---|---|", "\n```py\n", "\n```\n", "\n> ", "\n---\n",
+    "**", "*", "_", "`", "~~", "[t](u)", "https://www.a.io/x ", "TTS. ", "Yes. ", "Dr. ", "snake_case",
+    "5 * 3", "22.5", "1,000", ", ", ": ", " - ", "—", ". ", "! ", "? ", "。", "，", "、", "！", "¿", "¡",
+    "«", "»", "\"", "(", ")", "🎉", "°", "%", "€", "Hello", "world", "好的", "はい", "한국", "да", " ",
+]
+
+
+def test_random_markdown_split_anywhere_reads_as_the_whole_text() -> None:
+    rng = random.Random(0)
+    for _ in range(300):
+        text = "".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 30)))
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
+        deltas = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        assert segments(*deltas) == segments(text), deltas
+        words = re.findall(r"\w", "".join(segments(text)))
+        assert re.findall(r"\w", "".join(segments(*deltas, streamed=True))) == words, deltas  # only split

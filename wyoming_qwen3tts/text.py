@@ -92,20 +92,22 @@ _HEADING_RE = re.compile(r"#{1,6}(?:\s+|$)(?:\d{1,3}[.)]\s+)?")
 _ITEM_RE = re.compile(r"(?:[-*+•]|\d{1,3}[.)])\s+|・\s*")
 _QUOTE_RE = re.compile(r"(?:>\s?)+")
 #: Line starts that may still become a marker above once more characters arrive.
-_UNDECIDED_RE = re.compile(r"`{1,2}|~{1,2}|#{1,6}(?:\s+\d{0,3}[.)]?)?|[-*_+=][-*_+= \t]*|\d{1,3}[.)]?")
+_UNDECIDED_RE = re.compile(r"`{1,2}|~{1,2}|#{1,6}(?:\s+\d{0,3}[.)]?)?|[-*_+=][-*_+= \t]*|\d{1,3}[.)]?|>[>\s]*")
 _SEPARATOR_CELL_RE = re.compile(r"\s*:?-+:?\s*")
 _STRUCTURAL = ("heading", "item", "table")
 
 # --- inline markdown -------------------------------------------------------------------------
 _INLINE_RE = re.compile(
-    r"(?P<code>(?P<ticks>`+)(?P<code_text>.+?)(?<!`)(?P=ticks)(?!`))"
+    r"(?P<code>(?<!`)(?P<ticks>`+)(?!`)(?P<code_text>.+?)(?<!`)(?P=ticks)(?!`))"  # equal runs
     r"|(?P<link>!?\[(?P<label>[^\[\]\n]*)\]\(\s*<?[^)\s>]*>?(?:\s+[\"'(][^\n)]*[\"')])?\s*\))"
-    rf"|(?P<url><?(?<![A-Za-z0-9/@.])(?:https?://|www\.)[^\s<>{_CJK}]+>?)"
+    rf"|(?P<url><?(?<![A-Za-z0-9/@.])(?:https?://|www\.)[^\s<>\[\]{_CJK}]+>?)"  # see _URL_GLUE_RE
     r"|(?P<marker>\*+|~~+|_+)"
 )
 #: A tail that may still become a link: "[text", "[text]", "[text](http...".
 _PARTIAL_LINK_RE = re.compile(r"!?\[[^\[\]\n]*(?:\](?:\([^)\n]*)?)?")
 _URL_TRAIL = ".,;:!?'\")]}>"
+#: Characters after which "http..." or "www." does not start a URL (the lookbehind above).
+_URL_GLUE_RE = re.compile(r"[A-Za-z0-9/@.]")
 #: A word that is, or may still grow into, a bare URL.
 _URL_START_RE = re.compile(r"[<(\"']*(?:https?://|www\.|h(?:t(?:t(?:p(?:s?:?/?)?)?)?)?$|w(?:ww?)?$)", re.I)
 
@@ -277,8 +279,7 @@ class MarkdownReader:
         return self._end_block(period=False) if core and core[-1] in _TERMINAL else " "
 
     def _emit(self, text: str) -> str:
-        if text.strip():
-            self._tail = (self._tail + text.rstrip())[-8:]
+        self._tail = (self._tail + "".join(text.split()))[-8:]  # however the text was split
         return text
 
     def _end_block(self, period: bool) -> str:
@@ -343,17 +344,25 @@ def _inline_prefix(text: str, complete: bool, left: str) -> tuple[str, int]:
         elif i and text[i - 1].isalnum():
             cut = i
         if text[i] == "`" or text.startswith("[", i) or text.startswith("![", i):
-            if (match := _INLINE_RE.match(text, i)) and (match["code"] or match["link"] is not None):
-                i = cut = match.end()
+            match = _INLINE_RE.match(text, i)
+            closed = match and (match["link"] is not None or (match["code"] and match.end() < len(text)))
+            if match and closed:  # (a closing backtick at the end may be part of a longer run)
+                i = cut = word = match.end()
                 continue
             open_construct = text[i] == "`" or _PARTIAL_LINK_RE.fullmatch(text, i)
             if open_construct and len(text) - i < _MAX_HELD_CHARS:
-                return _inline(text[:cut], left), cut
+                break
         i += 1
-    if text and (_splits(text[-1]) or text[-1].isalnum()):
-        cut = len(text)
-    if cut > word and _URL_START_RE.match(text, word) and len(text) - word < _MAX_HELD_CHARS:
-        cut = word
+    else:
+        if text and (_splits(text[-1]) or text[-1].isalnum()):
+            cut = len(text)
+    for start in range(word, cut):  # hold a URL, or what may become one, from its start
+        glued = _URL_GLUE_RE.match(text[start - 1] if start else left)
+        if not glued and _URL_START_RE.match(text, start) and len(text) - start < _MAX_HELD_CHARS:
+            cut = start
+            while cut > word and not (text[cut - 1].isalnum() or _splits(text[cut - 1])):
+                cut -= 1  # markup before it is decided with what follows
+            break
     return _inline(text[:cut], left), cut
 
 
@@ -375,6 +384,8 @@ def _inline_sub(match: re.Match[str], left: str) -> str:
     if match["link"] is not None:
         return _inline(match["label"])
     if match["url"]:
+        if match.start() == 0 and match["url"][0] != "<" and _URL_GLUE_RE.match(left):
+            return match["url"]  # glued to the word before it ("2http://"): not a URL
         return _domain(match["url"])
     marker, text = match["marker"], match.string
     before = text[match.start() - 1] if match.start() else left
