@@ -26,11 +26,12 @@ README = (ROOT / "README.md").read_text()
 
 
 def commands(heading: str) -> list[str]:
-    """The lines of the first ``sh`` code block after ``heading`` in the README."""
+    """The commands of the first ``sh`` code block after ``heading`` in the README (lines
+    continued with a backslash joined)."""
     section = README[README.index(f"\n{heading}\n") :]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
     assert block is not None, heading
-    return [line for line in block.group(1).splitlines() if line.strip()]
+    return [" ".join(line.split()) for line in block.group(1).replace("\\\n", " ").splitlines() if line.strip()]
 
 
 def test_ci_runs_exactly_the_readme_install_and_test_commands() -> None:
