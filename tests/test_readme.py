@@ -1,6 +1,6 @@
 """The README's first run: CI runs its install and test commands, its "try it" server command
-works as written (loopback, not announced), its CPU install pins the same PyTorch, and the
-add-on's chunk-size figures are the committed benchmark's."""
+works as written (loopback, not announced, a log without dependency noise), its CPU install
+pins the same PyTorch, and the add-on's chunk-size figures are the committed benchmark's."""
 
 from __future__ import annotations
 
@@ -92,6 +92,9 @@ def test_try_it_commands_work_as_written(checkpoints: Path, tmp_path: Path) -> N
         with urllib.request.urlopen(request, timeout=120) as response:
             assert response.read(4) == b"RIFF"
         assert "zeroconf" not in log.read_text().lower()  # not announced
+        # Started as a user starts it, at the default log level: no dependency noise.
+        noise = ["flash-attn", "sox: not found", "SoX could not be found", "Loading weights", "UserWarning"]
+        assert [n for n in noise if n in log.read_text()] == []
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -1,6 +1,6 @@
 """End to end: streamed LLM text speaks its first clause before its first sentence is complete;
-the default models serve every pipeline language; ``--debug`` shows what is spoken; the
-default log stays free of dependency noise. Real server processes on tiny checkpoints."""
+the default models serve every pipeline language; ``--debug`` shows what is spoken. A real
+server process on tiny checkpoints."""
 
 from __future__ import annotations
 
@@ -109,7 +109,6 @@ async def test_default_models_offer_voices_for_every_pipeline_language(debug_ser
         assert [v.name for v in program.voices if code in v.languages], code
 
 
-def test_default_log_level_keeps_dependency_noise_out(server: Server, debug_server: Server) -> None:
-    noise = ["flash-attn", "sox: not found", "SoX could not be found", "Loading weights", "UserWarning"]
-    assert [n for n in noise if n in server.output()] == []
-    assert "flash-attn" in debug_server.output()  # --debug shows everything
+def test_debug_log_keeps_dependency_output(debug_server: Server) -> None:
+    """``--debug`` hides nothing; the default level's quiet log is checked in test_readme.py."""
+    assert all(noise in debug_server.output() for noise in ("flash-attn", "Loading weights"))
