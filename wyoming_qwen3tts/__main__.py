@@ -19,6 +19,7 @@ from .audio import SAMPLE_RATE
 from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, Segment, load_engine, pick_engine, resolve_checkpoint
 from .metrics import Metrics
+from .quiet import quiet_dependencies
 from .service import DEFAULT_MAX_CHARS, TtsService
 from .voices import ModelKind, Reference, VoiceCatalog
 
@@ -179,13 +180,9 @@ async def main(argv: list[str] | None = None) -> None:
         level=logging.DEBUG if args.debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not args.debug:  # third-party chatter: config defaults, optional SoX binary
-        for noisy in ("qwen_tts", "transformers", "faster_qwen3_tts"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
-        # The SoX binary is optional (qwen_tts imports the Python wrapper only); the wrapper
-        # resets its logger's level on import, so drop its warning with a filter instead.
-        logging.getLogger("sox").addFilter(lambda record: record.levelno >= logging.ERROR)
     check_args(args)
+    if not args.debug:  # third-party chatter: banners, optional SoX binary, progress bars
+        quiet_dependencies()
     metrics = Metrics()
     engines = await load_engines(args, metrics)
     custom = engines.get(ModelKind.CUSTOM_VOICE)

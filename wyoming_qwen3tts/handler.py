@@ -40,8 +40,9 @@ _ATTRIBUTION = {
 }
 
 
-def build_info(voices: list[Voice]) -> Info:
-    """The ``info`` answer: one TTS program listing every voice with its languages."""
+def build_info(voices: list[Voice], backend: str) -> Info:
+    """The ``info`` answer: one TTS program, described with the engines' real back end
+    (``TtsService.backend``), listing every voice with its languages."""
     tts_voices = [
         TtsVoice(
             name=voice.name,
@@ -55,7 +56,7 @@ def build_info(voices: list[Voice]) -> Info:
     ]
     program = TtsProgram(
         name="qwen3-tts",
-        description="Qwen3-TTS, streamed from faster-qwen3-tts's CUDA graphs",
+        description=f"Qwen3-TTS on {backend}",
         attribution=Attribution("wyoming-qwen3tts", "https://github.com/QwenLM/Qwen3-TTS"),
         installed=True,
         version=__version__,
@@ -176,7 +177,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
     async def _dispatch(self, event: Event) -> None:
         if Describe.is_type(event.type):
             self._service.catalog.refresh()
-            await self._write(build_info(self._service.catalog.voices()).event())
+            await self._write(build_info(self._service.catalog.voices(), self._service.backend).event())
         elif SynthesizeStart.is_type(event.type):
             await self._start_stream(event)
         elif SynthesizeChunk.is_type(event.type):

@@ -27,6 +27,30 @@ QWEN_LANGUAGES: dict[str, str] = {
 #: Every code a voice of a multilingual model can be advertised with, in a stable order.
 ALL_CODES: tuple[str, ...] = tuple(QWEN_LANGUAGES)
 
+#: Native language of each built-in speaker of the released CustomVoice checkpoints (Qwen3-TTS
+#: model card, "Available Speakers"; dylan speaks the Beijing and eric the Sichuan dialect).
+#: Each speaks all ten languages, best its own.
+SPEAKER_LANGUAGES: dict[str, str] = {
+    "vivian": "zh",
+    "serena": "zh",
+    "uncle_fu": "zh",
+    "dylan": "zh",
+    "eric": "zh",
+    "ryan": "en",
+    "aiden": "en",
+    "ono_anna": "ja",
+    "sohee": "ko",
+}
+
+
+def codes_first(code: str | None) -> tuple[str, ...]:
+    """Every code in ``ALL_CODES``, with ``code`` first: what a voice that speaks all ten
+    languages advertises, its own language leading. ``None`` or an unknown code keeps
+    ``ALL_CODES``' order."""
+    if code is None or code not in ALL_CODES:
+        return ALL_CODES
+    return (code, *(c for c in ALL_CODES if c != code))
+
 
 class UnsupportedLanguageError(ValueError):
     """The requested language is none of Qwen3-TTS's ten languages (nor "auto")."""

@@ -181,8 +181,13 @@ class TtsService:
         except UnknownVoiceError as err:
             raise VoiceNotFoundError(str(err)) from None
 
-    def open(self, request: SpeechRequest) -> SpeechStream:
+    def open(self, request: SpeechRequest, streamed: bool = True) -> SpeechStream:
         """Validate a request and open its stream (must run in the event loop).
+
+        Args:
+            request: what the client asked for.
+            streamed: the text comes as it is written (``add_text`` deltas): the first
+                segment may end at a clause so speech starts sooner. False for a whole text.
 
         Raises:
             VoiceNotFoundError, LanguageError: the request cannot be served.
@@ -203,7 +208,7 @@ class TtsService:
         if seed is None:
             seed = random.randrange(2**31)
         job = self._schedulers[voice.kind].open_job(asyncio.get_running_loop())
-        return SpeechStream(self, job, voice, language, instruct, seed, request.door)
+        return SpeechStream(self, job, voice, language, instruct, seed, request.door, streamed)
 
     def speak(self, request: SpeechRequest, text: str) -> SpeechStream:
         """Validate a whole-text request and start speaking it (must run in the event loop).
@@ -212,7 +217,7 @@ class TtsService:
             EmptyTextError, TextTooLongError, VoiceNotFoundError, LanguageError.
         """
         check_text(text, self.max_chars)
-        stream = self.open(request)
+        stream = self.open(request, streamed=False)
         stream.add_text(text)
         stream.finish()
         return stream
@@ -237,6 +242,7 @@ class SpeechStream:
         instruct: str | None,
         seed: int,
         door: str,
+        streamed: bool = True,
     ) -> None:
         self._service = service
         self._job = job
@@ -245,7 +251,7 @@ class SpeechStream:
         self._instruct = instruct
         self._seed = seed
         self._door = door
-        self._segmenter = Segmenter()
+        self._segmenter = Segmenter(streamed=streamed)
         self._chars = 0
         self._segments = 0
         self._opened = time.monotonic()
@@ -276,11 +282,16 @@ class SpeechStream:
     def _submit(self, text: str) -> None:
         self._segments += 1
         fixed = self._service.fixed_frames
+        cap = fixed or frame_budget(text)
+        _LOGGER.debug(
+            "%s segment %d: %r, language %s, voice %s, cap %d frames",
+            self._door, self._segments, text, self.language, self.voice.name, cap,
+        )
         self._job.submit(
             Segment(
                 text=text,
                 language=self.language,
-                max_new_tokens=fixed or frame_budget(text),
+                max_new_tokens=cap,
                 min_new_tokens=fixed or 2,
                 seed=self._seed,
                 instruct=self._instruct,

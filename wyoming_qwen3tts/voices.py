@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from .languages import ALL_CODES, AUTO, UnsupportedLanguageError, to_qwen
+from .languages import ALL_CODES, AUTO, SPEAKER_LANGUAGES, UnsupportedLanguageError, codes_first, to_qwen
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ class VoiceCatalog:
                     name=speaker,
                     kind=ModelKind.CUSTOM_VOICE,
                     summary=f"Qwen3-TTS CustomVoice speaker {speaker}",
-                    languages=ALL_CODES,
+                    languages=codes_first(SPEAKER_LANGUAGES.get(speaker.lower())),
                     speaker=speaker,
                 )
         self._clones: dict[str, Voice] = {}

@@ -1,0 +1,114 @@
+"""End to end: streamed LLM text speaks its first clause before its first sentence is complete;
+the default models serve every pipeline language; ``--debug`` shows what is spoken. A real
+server process on tiny checkpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from wyoming.audio import AudioChunk
+from wyoming.client import AsyncTcpClient
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Describe, Info
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
+
+from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
+from wyoming_qwen3tts.languages import ALL_CODES
+from wyoming_qwen3tts.text import Segmenter
+
+from .conftest import Server, start_server, stop_server
+
+#: A hang guard for reads, not a speed assertion.
+_GUARD_S = 180.0
+#: Codec frames the debug server generates per segment (the CPU reference engine may stop one
+#: short): more than segments per request, so a segment lost or spoken twice shows in the total.
+FRAMES = 6
+
+
+@pytest.fixture(scope="module")
+def debug_server(checkpoints: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The default model kinds (Base and VoiceDesign, tiny), an empty clone library, ``--debug``;
+    every segment is ``FRAMES`` codec frames long, to keep the tests short."""
+    folder = tmp_path_factory.mktemp("debug-server")
+    (folder / "voices").mkdir()
+    extra = ["--no-zeroconf", "--debug", "--custom-voice-model", "none", "--fixed-frames", str(FRAMES)]
+    srv = start_server(checkpoints, folder / "voices", folder / "server.log", extra=extra)
+    yield srv
+    stop_server(srv)
+
+
+async def read_until(client: AsyncTcpClient, stop_type: str) -> list[Event]:
+    events: list[Event] = []
+    while True:
+        event = await asyncio.wait_for(client.read_event(), _GUARD_S)
+        assert event is not None and not Error.is_type(event.type), (event, [e.type for e in events])
+        events.append(event)
+        if event.type == stop_type:
+            return events
+
+
+def spoken_segments(server: Server) -> list[tuple[str, str, str, int]]:
+    """(text, language, voice, frame cap) of every segment the server logged at --debug."""
+    pattern = r"segment \d+: '(.*)', language (\w+), voice (\w+), cap (\d+) frames$"
+    return [(m[1], m[2], m[3], int(m[4])) for m in re.finditer(pattern, server.output(), re.M)]
+
+
+async def test_first_audio_comes_before_the_first_sentence_is_complete(debug_server: Server) -> None:
+    """Home Assistant streams an LLM reply: audio starts once the first clause is in, while the
+    rest of the first sentence has not been sent yet (event order, not timing)."""
+    head = ["**Su", "re**, I", " turn"]  # an early clause, the sentence goes on
+    tail = ["ed on:\n- the hall", "way lights\n- the fan"]
+    async with AsyncTcpClient("127.0.0.1", debug_server.port) as client:
+        await client.write_event(SynthesizeStart(voice=SynthesizeVoice(name="aria")).event())
+        for delta in head:
+            await client.write_event(SynthesizeChunk(text=delta).event())
+        first = await read_until(client, "audio-chunk")  # would wait forever without the clause rule
+        for delta in tail:
+            await client.write_event(SynthesizeChunk(text=delta).event())
+        await client.write_event(SynthesizeStop().event())
+        events = first + await read_until(client, "synthesize-stopped")
+    assert [e.type for e in first][-2:] == ["audio-start", "audio-chunk"]
+
+    segmenter = Segmenter(streamed=True)
+    expected = [s for d in head + tail for s in segmenter.add(d)] + segmenter.finish()
+    assert expected == ["Sure,", "I turned on:", "the hallway lights.", "the fan."]
+    assert spoken_segments(debug_server)[-4:] == [(s, "english", "aria", FRAMES) for s in expected]
+    frames = sum(len(AudioChunk.from_event(e).audio) for e in events if AudioChunk.is_type(e.type))
+    assert frames % (2 * SAMPLES_PER_FRAME) == 0  # each segment spoken once, none lost:
+    assert (FRAMES - 1) * len(expected) <= frames // (2 * SAMPLES_PER_FRAME) <= FRAMES * len(expected)
+
+
+async def test_whole_text_is_spoken_in_sentences_and_debug_logs_each_once(debug_server: Server) -> None:
+    text = "Gerne, das Licht ist an. Fr. Schmidt ist da."
+    async with AsyncTcpClient("127.0.0.1", debug_server.port) as client:
+        await client.write_event(Event("synthesize", {"text": text, "voice": {"name": "lena"}}))
+        await read_until(client, "audio-stop")
+        await client.write_event(Synthesize(text="Okay.", voice=SynthesizeVoice(name="mei")).event())
+        await read_until(client, "audio-stop")
+    logged = spoken_segments(debug_server)[-3:]
+    assert logged == [
+        ("Gerne, das Licht ist an.", "german", "lena", FRAMES),
+        ("Fr. Schmidt ist da.", "german", "lena", FRAMES),
+        ("Okay.", "chinese", "mei", FRAMES),
+    ]
+    assert debug_server.output().count("'Fr. Schmidt ist da.'") == 1
+
+
+async def test_default_models_offer_voices_for_every_pipeline_language(debug_server: Server) -> None:
+    async with AsyncTcpClient("127.0.0.1", debug_server.port) as client:
+        await client.write_event(Describe().event())
+        info = Info.from_event((await read_until(client, "info"))[-1])
+    (program,) = info.tts
+    assert program.description == "Qwen3-TTS on qwen_tts reference model (CPU)"  # the real back end
+    for code in ALL_CODES:  # Home Assistant offers a pipeline language the voices that list it
+        assert [v.name for v in program.voices if code in v.languages], code
+
+
+def test_debug_log_keeps_dependency_output(debug_server: Server) -> None:
+    """``--debug`` hides nothing; the default level's quiet log is checked in test_readme.py."""
+    assert all(noise in debug_server.output() for noise in ("flash-attn", "Loading weights"))

@@ -1,0 +1,59 @@
+"""Keep third-party start-up noise out of the server's log at the default log level.
+
+Seen on a plain start without ``--debug`` (qwen-tts-hf 0.1.1.post1, transformers 5.16):
+qwen_tts prints a flash-attn banner on import; the ``sox`` wrapper it imports runs
+``sox -h`` through the shell (``/bin/sh: 1: sox: not found`` when the optional binary is
+missing) and logs a SoX banner; transformers draws "Loading weights" progress bars and
+warns about ``repetition_penalty`` on every CPU generation. None of it is actionable: the
+SoX binary and flash-attn are optional, the warning is about the reference model's own call.
+``--debug`` shows all of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+
+
+def quiet_dependencies() -> None:
+    """Silence the noise above: import qwen_tts with stdout and stderr pointed at
+    /dev/null (file descriptors, so a child shell's messages are caught too), turn off
+    transformers' progress bars, and raise the chattiest loggers to WARNING.
+
+    Call once at start-up, before other threads run (it swaps file descriptors 1 and 2).
+    Hugging Face download progress stays on: a first start downloads gigabytes.
+    """
+    for noisy in ("qwen_tts", "transformers", "faster_qwen3_tts"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # The sox wrapper resets its logger's level on import: filter its warning instead.
+    logging.getLogger("sox").addFilter(lambda record: record.levelno >= logging.ERROR)
+    warnings.filterwarnings("ignore", message="Passing `repetition_penalty`", category=UserWarning)
+    with _silenced_output():
+        import qwen_tts  # noqa: F401 - imported here for its side effects only
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
+
+@contextlib.contextmanager
+def _silenced_output() -> Iterator[None]:
+    """Point file descriptors 1 and 2 at /dev/null for the block, then restore them."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
