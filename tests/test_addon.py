@@ -439,7 +439,7 @@ def expected(**overrides) -> list[str]:
         "--custom-voice-model": "none",
         "--voice": "aria",
         "--device": "auto",
-        "--chunk-size": "4",
+        "--chunk-size": "1",
     }
     values.update({f"--{k.replace('_', '-')}": v for k, v in overrides.items()})
     return [item for pair in values.items() for item in pair]
@@ -452,7 +452,7 @@ def test_run_script_defaults(sandbox, config):
         "--http-host", "0.0.0.0", "--http-port", "8880", "--no-zeroconf",
     ]
     args = parse_server_args(argv)
-    assert (args.chunk_size, args.http_port, args.no_zeroconf) == (4, 8880, True)
+    assert (args.chunk_size, args.http_port, args.no_zeroconf) == (1, 8880, True)
     assert (args.data_dir, args.voices_dir) == ("/data", "/share/qwen3tts/voices")
     assert sandbox.argvs("mkdir") == [["-p", "/share/qwen3tts/voices"]]
     assert "[warning]" not in result.stderr  # port 8880 not published: no key needed
