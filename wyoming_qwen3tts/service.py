@@ -391,7 +391,8 @@ class SpeechStream:
         first = f"{self.first_audio_s * 1000:.0f} ms" if self.first_audio_s is not None else "none"
         _LOGGER.info(
             "%s request %s: voice %s, %d chars, %d sentence(s), first audio %s, %.2f s of audio",
-            self._door, outcome, self.voice.name, self._chars, self._segments, first, audio_s,
+            self._door, outcome, self.voice.name + (" (anchor)" if self.anchored else ""),
+            self._chars, self._segments, first, audio_s,
         )
         if outcome == "ok" and audio_s > 0:
             m.real_time_factor.labels(self._door).observe((time.monotonic() - self._opened) / audio_s)

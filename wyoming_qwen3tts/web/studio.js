@@ -109,15 +109,22 @@ function button(text, onClick, className) {
 }
 
 function servedCell(voice) {
-    if (voice.served === "anchor") return el("span", {className: "served-anchor", textContent: "anchor",
-        title: "Spoken by the Base model as a clone of its anchor clip: the same voice every time"});
+    if (voice.served === "anchor") {
+        return el("span", {className: "served-anchor", textContent: "anchor",
+            title: "Spoken by the Base model as a clone of its anchor clip: the same voice every time"});
+    }
     if (voice.served === "designed-live") {
-        const why = {pending: "anchor being rendered", waiting: "anchor rendered once used",
-            failed: "anchor failed", off: "anchors off", ready: "Base model off"}[voice.anchor] || "";
-        return el("span", {className: "served-live", textContent: "designed live" + (why ? " (" + why + ")" : ""),
-            title: "Designed afresh from its description for each sentence"});
+        const why = {pending: "anchor on its way", waiting: "anchor once used", failed: "anchor failed",
+            off: "anchors off", ready: "Base model off"}[voice.anchor] || "";
+        return el("span", {className: "served-live", textContent: "designed live",
+            title: "Designed afresh from its description for each sentence"},
+            why ? [el("span", {className: "sub", textContent: why})] : []);
     }
     return el("span", {textContent: voice.served});
+}
+
+function languagesText(codes) {
+    return codes.length >= 10 ? "all ten" : codes.join(" ");
 }
 
 async function loadVoices() {
@@ -140,6 +147,7 @@ function renderVoices() {
     for (const voice of state.voices) {
         const [kindText, kindClass] = KINDS[voice.kind] || [voice.kind, ""];
         const nameCell = el("td", {className: "name"}, [voice.name]);
+        if (voice.name === state.defaultVoice) nameCell.append(el("span", {className: "default-mark", textContent: "default"}));
         if (voice.aliases.length) nameCell.append(el("span", {className: "aliases", textContent: voice.aliases.join(", ")}));
         const editable = (voice.source === "user" || voice.source === "clone") && voice.name !== state.defaultVoice;
         const actions = el("td", {className: "actions"}, [
@@ -150,10 +158,10 @@ function renderVoices() {
             actions.append(button("Rename", () => startRename(voice, nameCell)));
             actions.append(button("Delete", () => deleteVoice(voice), "danger"));
         }
-        const row = el("tr", {className: voice.name === state.defaultVoice ? "default" : ""}, [
+        const row = el("tr", {}, [
             nameCell,
             el("td", {}, [el("span", {className: "badge " + kindClass, textContent: kindText})]),
-            el("td", {textContent: voice.languages.join(" ")}),
+            el("td", {textContent: languagesText(voice.languages)}),
             el("td", {}, [servedCell(voice)]),
             el("td", {className: "summary", textContent: voice.summary}),
             actions,
