@@ -114,7 +114,7 @@ function servedCell(voice) {
             title: "Spoken by the Base model as a clone of its anchor clip: the same voice every time"});
     }
     if (voice.served === "designed-live") {
-        const why = {pending: "anchor on its way", waiting: "anchor once used", failed: "anchor failed",
+        const why = {pending: "anchor on its way", waiting: "anchor when used", failed: "anchor failed",
             off: "anchors off", ready: "Base model off"}[voice.anchor] || "";
         return el("span", {className: "served-live", textContent: "designed live",
             title: "Designed afresh from its description for each sentence"},
@@ -162,7 +162,7 @@ function renderVoices() {
             nameCell,
             el("td", {}, [el("span", {className: "badge " + kindClass, textContent: kindText})]),
             el("td", {textContent: languagesText(voice.languages)}),
-            el("td", {}, [servedCell(voice)]),
+            el("td", {className: "served"}, [servedCell(voice)]),
             el("td", {className: "summary", textContent: voice.summary}),
             actions,
         ]);
