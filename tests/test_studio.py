@@ -247,6 +247,22 @@ async def test_bad_uploads_are_refused_and_change_nothing(
     assert studio.alive()
 
 
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("multipart/form-data", b"no boundary"),
+        ("multipart/form-data; boundary=x", b"no parts at all"),
+        ("multipart/form-data; boundary=x", b'--x\r\nContent-Disposition: form-data; name="name"\r\n\r\ncut off'),
+        ("application/json", b'{"name": "x"}'),
+    ],
+)
+async def test_malformed_forms_are_refused(studio: Server, folders: tuple[Path, Path], content_type: str, body: bytes) -> None:
+    before = snapshot(folders[0])
+    status, data = await call(studio, "POST", "/v1/audio/voices", data=body, headers={"Content-Type": content_type})
+    assert status == 400 and json.loads(data)["error"]["code"] == "invalid-body", data
+    assert snapshot(folders[0]) == before and studio.alive()
+
+
 async def test_oversized_upload_is_refused_while_streaming(studio: Server, folders: tuple[Path, Path]) -> None:
     before = snapshot(folders[0])
 

@@ -26,7 +26,6 @@ import enum
 import hashlib
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -437,7 +436,7 @@ class Anchors:
         _LOGGER.info(
             "Preset %s: anchor rendered (%.1f s of audio in %.1f s, %s); %s",
             voice.name, len(audio) / SAMPLE_RATE, time.monotonic() - started,
-            os.path.join(self.store.folder, spec.key + ".wav"), served,
+            self.store.folder / f"{spec.key}.wav", served,
         )
         self._resolve(spec.key, reference)
 

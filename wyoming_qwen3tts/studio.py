@@ -225,17 +225,20 @@ async def create_clone(request: web.Request) -> web.Response:
         transcript: str | None = None
         data: bytes | None = None
         filename = ""
-        reader = await request.multipart()
-        while (part := await reader.next()) is not None:
-            if not isinstance(part, BodyPartReader):
-                continue
-            if part.name == "name":
-                name = held.enter_context(library.reserve(await part.text()))
-            elif part.name == "transcript":
-                transcript = check_transcript(await part.text())
-            elif part.name == "file":
-                filename = part.filename or ""
-                data = await _read_limited(part)
+        try:
+            reader = await request.multipart()
+            while (part := await reader.next()) is not None:
+                if not isinstance(part, BodyPartReader):
+                    continue
+                if part.name == "name":
+                    name = held.enter_context(library.reserve(await part.text()))
+                elif part.name == "transcript":
+                    transcript = check_transcript(await part.text())
+                elif part.name == "file":
+                    filename = part.filename or ""
+                    data = await _read_limited(part)
+        except (ValueError, AssertionError, UnicodeDecodeError, LookupError) as err:  # malformed form
+            raise ApiError(400, f"The form cannot be read: {err}", "invalid-body") from None
         if name is None:
             raise ApiError(400, "The form has no 'name' field", "missing-field", "name")
         if not data:
