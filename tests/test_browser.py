@@ -33,6 +33,8 @@ CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
     "--disable-sync", "--no-first-run", "--autoplay-policy=no-user-gesture-required",
+    # a fake microphone (a beeping tone) that needs no permission prompt
+    "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
 ]
 KEY = "browser-key"
 INGRESS = "/api/hassio_ingress/t0ken-Abc_123"
@@ -211,6 +213,19 @@ def test_upload_through_the_file_input_creates_a_voice_in_wyoming_info(page: Pag
     page.fill("#clone-name", "clone")
     page.click("#clone-create")
     expect(page.locator("#message")).to_contain_text("already the name of the clone voice 'clone'")
+
+
+def test_record_with_the_microphone_then_clone(page: Page, studio: Server) -> None:
+    """MediaRecorder's WebM/Opus recording, uploaded and decoded by PyAV on the server."""
+    page.click("#clone-record")
+    expect(page.locator("#clone-record")).to_have_text("■ Stop recording")
+    page.wait_for_timeout(2500)  # record a little over 2 s of the fake microphone's beeps
+    page.click("#clone-record")
+    expect(page.locator("#clone-preview")).to_be_visible()
+    page.fill("#clone-name", "recorded")
+    page.click("#clone-create")
+    expect(row(page, "recorded")).to_contain_text("Clone")
+    assert "recorded" in run_async(wyoming_voices(studio))
 
 
 def test_rename_and_delete_from_the_page(page: Page, studio: Server, tmp_path: Path) -> None:

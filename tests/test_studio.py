@@ -438,6 +438,9 @@ async def test_preset_anchor_is_stable_across_requests_and_restarts(
     # The anchored preset: same request, same audio (the Base model clones the anchor).
     assert await speech(studio, "aria", seed=3) == await speech(studio, "aria", seed=3)
     assert "voice aria (anchor)" in studio.output()
+    live = studio.output().count("http request ok: voice aria, ")
+    await speech(studio, "aria", instructions="A whispering voice.")  # a one-off design: live
+    assert studio.output().count("http request ok: voice aria, ") == live + 1
 
     # Another process on the same folders (a restart) reuses the stored anchor byte for
     # byte; with its Base model off, presets are designed live and still speak.

@@ -196,9 +196,13 @@ async def _anchors(
             args.anchors, " (auto on the CPU: one anchor takes minutes there)" if args.anchors == "auto" else "",
         )
         return None
-    checkpoint = await asyncio.to_thread(
-        resolve_checkpoint, args.design_model, Path(args.data_dir) / "models", True
-    )
+    try:
+        checkpoint = await asyncio.to_thread(
+            resolve_checkpoint, args.design_model, Path(args.data_dir) / "models", True
+        )
+    except FileNotFoundError as err:
+        _LOGGER.error("Preset anchors are off: cannot find the VoiceDesign checkpoint (%s)", err)
+        return None
     store = AnchorStore(Path(args.data_dir) / "anchors")
     return Anchors(store, catalog, AnchorMode(choice), checkpoint, default_voice, ModelKind.BASE in engines)
 

@@ -207,9 +207,13 @@ class TtsService:
         kind, instruct, reference = voice.kind, voice.instruct, voice.reference
         if request.instructions and voice.kind is not ModelKind.BASE:
             instruct = request.instructions.strip()  # a one-off design: always live
-        elif voice.kind is ModelKind.VOICE_DESIGN and self.anchors is not None:
-            anchor = self.anchors.reference_for(voice)
-            if anchor is not None and ModelKind.BASE in self._engines:
+        elif (
+            voice.kind is ModelKind.VOICE_DESIGN
+            and self.anchors is not None
+            and ModelKind.BASE in self._engines
+        ):
+            anchor = self.anchors.reference_for(voice)  # missing: asked for, designed live meanwhile
+            if anchor is not None:
                 kind, instruct, reference = ModelKind.BASE, None, anchor
         seed = next((s for s in (request.seed, self.seed) if s is not None), None)
         if seed is None:
