@@ -310,7 +310,10 @@ class Anchors:
             if not urgent:
                 return
             self._wanted.remove(name)
-        self._wanted.insert(0, name) if urgent else self._wanted.append(name)
+        if urgent:
+            self._wanted.insert(0, name)
+        else:
+            self._wanted.append(name)
         if self._wake is not None:
             self._wake.set()
 
@@ -320,11 +323,16 @@ class Anchors:
             self._wake.set()
 
     async def wait_identity(self) -> str:
-        """The VoiceDesign model's identity, once computed."""
+        """The VoiceDesign model's identity, once computed.
+
+        Raises:
+            RuntimeError: the checkpoint could not be read (anchors are then off).
+        """
         if self.identity is None:
             assert self._identity_ready is not None, "start() first"
             await self._identity_ready.wait()
-        assert self.identity is not None
+        if self.identity is None:
+            raise RuntimeError("the VoiceDesign model could not be identified: anchors are off")
         return self.identity
 
     async def wait(self, voice: Voice) -> Reference:
@@ -387,7 +395,8 @@ class Anchors:
         except OSError as err:
             _LOGGER.error("Cannot identify the VoiceDesign model (%s): presets stay designed live", err)
             return
-        self._identity_ready.set()
+        finally:
+            self._identity_ready.set()
         self._log_states()
         while True:
             voice = self._next_missing()

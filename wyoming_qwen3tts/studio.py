@@ -320,7 +320,10 @@ async def design(request: web.Request) -> web.Response:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_PRESET_SEED - MAX_CANDIDATES):
         raise ApiError(400, f"'seed' must be an integer from 0 to {MAX_PRESET_SEED - MAX_CANDIDATES}", "invalid-value", "seed")
     first = seed if seed is not None else random.randrange(MAX_PRESET_SEED - MAX_CANDIDATES)
-    model = await service.anchors.wait_identity() if service.anchors is not None else ""
+    model = ""  # no anchors: a kept candidate's preset is designed live
+    if service.anchors is not None:
+        with contextlib.suppress(RuntimeError):
+            model = await service.anchors.wait_identity()
     specs = [AnchorSpec(description, language, first + i, text, model) for i in range(count)]
     try:
         clips = await asyncio.gather(*(service.render_design(spec) for spec in specs))
