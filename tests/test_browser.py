@@ -186,6 +186,13 @@ def test_a_sample_plays_to_its_end(page: Page) -> None:
     assert page.evaluate("document.getElementById('player').duration") == pytest.approx(1.5, abs=0.05)
 
 
+def test_a_speaker_without_a_clip_says_a_greeting(page: Page) -> None:
+    row(page, "ryan").get_by_role("button", name="▶ Play").click()
+    wait_for(page, "window.studioStats.streamDone")
+    assert stat(page, "streamBytes") > 0
+    expect(page.locator("#message")).to_be_hidden()  # no error shown
+
+
 def test_try_box_plays_speech_while_it_streams(page: Page) -> None:
     page.select_option("#try-voice", "clone")
     page.fill("#try-text", "Hi")

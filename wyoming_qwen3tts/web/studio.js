@@ -5,7 +5,13 @@
 const KEY_STORAGE = "qwen3tts-api-key";
 const SAMPLE_RATE = 24000;
 const KINDS = {voice_design: ["Preset", "preset"], base: ["Clone", "clone"], custom_voice: ["Speaker", "speaker"]};
-const GREETING = "Hello! This is how I sound.";
+// What a voice without a clip (a speaker, a preset while anchors are off) says when played.
+const GREETINGS = {
+    en: "Hello! This is how I sound.", de: "Hallo! So klinge ich.", fr: "Bonjour ! Voici ma voix.",
+    es: "¡Hola! Así suena mi voz.", it: "Ciao! Questa è la mia voce.", pt: "Olá! Esta é a minha voz.",
+    ru: "Привет! Вот так звучит мой голос.", zh: "你好！这就是我的声音。", ja: "こんにちは！これが私の声です。",
+    ko: "안녕하세요! 제 목소리는 이렇습니다.",
+};
 
 const $ = (id) => document.getElementById(id);
 const state = {voices: [], defaultVoice: null, playingButton: null, tryAbort: null, recorded: null};
@@ -64,7 +70,7 @@ function say(text, kind) {
 }
 
 function fail(error) {
-    if (error && error.name === "AbortError") return;
+    if (error && (error.name === "AbortError" || error.status === 401)) return;  // 401: the key form says it
     say(error && error.message ? error.message : String(error), "error");
 }
 
@@ -239,8 +245,8 @@ function playSample(voice, buttonNode) {
         resetPlayButton();
         return;
     }
-    if (voice.served === "speaker") {  // no clip: speak a greeting instead
-        speak(voice.name, GREETING);
+    if (voice.served === "speaker" || voice.anchor === "off") {  // no clip: speak a greeting instead
+        speak(voice.name, GREETINGS[voice.languages[0]] || GREETINGS.en);
         return;
     }
     if (voice.kind === "voice_design" && voice.anchor !== "ready" && voice.anchor !== "off") {
