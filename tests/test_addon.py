@@ -703,3 +703,21 @@ def test_scripts_pass_shellcheck(tmp_path):
         capture_output=True, text=True, timeout=60, check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ingress_panel_opens_the_voice_studio(config, monkeypatch):
+    """The panel is the voice studio on the HTTP port the run script serves (--http-port
+    8880), trusted as Home Assistant's ingress inside the add-on (SUPERVISOR_TOKEN set)."""
+    assert config["ingress"] is True
+    assert config["ingress_port"] == 8880 and "8880/tcp" in config["ports"]
+    assert "--http-port '8880'" in RUN_SCRIPT.read_text()
+    assert config["ingress_stream"] is True  # clip uploads up to 20 MB, unbuffered
+    assert re.fullmatch(r"mdi:[a-z0-9-]+", config["panel_icon"])
+    assert config["panel_title"].strip()
+    assert "ingress_entry" not in config  # the page is at "/"
+    from wyoming_qwen3tts.__main__ import build_parser
+
+    monkeypatch.setenv("SUPERVISOR_TOKEN", "x")
+    assert build_parser().parse_args([]).ingress_peer == "172.30.32.2"
+    monkeypatch.delenv("SUPERVISOR_TOKEN")
+    assert build_parser().parse_args([]).ingress_peer is None

@@ -1,14 +1,32 @@
-"""The voice catalogue: presets, clone library, content-keyed references, bad files."""
+"""The voice catalogue (presets, clone library, content-keyed references, bad files), the
+voices folder's writable side (names, uploaded clips, atomic edits) and anchor keys."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 
-from wyoming_qwen3tts.voices import ModelKind, Reference, UnknownVoiceError, VoiceCatalog, load_presets
+from wyoming_qwen3tts.anchors import (
+    ANCHOR_TEXTS,
+    AnchorSpec,
+    AnchorStore,
+    model_identity,
+    preset_seed,
+    preset_spec,
+)
+from wyoming_qwen3tts.library import VoiceEditError, VoiceLibrary, check_name, decode_clip
+from wyoming_qwen3tts.voices import (
+    ModelKind,
+    Reference,
+    UnknownVoiceError,
+    VoiceCatalog,
+    VoiceSource,
+    load_presets,
+)
 
 ALL = {ModelKind.BASE, ModelKind.VOICE_DESIGN, ModelKind.CUSTOM_VOICE}
 
@@ -100,3 +118,143 @@ def test_dangling_links_long_clips_and_alias_rules(tmp_path: Path) -> None:
     assert catalog.get("alloy").name == "aria" and catalog.get("aria").language == "german"  # override keeps aliases
     with pytest.raises(UnknownVoiceError, match="Unknown voice .robo."):
         catalog.get("robo")  # a string instead of a list of aliases: entry refused
+
+
+# --- the voices folder's writable side (library) and anchor keys ------------------------------
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("", "empty"), ("   ", "empty"), (None, "empty"), ("x" * 49, "49 characters"),
+        ("a/b", "path separator"), ("a\\b", "path separator"), ("..", "'..'"), ("a..b", "'..'"),
+        (".hidden", "may hold only"), ("tab\there", "may hold only"), ("semi;colon", "may hold only"),
+        ("trailing.", "may hold only"),
+    ],
+)
+def test_bad_names_are_named(name: object, reason: str) -> None:
+    with pytest.raises(VoiceEditError, match=reason) as caught:
+        check_name(name)
+    assert caught.value.code == "invalid-name" and caught.value.status == 400
+
+
+def test_good_names() -> None:
+    assert check_name("  Grandma Rose ") == "Grandma Rose"
+    assert check_name("kitchen-2.0") == "kitchen-2.0"
+    assert check_name("Zoë_o'neil") == "Zoë_o'neil"
+    assert check_name("小明") == "小明"
+
+
+def test_decode_clip_reads_any_format_and_refuses_bad_clips() -> None:
+    t = np.arange(int(2.5 * 44100)) / 44100
+    buffer = io.BytesIO()
+    sf.write(buffer, np.stack([0.3 * np.sin(2 * np.pi * 220 * t)] * 2, axis=1), 44100, format="FLAC")
+    audio = decode_clip(buffer.getvalue())  # stereo 44.1 kHz FLAC -> mono 24 kHz
+    assert audio.dtype == np.float32 and abs(len(audio) - int(2.5 * 24000)) <= 64
+    for data, code in [
+        (b"plain text, not audio" * 20, "not-audio"),
+        (b"", "not-audio"),
+        (bytes(21_000_000), "clip-too-large"),
+    ]:
+        with pytest.raises(VoiceEditError) as caught:
+            decode_clip(data)
+        assert caught.value.code == code
+
+
+def _library(folder: Path, default: str = "aria") -> VoiceLibrary:
+    return VoiceLibrary(VoiceCatalog(folder, ALL, ["ryan"]), default)
+
+
+def test_library_writes_keep_the_users_presets_file(tmp_path: Path) -> None:
+    (tmp_path / "presets.toml").write_text('# my own comment\n[pirate]\nlanguage = "en"\ninstruct = "A gruff pirate."\n')
+    library = _library(tmp_path)
+    voice = library.add_preset("robot", instruct="A robot.", language="de", summary="Robot", seed=7, anchor_text="Hallo.")
+    assert voice.source is VoiceSource.USER and voice.seed == 7 and voice.anchor_text == "Hallo." and voice.language == "german"
+    text = (tmp_path / "presets.toml").read_text()
+    assert text.startswith("# my own comment") and "[pirate]" in text and "[robot]" in text
+    assert library.rename("robot", "robo 2").name == "robo 2"
+    assert library.catalog.find("robot") is None and "robo 2" in (tmp_path / "presets.toml").read_text()
+    library.delete("robo 2")
+    assert library.catalog.find("robo 2") is None and "# my own comment" in (tmp_path / "presets.toml").read_text()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_library_refusals(tmp_path: Path) -> None:
+    write_voice(tmp_path, "mine")
+    library = _library(tmp_path, default="mine")
+    for call, code in [
+        (lambda: library.delete("mine"), "default-voice"),
+        (lambda: library.delete("aria"), "shipped-preset"),
+        (lambda: library.delete("ryan"), "builtin-speaker"),
+        (lambda: library.rename("mine", "x"), "default-voice"),
+        (lambda: library.check_free("Alloy"), "name-taken"),
+    ]:
+        with pytest.raises(VoiceEditError) as caught:
+            call()
+        assert caught.value.code == code
+    with library.reserve("newcomer"):
+        with pytest.raises(VoiceEditError) as caught:
+            library.check_free("NEWCOMER")
+        assert caught.value.code == "name-busy"
+    assert library.check_free("newcomer") == "newcomer"
+    # a shipped preset's name is free only to override it
+    assert library.check_free("james", replace_shipped=True) == "james"
+    (tmp_path / "orphan.flac").write_bytes(b"not audio")
+    with pytest.raises(VoiceEditError, match="orphan.flac"):
+        library.check_free("orphan")
+    broken = tmp_path / "presets.toml"
+    broken.write_text("[this is not toml")
+    with pytest.raises(VoiceEditError) as caught:
+        library.add_preset("x", instruct="A.", language="en", summary="A", seed=1, anchor_text="Hi.")
+    assert caught.value.code == "presets-unreadable" and broken.read_text() == "[this is not toml"
+
+
+def test_anchor_specs_follow_description_language_seed_text_and_model(tmp_path: Path) -> None:
+    catalog = VoiceCatalog(None, {ModelKind.VOICE_DESIGN})
+    aria = catalog.get("aria")
+    spec = preset_spec(aria, "model-a")
+    assert spec.text == ANCHOR_TEXTS["english"] and spec.seed == preset_seed(aria.instruct or "", "english")
+    assert preset_spec(aria, "model-a").key == spec.key  # stable
+    variants = [
+        AnchorSpec(spec.instruct + " Slower.", spec.language, spec.seed, spec.text, spec.model),
+        AnchorSpec(spec.instruct, "german", spec.seed, spec.text, spec.model),
+        AnchorSpec(spec.instruct, spec.language, spec.seed + 1, spec.text, spec.model),
+        AnchorSpec(spec.instruct, spec.language, spec.seed, "Other words.", spec.model),
+        AnchorSpec(spec.instruct, spec.language, spec.seed, spec.text, "model-b"),
+    ]
+    assert len({v.key for v in variants} | {spec.key}) == 6
+    assert set(ANCHOR_TEXTS) == {"english", "german", "french", "spanish", "italian", "portuguese", "russian", "chinese", "japanese", "korean"}
+
+    store = AnchorStore(tmp_path / "anchors")
+    assert store.load(spec) is None
+    audio = (0.2 * np.sin(np.arange(24000 * 7) / 10)).astype(np.float32)
+    reference = store.save(spec, audio, "aria")
+    assert reference.transcript == spec.text and AnchorStore(tmp_path / "anchors").load(spec) is not None
+    assert AnchorStore(tmp_path / "anchors").load(spec).digest == reference.digest  # type: ignore[union-attr]
+    (tmp_path / "anchors" / f"{spec.key}.json").unlink()  # incomplete: never used
+    assert AnchorStore(tmp_path / "anchors").load(spec) is None
+
+
+def test_model_identity_uses_hub_blob_names_and_content(tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    (local / "speech_tokenizer").mkdir(parents=True)
+    (local / "config.json").write_text("{}")
+    (local / "model.safetensors").write_bytes(b"weights-1")
+    (local / "speech_tokenizer" / "model.safetensors").write_bytes(b"codec")
+    cache = tmp_path / "digests.json"
+    first = model_identity(local, cache)
+    assert model_identity(local, cache) == first and cache.is_file()
+    (local / "model.safetensors").write_bytes(b"weights-2")
+    assert model_identity(local, cache) != first
+    # a Hugging Face snapshot: weight files are links to blobs named by their SHA-256
+    blob = tmp_path / "blobs" / ("ab" * 32)
+    blob.parent.mkdir()
+    blob.write_bytes(b"anything")
+    hub = tmp_path / "snapshot"
+    hub.mkdir()
+    (hub / "config.json").write_text("{}")
+    (hub / "model.safetensors").symlink_to(blob)
+    copy = tmp_path / "snapshot2"
+    copy.mkdir()
+    (copy / "config.json").write_text("{}")
+    (copy / "model.safetensors").symlink_to(blob)
+    assert model_identity(hub) == model_identity(copy)

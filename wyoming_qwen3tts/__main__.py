@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 from pathlib import Path
@@ -15,12 +16,14 @@ import numpy as np
 from wyoming.server import AsyncServer, AsyncTcpServer
 
 from . import __version__
+from .anchors import AnchorMode, Anchors, AnchorStore
 from .audio import SAMPLE_RATE
 from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, Segment, load_engine, pick_engine, resolve_checkpoint
 from .metrics import Metrics
 from .quiet import quiet_dependencies
 from .service import DEFAULT_MAX_CHARS, TtsService
+from .studio import HA_INGRESS_PEER
 from .voices import ModelKind, Reference, VoiceCatalog
 
 _LOGGER = logging.getLogger("wyoming_qwen3tts")
@@ -60,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--http-port", type=int, default=8880, help="OpenAI-compatible endpoint port (0 = off)")
     parser.add_argument("--api-key", help="Bearer key required by the HTTP endpoint")
     parser.add_argument("--local-files-only", action="store_true", help="Never download; use only local files")
+    # Voice studio (anchors.py, studio.py)
+    parser.add_argument("--anchors", choices=["auto", "all", "used", "off"], default="auto", help="Preset anchors: all (every VoiceDesign preset rendered once in the background, then cloned by the Base model), used (the default voice and presets once used), off (presets designed live for every sentence); auto: all with CUDA, off on the CPU")
+    parser.add_argument("--ingress-peer", default=HA_INGRESS_PEER if os.environ.get("SUPERVISOR_TOKEN") else None, help="Address of Home Assistant's ingress proxy: its requests (with X-Ingress-Path) need no API key (default: 172.30.32.2 inside a Home Assistant add-on, else none)")
     parser.add_argument("--debug", action="store_true", help="Debug logging")
     parser.add_argument("--version", action="version", version=__version__)
     return parser
@@ -173,6 +179,35 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
     return engines
 
 
+async def _anchors(
+    args: argparse.Namespace, engines: dict[ModelKind, Engine], catalog: VoiceCatalog, default_voice: str
+) -> Anchors | None:
+    """The presets' anchors per ``--anchors`` (None: presets are designed live)."""
+    if ModelKind.VOICE_DESIGN not in engines:
+        return None
+    choice = args.anchors
+    if choice == "auto":
+        import torch
+
+        cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        choice = "all" if cuda else "off"
+    if choice == "off":
+        _LOGGER.info(
+            "Preset anchors are off (--anchors %s): presets are designed live for every sentence%s",
+            args.anchors, " (auto on the CPU: one anchor takes minutes there)" if args.anchors == "auto" else "",
+        )
+        return None
+    try:
+        checkpoint = await asyncio.to_thread(
+            resolve_checkpoint, args.design_model, Path(args.data_dir) / "models", True
+        )
+    except FileNotFoundError as err:
+        _LOGGER.error("Preset anchors are off: cannot find the VoiceDesign checkpoint (%s)", err)
+        return None
+    store = AnchorStore(Path(args.data_dir) / "anchors")
+    return Anchors(store, catalog, AnchorMode(choice), checkpoint, default_voice, ModelKind.BASE in engines)
+
+
 async def main(argv: list[str] | None = None) -> None:
     """Start everything, serve until SIGINT/SIGTERM, then shut down cleanly."""
     args = build_parser().parse_args(argv)
@@ -199,10 +234,13 @@ async def main(argv: list[str] | None = None) -> None:
         catalog.get(default_voice)
     except KeyError as err:
         raise SystemExit(f"--voice: {err}") from None
+    anchors = await _anchors(args, engines, catalog, default_voice)  # voice studio
     service = TtsService(
         catalog, engines, default_voice, metrics,
-        max_chars=args.max_chars, seed=args.seed, fixed_frames=args.fixed_frames,
+        max_chars=args.max_chars, seed=args.seed, fixed_frames=args.fixed_frames, anchors=anchors,
     )
+    if anchors is not None:
+        anchors.start(service.render_design)
     _LOGGER.info("%d voice(s); default %s", len(names), default_voice)
 
     from .handler import handler_factory
@@ -213,7 +251,9 @@ async def main(argv: list[str] | None = None) -> None:
     if args.http_port:
         from .http_api import start_http
 
-        http_runner = await start_http(service, args.http_host, args.http_port, args.api_key)
+        http_runner = await start_http(
+            service, args.http_host, args.http_port, args.api_key, ingress_peer=args.ingress_peer
+        )
     announcer = None
     if isinstance(server, AsyncTcpServer) and not args.no_zeroconf:
         uri = urlparse(args.uri)
@@ -232,6 +272,8 @@ async def main(argv: list[str] | None = None) -> None:
     if http_runner:
         await http_runner.cleanup()
     await server.stop()
+    if anchors is not None:
+        await anchors.stop()
     await asyncio.to_thread(service.stop)
 
 

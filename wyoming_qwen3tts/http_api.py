@@ -447,7 +447,10 @@ async def voices(request: web.Request) -> web.Response:
     service.catalog.refresh()
     listed = sorted(service.catalog.voices(), key=lambda v: v.name)
     return web.json_response(
-        {"default": service.default_voice, "voices": [_voice_json(v) for v in listed]}
+        {
+            "default": service.default_voice,
+            "voices": [{**_voice_json(v), **service.voice_info(v)} for v in listed],  # studio
+        }
     )
 
 
@@ -486,7 +489,9 @@ async def metrics(request: web.Request) -> web.Response:
 # --- application ------------------------------------------------------------------------
 
 
-def _middleware(service: TtsService, api_key: str | None) -> Any:
+def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | None = None) -> Any:
+    from .studio import from_ingress, is_page  # studio: the page is open, ingress is authenticated
+
     expected = api_key.encode() if api_key else None
 
     @web.middleware
@@ -495,7 +500,12 @@ def _middleware(service: TtsService, api_key: str | None) -> Any:
     ) -> web.StreamResponse:
         counted = request.path.startswith("/v1/")
         try:
-            if expected is not None and request.path not in _OPEN_PATHS:
+            if (
+                expected is not None
+                and request.path not in _OPEN_PATHS
+                and not is_page(request.path)
+                and not from_ingress(request, ingress_peer)
+            ):
                 scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
                 given = token.strip().encode() if scheme.lower() == "bearer" else b""  # RFC 7235
                 if not scheme:
@@ -531,10 +541,15 @@ def _middleware(service: TtsService, api_key: str | None) -> Any:
     return handle
 
 
-def create_app(service: TtsService, api_key: str | None = None) -> web.Application:
-    """The aiohttp application (routes and middleware) for ``service``."""
+def create_app(
+    service: TtsService, api_key: str | None = None, ingress_peer: str | None = None
+) -> web.Application:
+    """The aiohttp application (routes and middleware) for ``service``.
+
+    ``ingress_peer``: address of Home Assistant's ingress proxy; its requests need no key.
+    """
     app = web.Application(
-        middlewares=[_middleware(service, api_key)],
+        middlewares=[_middleware(service, api_key, ingress_peer)],
         client_max_size=max(1 << 20, 8 * service.max_chars + (64 << 10)),
     )
     app[_SERVICE_KEY] = service
@@ -544,6 +559,9 @@ def create_app(service: TtsService, api_key: str | None = None) -> web.Applicati
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
+    from .studio import add_routes  # the voice studio's routes and page
+
+    add_routes(app, service)
     return app
 
 
@@ -557,7 +575,7 @@ def _is_loopback(host: str) -> bool:
 
 
 async def start_http(
-    service: TtsService, host: str, port: int, api_key: str | None
+    service: TtsService, host: str, port: int, api_key: str | None, ingress_peer: str | None = None
 ) -> web.AppRunner:
     """Serve the HTTP door on ``host``:``port``; returns the started runner.
 
@@ -576,7 +594,7 @@ async def start_http(
             port,
         )
     runner = web.AppRunner(
-        create_app(service, api_key), handler_cancellation=True, shutdown_timeout=2.0
+        create_app(service, api_key, ingress_peer), handler_cancellation=True, shutdown_timeout=2.0
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port)

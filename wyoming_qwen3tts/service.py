@@ -19,13 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .anchors import ANCHOR_MAX_FRAMES, Anchors, AnchorSpec, AnchorState
 from .audio import SAMPLE_RATE
 from .engine import Engine, Segment
 from .languages import UnsupportedLanguageError, to_qwen
 from .metrics import Metrics
 from .scheduler import GenerationError, Job, Scheduler
 from .text import Segmenter, clean_text, frame_budget
-from .voices import ModelKind, UnknownVoiceError, Voice, VoiceCatalog
+from .voices import ModelKind, Reference, UnknownVoiceError, Voice, VoiceCatalog
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ class TtsService:
         seed: seed for requests that bring none (None: a random one per stream).
         fixed_frames: generate exactly this many codec frames per segment (benchmarks with
             random weights, which rarely end on their own); None caps by ``frame_budget``.
+        anchors: the presets' anchors (None: presets are always designed live).
     """
 
     def __init__(
@@ -123,8 +125,10 @@ class TtsService:
         max_chars: int = DEFAULT_MAX_CHARS,
         seed: int | None = None,
         fixed_frames: int | None = None,
+        anchors: Anchors | None = None,
     ) -> None:
         self.catalog = catalog
+        self.anchors = anchors
         self.seed = seed
         self.fixed_frames = fixed_frames
         self._engines = engines
@@ -184,6 +188,10 @@ class TtsService:
     def open(self, request: SpeechRequest, streamed: bool = True) -> SpeechStream:
         """Validate a request and open its stream (must run in the event loop).
 
+        A VoiceDesign preset whose anchor is stored is spoken by the Base model as a clone
+        of that anchor (same voice for every sentence); without its anchor, without the Base
+        model, or with the request's own ``instructions``, it is designed live.
+
         Args:
             request: what the client asked for.
             streamed: the text comes as it is written (``add_text`` deltas): the first
@@ -201,14 +209,71 @@ class TtsService:
             language = to_qwen(request.language) if request.language else voice.language
         except UnsupportedLanguageError as err:
             raise LanguageError(str(err)) from None
-        instruct = voice.instruct
+        kind, instruct, reference = voice.kind, voice.instruct, voice.reference
         if request.instructions and voice.kind is not ModelKind.BASE:
-            instruct = request.instructions.strip()
+            instruct = request.instructions.strip()  # a one-off design: always live
+        elif (
+            voice.kind is ModelKind.VOICE_DESIGN
+            and self.anchors is not None
+            and ModelKind.BASE in self._engines
+        ):
+            anchor = self.anchors.reference_for(voice)  # missing: asked for, designed live meanwhile
+            if anchor is not None:
+                kind, instruct, reference = ModelKind.BASE, None, anchor
         seed = next((s for s in (request.seed, self.seed) if s is not None), None)
         if seed is None:
             seed = random.randrange(2**31)
-        job = self._schedulers[voice.kind].open_job(asyncio.get_running_loop())
-        return SpeechStream(self, job, voice, language, instruct, seed, request.door, streamed)
+        job = self._schedulers[kind].open_job(asyncio.get_running_loop())
+        return SpeechStream(self, job, voice, language, instruct, seed, request.door, streamed, reference)
+
+    async def render_design(self, spec: AnchorSpec) -> np.ndarray:
+        """Render one VoiceDesign clip in a single generation (an anchor, or a design
+        candidate rendered exactly as its anchor would be): ``spec.text`` is not split, and
+        at most ``frame_budget(spec.text)`` codec frames, and never more than
+        ``ANCHOR_MAX_FRAMES``, are generated. It queues with the clients.
+
+        Returns:
+            float32 [n_samples] at 24 kHz.
+
+        Raises:
+            GenerationError: the model failed. RuntimeError: no VoiceDesign model.
+        """
+        if ModelKind.VOICE_DESIGN not in self._engines:
+            raise RuntimeError("the VoiceDesign model is not loaded")
+        job = self._schedulers[ModelKind.VOICE_DESIGN].open_job(asyncio.get_running_loop())
+        job.submit(
+            Segment(
+                text=spec.text,
+                language=spec.language,
+                max_new_tokens=min(frame_budget(spec.text), ANCHOR_MAX_FRAMES),
+                seed=spec.seed,
+                instruct=spec.instruct,
+            )
+        )
+        job.close()
+        chunks: list[np.ndarray] = []
+        try:
+            async for chunk in job:
+                chunks.append(chunk)
+        except BaseException:
+            job.cancel()
+            raise
+        return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+
+    def voice_info(self, voice: Voice) -> dict[str, object]:
+        """How a voice is served, for ``/v1/audio/voices``: ``source`` (shipped, user, clone,
+        builtin), ``served`` ("anchor": the Base model clones the preset's anchor;
+        "designed-live"; "clone"; "speaker") and, for presets, ``anchor`` (ready, pending,
+        waiting, failed, off)."""
+        info: dict[str, object] = {"source": voice.source.value}
+        if voice.kind is ModelKind.VOICE_DESIGN:
+            state = self.anchors.state(voice) if self.anchors is not None else AnchorState.OFF
+            anchored = state is AnchorState.READY and ModelKind.BASE in self._engines
+            info["served"] = "anchor" if anchored else "designed-live"
+            info["anchor"] = state.value
+        else:
+            info["served"] = "clone" if voice.kind is ModelKind.BASE else "speaker"
+        return info
 
     def speak(self, request: SpeechRequest, text: str) -> SpeechStream:
         """Validate a whole-text request and start speaking it (must run in the event loop).
@@ -229,6 +294,7 @@ class SpeechStream:
     Attributes:
         voice: the resolved voice.
         language: the Qwen3-TTS language used.
+        anchored: True when a preset is spoken by the Base model from its anchor.
         first_audio_s: seconds from open to the first chunk, once it came.
         samples: samples delivered so far (24 kHz).
     """
@@ -243,10 +309,13 @@ class SpeechStream:
         seed: int,
         door: str,
         streamed: bool = True,
+        reference: Reference | None = None,
     ) -> None:
         self._service = service
         self._job = job
         self.voice = voice
+        self._reference = reference
+        self.anchored = voice.kind is ModelKind.VOICE_DESIGN and reference is not None
         self.language = language
         self._instruct = instruct
         self._seed = seed
@@ -296,7 +365,7 @@ class SpeechStream:
                 seed=self._seed,
                 instruct=self._instruct,
                 speaker=self.voice.speaker,
-                reference=self.voice.reference,
+                reference=self._reference,
             )
         )
 
@@ -337,7 +406,8 @@ class SpeechStream:
         first = f"{self.first_audio_s * 1000:.0f} ms" if self.first_audio_s is not None else "none"
         _LOGGER.info(
             "%s request %s: voice %s, %d chars, %d sentence(s), first audio %s, %.2f s of audio",
-            self._door, outcome, self.voice.name, self._chars, self._segments, first, audio_s,
+            self._door, outcome, self.voice.name + (" (anchor)" if self.anchored else ""),
+            self._chars, self._segments, first, audio_s,
         )
         if outcome == "ok" and audio_s > 0:
             m.real_time_factor.labels(self._door).observe((time.monotonic() - self._opened) / audio_s)

@@ -6,11 +6,13 @@ Three sources, one namespace of voice names:
   ``<id>.txt`` transcript. With a transcript the model clones in ICL mode; without one it
   uses the speaker embedding only (x-vector).
 * **VoiceDesign presets**: ``presets.toml`` shipped in ``voices/`` plus an optional
-  ``<voices-dir>/presets.toml`` that adds or overrides entries (see the shipped file).
+  ``<voices-dir>/presets.toml`` that adds or overrides entries (see the shipped file). A
+  preset may fix its anchor's ``seed`` and ``anchor_text`` (see ``anchors``).
 * **CustomVoice speakers**: the built-in speakers of a loaded CustomVoice model.
 
-A voice is only listed when the model that speaks it is loaded. The clone folder is
-re-scanned when its files change, so voices can be added without a restart.
+A voice is only listed when the model that speaks it is loaded. The clone folder and the
+user's ``presets.toml`` are re-read when their files change, so voices can be added,
+renamed or removed without a restart (by hand, or through ``library``).
 """
 
 from __future__ import annotations
@@ -19,14 +21,15 @@ import enum
 import hashlib
 import logging
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile as sf
 
-from .languages import ALL_CODES, AUTO, SPEAKER_LANGUAGES, UnsupportedLanguageError, codes_first, to_qwen
+from .languages import ALL_CODES, AUTO, QWEN_LANGUAGES, SPEAKER_LANGUAGES, UnsupportedLanguageError, codes_first, to_qwen
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -34,7 +37,11 @@ _LOGGER = logging.getLogger(__name__)
 #: codec frames (12.5 per second) sit in the prompt and share the static KV cache.
 MAX_REFERENCE_SECONDS = 20.0
 
-_AUDIO_SUFFIXES = (".wav", ".flac")
+AUDIO_SUFFIXES = (".wav", ".flac")
+#: Name of the user's presets file in the voices folder.
+PRESETS_FILE = "presets.toml"
+#: Largest preset seed (the anchor's seed; torch seeds are 64-bit, this keeps them portable).
+MAX_PRESET_SEED = 2**32 - 1
 
 #: The shipped presets: inside the installed package, or the repository's voices/ folder.
 _SHIPPED_PRESETS = (
@@ -49,6 +56,15 @@ class ModelKind(str, enum.Enum):
     BASE = "base"
     VOICE_DESIGN = "voice_design"
     CUSTOM_VOICE = "custom_voice"
+
+
+class VoiceSource(str, enum.Enum):
+    """Where a voice comes from (decides whether the studio may rename or delete it)."""
+
+    SHIPPED = "shipped"  # a preset of the package's voices/presets.toml
+    USER = "user"  # a preset of the voices folder's presets.toml (new, or overriding a shipped one)
+    CLONE = "clone"  # a clip (and transcript) in the voices folder
+    BUILTIN = "builtin"  # a CustomVoice model's speaker
 
 
 class UnknownVoiceError(KeyError):
@@ -122,6 +138,11 @@ class Voice:
         speaker: CustomVoice speaker id or None.
         reference: clone reference or None.
         aliases: other names that select this voice.
+        source: where it comes from.
+        seed: presets: the seed their anchor is rendered with (None: derived from the
+            description, see ``anchors.preset_seed``).
+        anchor_text: presets: what their anchor says (None: the language's neutral
+            sentence, ``anchors.ANCHOR_TEXTS``).
     """
 
     name: str
@@ -133,10 +154,23 @@ class Voice:
     speaker: str | None = None
     reference: Reference | None = None
     aliases: tuple[str, ...] = field(default=())
+    source: VoiceSource = VoiceSource.SHIPPED
+    seed: int | None = None
+    anchor_text: str | None = None
 
 
-def load_presets(paths: list[Path]) -> dict[str, Voice]:
+def load_presets(
+    paths: list[Path],
+    source: VoiceSource = VoiceSource.SHIPPED,
+    base: Mapping[str, Voice] | None = None,
+) -> dict[str, Voice]:
     """Read VoiceDesign presets from TOML files; later files override earlier ones.
+
+    Args:
+        paths: the files, in order (missing ones are skipped).
+        source: recorded on every voice read.
+        base: presets these files override: an override without ``aliases`` keeps the
+            names clients already use.
 
     A malformed entry is skipped with a log line naming it; a malformed file likewise.
     """
@@ -146,35 +180,61 @@ def load_presets(paths: list[Path]) -> dict[str, Voice]:
             continue
         try:
             data = tomllib.loads(path.read_text("utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as err:
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
             _LOGGER.error("Skipping presets file %s: %s", path, err)
             continue
         for name, entry in data.items():
             try:
-                language = to_qwen(entry["language"])
-                instruct = str(entry["instruct"]).strip()
-                if not instruct:
-                    raise ValueError("empty instruct")
-                code = entry["language"].strip().lower().replace("_", "-").split("-")[0]
-                aliases = entry.get("aliases")
-                if aliases is None:  # an override keeps the names clients already use
-                    aliases = presets[name].aliases if name in presets else ()
-                if isinstance(aliases, str) or not all(isinstance(a, str) for a in aliases):
-                    raise ValueError("aliases must be a list of strings, e.g. [\"alloy\"]")
-                presets[name] = Voice(
-                    name=name,
-                    kind=ModelKind.VOICE_DESIGN,
-                    summary=str(entry.get("summary", instruct)),
-                    languages=(code,),
-                    language=language,
-                    instruct=instruct,
-                    aliases=tuple(aliases),
-                )
+                earlier = presets.get(name) or (base or {}).get(name)
+                presets[name] = _preset(name, entry, source, earlier)
             except KeyError as err:
                 _LOGGER.error("Skipping preset %r in %s: missing key %s", name, path, err)
             except (TypeError, ValueError, AttributeError, UnsupportedLanguageError) as err:
                 _LOGGER.error("Skipping preset %r in %s: %s", name, path, err)
     return presets
+
+
+def _preset(name: str, entry: Any, source: VoiceSource, earlier: Voice | None) -> Voice:
+    """One presets.toml table as a voice.
+
+    Raises:
+        KeyError, TypeError, ValueError, AttributeError, UnsupportedLanguageError: a bad entry.
+    """
+    if not isinstance(entry, dict):
+        raise TypeError("not a table: write [name] followed by its keys")
+    language = to_qwen(entry["language"])
+    if language == AUTO:
+        raise ValueError("a preset needs a language, not 'auto'")
+    instruct = str(entry["instruct"]).strip()
+    if not instruct:
+        raise ValueError("empty instruct")
+    code = entry["language"].strip().lower().replace("_", "-").split("-")[0]
+    code = next((c for c, q in QWEN_LANGUAGES.items() if q == code), code)  # "german" -> "de"
+    aliases = entry.get("aliases")
+    if aliases is None:  # an override keeps the names clients already use
+        aliases = earlier.aliases if earlier else ()
+    if isinstance(aliases, str) or not all(isinstance(a, str) for a in aliases):
+        raise ValueError("aliases must be a list of strings, e.g. [\"alloy\"]")
+    seed = entry.get("seed")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_PRESET_SEED
+    ):
+        raise ValueError(f"seed must be an integer from 0 to {MAX_PRESET_SEED}")
+    anchor_text = entry.get("anchor_text")
+    if anchor_text is not None and (not isinstance(anchor_text, str) or not anchor_text.strip()):
+        raise ValueError("anchor_text must be a non-empty string")
+    return Voice(
+        name=name,
+        kind=ModelKind.VOICE_DESIGN,
+        summary=str(entry.get("summary", instruct)),
+        languages=(code,),
+        language=language,
+        instruct=instruct,
+        aliases=tuple(aliases),
+        source=source,
+        seed=seed,
+        anchor_text=anchor_text.strip() if anchor_text else None,
+    )
 
 
 class VoiceCatalog:
@@ -191,33 +251,63 @@ class VoiceCatalog:
     ) -> None:
         self.voices_dir = voices_dir
         self.kinds = kinds
-        self._static: dict[str, Voice] = {}
-        if ModelKind.VOICE_DESIGN in kinds:
-            shipped = next((p for p in _SHIPPED_PRESETS if p.is_file()), None)
-            paths = ([shipped] if shipped else []) + ([voices_dir / "presets.toml"] if voices_dir else [])
-            self._static.update(load_presets(paths))
+        #: The shipped presets (whether or not the VoiceDesign model is loaded).
+        self.shipped: dict[str, Voice] = {}
+        shipped = next((p for p in _SHIPPED_PRESETS if p.is_file()), None)
+        if shipped:
+            self.shipped = load_presets([shipped])
+        self._speakers: dict[str, Voice] = {}
         if ModelKind.CUSTOM_VOICE in kinds:
             for speaker in custom_speakers:
-                self._static[speaker] = Voice(
+                self._speakers[speaker] = Voice(
                     name=speaker,
                     kind=ModelKind.CUSTOM_VOICE,
                     summary=f"Qwen3-TTS CustomVoice speaker {speaker}",
                     languages=codes_first(SPEAKER_LANGUAGES.get(speaker.lower())),
                     speaker=speaker,
+                    source=VoiceSource.BUILTIN,
                 )
+        self._user_presets: dict[str, Voice] = {}
+        self._presets_signature: tuple[int, int] | None = None
         self._clones: dict[str, Voice] = {}
         self._signature: tuple[tuple[str, int, int], ...] | None = None
         self.refresh()
 
-    def refresh(self) -> None:
-        """Re-read the clone library if any of its files changed (added, removed, edited)."""
+    @property
+    def presets_path(self) -> Path | None:
+        """The user's presets file (it may not exist)."""
+        return self.voices_dir / PRESETS_FILE if self.voices_dir else None
+
+    def refresh(self, force: bool = False) -> None:
+        """Re-read the user's presets and the clone library if any of their files changed
+        (added, removed, edited); ``force`` re-reads them regardless."""
+        self._refresh_presets(force)
+        self._refresh_clones(force)
+
+    def _refresh_presets(self, force: bool) -> None:
+        path = self.presets_path
+        if ModelKind.VOICE_DESIGN not in self.kinds or path is None:
+            return
+        try:
+            st = path.stat()
+            signature: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            signature = None
+        if signature == self._presets_signature and not force:
+            return
+        self._presets_signature = signature
+        self._user_presets = load_presets([path], VoiceSource.USER, self.shipped) if signature else {}
+        if signature:
+            _LOGGER.info("User presets %s: %d voice(s)", path, len(self._user_presets))
+
+    def _refresh_clones(self, force: bool) -> None:
         if ModelKind.BASE not in self.kinds or self.voices_dir is None or not self.voices_dir.is_dir():
             return
         signature_items: list[tuple[str, int, int]] = []
         files: list[Path] = []
         for path in sorted(self.voices_dir.iterdir()):
-            if path.suffix.lower() not in _AUDIO_SUFFIXES + (".txt",):
-                continue
+            if path.name.startswith(".") or path.suffix.lower() not in AUDIO_SUFFIXES + (".txt",):
+                continue  # hidden: e.g. a file being written
             try:  # a dangling link or a file removed meanwhile is skipped, never fatal
                 st = path.stat()
             except OSError as err:
@@ -226,12 +316,12 @@ class VoiceCatalog:
             files.append(path)
             signature_items.append((path.name, st.st_mtime_ns, st.st_size))
         signature = tuple(signature_items)
-        if signature == self._signature:
+        if signature == self._signature and not force:
             return
         self._signature = signature
         clones: dict[str, Voice] = {}
         for path in files:
-            if path.suffix.lower() not in _AUDIO_SUFFIXES:
+            if path.suffix.lower() not in AUDIO_SUFFIXES:
                 continue
             try:
                 reference = Reference.load(path)
@@ -245,15 +335,27 @@ class VoiceCatalog:
                 summary=f"Cloned voice {path.stem} ({mode})",
                 languages=ALL_CODES,
                 reference=reference,
+                source=VoiceSource.CLONE,
             )
         self._clones = clones
         _LOGGER.info("Clone library %s: %d voice(s)", self.voices_dir, len(clones))
 
     def voices(self) -> list[Voice]:
         """Every available voice; clone ids shadow presets and speakers of the same name."""
-        merged = dict(self._static)
+        merged: dict[str, Voice] = {}
+        if ModelKind.VOICE_DESIGN in self.kinds:
+            merged.update(self.shipped)
+            merged.update(self._user_presets)
+        merged.update(self._speakers)
         merged.update(self._clones)
         return list(merged.values())
+
+    def find(self, name: str) -> Voice | None:
+        """The voice of this exact name or alias (case-insensitive), or None."""
+        try:
+            return self.get(name)
+        except UnknownVoiceError:
+            return None
 
     def get(self, name: str) -> Voice:
         """Look a voice up by name, then by alias (case-insensitive).

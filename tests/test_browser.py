@@ -1,0 +1,294 @@
+"""The voice studio page in a real headless Chromium (Debian's ``chromium`` package, driven
+by Playwright), against the real server process on tiny checkpoints.
+
+The server has an API key, so the page asks for it; the same page is also served behind a
+small reverse proxy that does what Home Assistant's ingress does (a path prefix, the
+``X-Ingress-Path`` header, requests from the trusted ingress address), where it must work
+without the key. Set ``QWEN3TTS_SCREENSHOT=docs/voice-studio.png`` to refresh the README's
+screenshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import pytest
+import soundfile as sf
+from aiohttp import web
+
+from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
+from wyoming_qwen3tts.text import frame_budget
+
+from .conftest import CLONE_TRANSCRIPT, Server, free_port, start_server, stop_server
+from .test_studio import tone, wyoming_voices
+
+CHROMIUM = "/usr/bin/chromium"
+LAUNCH_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--autoplay-policy=no-user-gesture-required",
+    # a fake microphone (a beeping tone) that needs no permission prompt
+    "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+]
+KEY = "browser-key"
+INGRESS = "/api/hassio_ingress/t0ken-Abc_123"
+#: Longest wait for one step of the page (generation on the CPU included); not a speed check.
+STEP_MS = 120_000
+
+if os.environ.get("CI"):  # CI installs both (.ci/run): never skip there
+    from playwright.sync_api import Browser, Page, expect, sync_playwright
+else:
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]'")
+    Browser, Page, expect, sync_playwright = (
+        playwright_api.Browser, playwright_api.Page, playwright_api.expect, playwright_api.sync_playwright,
+    )
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"{CHROMIUM} missing: apt-get install chromium", allow_module_level=True)
+
+expect.set_options(timeout=STEP_MS)
+T = TypeVar("T")
+
+
+def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine on a loop of its own thread (Playwright's sync API owns this one)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+@pytest.fixture(scope="module")
+def studio(checkpoints: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """All three models, anchors for the voices in use, an API key, 127.0.0.1 trusted as
+    the ingress proxy (the proxy below)."""
+    root = tmp_path_factory.mktemp("browser")
+    voices = root / "voices"
+    voices.mkdir()
+    sf.write(voices / "clone.wav", tone(1.5), 24000)
+    (voices / "clone.txt").write_text(CLONE_TRANSCRIPT)
+    srv = start_server(
+        checkpoints, voices, root / "server.log",
+        extra=["--no-zeroconf", "--anchors", "used", "--api-key", KEY, "--ingress-peer", "127.0.0.1"],
+    )
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="module")
+def ingress(studio: Server) -> Iterator[str]:
+    """A reverse proxy like Home Assistant's ingress: ``INGRESS/<path>`` is forwarded to the
+    server's ``/<path>`` with ``X-Ingress-Path: INGRESS``; it yields the page's URL."""
+    port = free_port()
+    ready = threading.Event()
+    loop = asyncio.new_event_loop()
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        headers["X-Ingress-Path"] = INGRESS
+        url = f"{studio.http_url}/{request.match_info['tail']}"
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session,
+            session.request(request.method, url, params=request.query, headers=headers, data=await request.read()) as upstream,
+        ):
+            response = web.StreamResponse(status=upstream.status)
+            for name in ("Content-Type", "Cache-Control", "X-Voice"):
+                if name in upstream.headers:
+                    response.headers[name] = upstream.headers[name]
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    async def serve() -> web.AppRunner:
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_route("*", INGRESS + "/{tail:.*}", forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return runner
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+        runner = loop.run_until_complete(serve())
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    ready.wait(10)
+    yield f"http://127.0.0.1:{port}{INGRESS}/"
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture()
+def page(browser: Browser, studio: Server) -> Iterator[Page]:
+    """A fresh page (its own storage: no API key remembered), logged in with the key."""
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.set_default_timeout(STEP_MS)
+    page.goto(studio.http_url + "/")
+    expect(page.locator("#key-form")).to_be_visible()  # the server has a key: the page asks
+    page.fill("#key-input", KEY)
+    page.click("#key-form button")
+    expect(page.locator("#voices tbody tr[data-voice='clone']")).to_be_visible()
+    yield page
+    context.close()
+    assert not errors, errors
+
+
+def row(page: Page, voice: str) -> Any:
+    return page.locator(f"#voices tbody tr[data-voice='{voice}']")
+
+
+def stat(page: Page, name: str) -> Any:
+    return page.evaluate(f"window.studioStats.{name}")
+
+
+def wait_for(page: Page, condition: str) -> None:
+    page.wait_for_function(condition, timeout=STEP_MS)
+
+
+# --- tests ----------------------------------------------------------------------------------
+
+
+def test_page_lists_every_voice_with_kind_languages_and_serving(page: Page) -> None:
+    for voice, kind in [("aria", "Preset"), ("lena", "Preset"), ("clone", "Clone"), ("ryan", "Speaker")]:
+        expect(row(page, voice)).to_contain_text(kind)
+    expect(row(page, "lena")).to_contain_text("de")
+    expect(row(page, "aria")).to_contain_text("default")
+    expect(row(page, "clone")).to_contain_text("Rename")  # user voices can be edited...
+    expect(row(page, "aria").get_by_role("button", name="Delete")).to_have_count(0)  # ...shipped ones not
+    expect(page.locator("#key-form")).to_be_hidden()
+    page.reload()  # the key is remembered in this browser
+    expect(row(page, "clone")).to_be_visible()
+
+
+def test_a_sample_plays_to_its_end(page: Page) -> None:
+    row(page, "clone").get_by_role("button", name="▶ Play").click()
+    wait_for(page, "window.studioStats.samplesEnded >= 1")
+    assert page.evaluate("document.getElementById('player').duration") == pytest.approx(1.5, abs=0.05)
+
+
+def test_a_speaker_without_a_clip_says_a_greeting(page: Page) -> None:
+    row(page, "ryan").get_by_role("button", name="▶ Play").click()
+    wait_for(page, "window.studioStats.streamDone")
+    assert stat(page, "streamBytes") > 0
+    expect(page.locator("#message")).to_be_hidden()  # no error shown
+
+
+def test_try_box_plays_speech_while_it_streams(page: Page) -> None:
+    page.select_option("#try-voice", "clone")
+    page.fill("#try-text", "Hi")
+    page.click("#try-speak")
+    wait_for(page, "window.studioStats.streamDone")
+    samples = stat(page, "streamBytes") // 2
+    most = frame_budget("Hi") * SAMPLES_PER_FRAME
+    assert most - SAMPLES_PER_FRAME <= samples <= most and stat(page, "streamChunks") >= 1
+    expect(page.locator("#try-status")).to_contain_text("done")
+
+
+def test_upload_through_the_file_input_creates_a_voice_in_wyoming_info(page: Page, studio: Server, tmp_path: Path) -> None:
+    clip = tmp_path / "Kitchen Voice.wav"
+    sf.write(clip, tone(3.0, freq=230.0), 22050)
+    page.set_input_files("#clone-file", str(clip))
+    expect(page.locator("#clone-name")).to_have_value("Kitchen Voice")  # from the file name
+    page.fill("#clone-transcript", "This is my kitchen voice.")
+    page.click("#clone-create")
+    expect(row(page, "Kitchen Voice")).to_contain_text("Clone")
+    expect(page.locator("#message")).to_contain_text("Created the clone voice Kitchen Voice")
+    assert "Kitchen Voice" in run_async(wyoming_voices(studio))
+
+    page.fill("#clone-name", "clone")  # a taken name: the server's message is shown, nothing changes
+    page.set_input_files("#clone-file", str(clip))
+    page.fill("#clone-name", "clone")
+    page.click("#clone-create")
+    expect(page.locator("#message")).to_contain_text("already the name of the clone voice 'clone'")
+
+
+def test_record_with_the_microphone_then_clone(page: Page, studio: Server) -> None:
+    """MediaRecorder's WebM/Opus recording, uploaded and decoded by PyAV on the server."""
+    page.click("#clone-record")
+    expect(page.locator("#clone-record")).to_have_text("■ Stop recording")
+    page.wait_for_timeout(2500)  # record a little over 2 s of the fake microphone's beeps
+    page.click("#clone-record")
+    expect(page.locator("#clone-preview")).to_be_visible()
+    page.fill("#clone-name", "recorded")
+    page.click("#clone-create")
+    expect(row(page, "recorded")).to_contain_text("Clone")
+    assert "recorded" in run_async(wyoming_voices(studio))
+
+
+def test_rename_and_delete_from_the_page(page: Page, studio: Server, tmp_path: Path) -> None:
+    clip = tmp_path / "temp.wav"
+    sf.write(clip, tone(2.0), 24000)
+    page.set_input_files("#clone-file", str(clip))
+    page.fill("#clone-name", "scratch")
+    page.click("#clone-create")
+    row(page, "scratch").get_by_role("button", name="Rename").click()
+    row(page, "scratch").locator("input").fill("scratch two")
+    row(page, "scratch").get_by_role("button", name="Save").click()
+    expect(row(page, "scratch two")).to_be_visible()
+    page.once("dialog", lambda dialog: dialog.accept())
+    row(page, "scratch two").get_by_role("button", name="Delete").click()
+    expect(row(page, "scratch two")).to_have_count(0)
+    assert not {"scratch", "scratch two"} & run_async(wyoming_voices(studio))
+
+
+def test_design_candidates_side_by_side_and_keep_one(page: Page, studio: Server, tmp_path: Path) -> None:
+    page.fill("#design-description", "A cheerful young man with a light, quick voice.")
+    page.fill("#design-text", "Hello there, how are you?")
+    page.select_option("#design-count", "2")
+    page.click("#design-run")
+    candidates = page.locator(".candidate")
+    expect(candidates).to_have_count(2)
+    for index in range(2):  # each clip is loaded and playable
+        page.wait_for_function(
+            f"document.querySelectorAll('.candidate audio')[{index}].readyState >= 1", timeout=STEP_MS
+        )
+    shot = os.environ.get("QWEN3TTS_SCREENSHOT")
+    target = Path(shot) if shot else tmp_path / "voice-studio.png"
+    page.screenshot(path=str(target), full_page=True)
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if shot:  # for the README: a palette PNG is a quarter of the size
+        from PIL import Image
+
+        with Image.open(target) as image:
+            image.convert("RGB").quantize(colors=96).save(target, optimize=True)
+    candidates.nth(1).locator("input").fill("Sunny")
+    candidates.nth(1).get_by_role("button", name="Keep").click()
+    expect(row(page, "Sunny")).to_contain_text("Preset")
+    expect(row(page, "Sunny")).to_contain_text("anchor")
+    assert "Sunny" in run_async(wyoming_voices(studio))
+
+
+def test_page_works_under_the_ingress_prefix_without_the_key(browser: Browser, ingress: str) -> None:
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(STEP_MS)
+    urls: list[str] = []
+    page.on("request", lambda request: urls.append(request.url))
+    page.goto(ingress)
+    expect(row(page, "clone")).to_be_visible()
+    expect(page.locator("#key-form")).to_be_hidden()  # Home Assistant authenticated the user
+    row(page, "clone").get_by_role("button", name="▶ Play").click()
+    wait_for(page, "window.studioStats.samplesEnded >= 1")
+    assert urls and all(url.startswith(ingress) for url in urls if url.startswith("http")), urls
+    assert any(url.endswith("/v1/audio/voices/clone/sample") for url in urls)
+    context.close()

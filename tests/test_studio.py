@@ -1,0 +1,477 @@
+"""The voice studio's API end to end: the real server process on tiny checkpoints (CPU),
+aiohttp as the client, the wyoming client for ``info`` and speech.
+
+One server (Base + VoiceDesign, ``--anchors used``, an API key) serves the module; the
+anchor tests start a second process on the same folders with the Base model off. Random
+weights never emit EOS, so every generation runs to its frame cap: an anchor or a
+candidate is exactly as long as its cap, a sentence as its ``frame_budget``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import av
+import numpy as np
+import pytest
+import soundfile as sf
+from wyoming.audio import AudioChunk, AudioStop
+from wyoming.client import AsyncTcpClient
+from wyoming.error import Error
+from wyoming.info import Describe, Info
+from wyoming.tts import Synthesize, SynthesizeVoice
+
+from wyoming_qwen3tts.anchors import ANCHOR_MAX_FRAMES, ANCHOR_TEXTS
+from wyoming_qwen3tts.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from wyoming_qwen3tts.library import MAX_UPLOAD_BYTES
+from wyoming_qwen3tts.text import frame_budget
+
+from .conftest import CLONE_TRANSCRIPT, Server, start_server, stop_server
+
+KEY = "studio-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+#: A hang guard for whole requests, not a speed assertion.
+_GUARD = aiohttp.ClientTimeout(total=300)
+TEXT = "Hi"
+
+
+def tone(seconds: float, rate: int = 24000, freq: float = 190.0, level: float = 0.3) -> np.ndarray:
+    """A voiced-looking test clip: float32 [n] (a tone with a slow wobble and a little noise)."""
+    t = np.arange(int(seconds * rate)) / rate
+    wobble = 1 + 0.3 * np.sin(2 * np.pi * 3 * t)
+    noise = 0.03 * level * np.random.default_rng(int(freq)).standard_normal(len(t))
+    return (level * np.sin(2 * np.pi * freq * t) * wobble + noise).astype(np.float32)
+
+
+def encoded(audio: np.ndarray, fmt: str, rate: int = 24000) -> bytes:
+    """``audio`` as a file: wav / flac through soundfile, ogg (Opus) / mp3 through PyAV."""
+    out = io.BytesIO()
+    if fmt in ("wav", "flac"):
+        sf.write(out, audio, rate, format=fmt.upper())
+        return out.getvalue()
+    codec = {"ogg": "libopus", "mp3": "mp3"}[fmt]
+    with av.open(out, mode="w", format=fmt) as container:
+        stream = container.add_stream(codec, rate=48000 if fmt == "ogg" else rate, layout="mono")
+        frame = av.AudioFrame.from_ndarray(audio.reshape(1, -1), format="flt", layout="mono")
+        frame.sample_rate = rate
+        resampler = av.AudioResampler(format=stream.format.name, layout="mono", rate=stream.rate)
+        for piece in resampler.resample(frame) + resampler.resample(None):
+            for packet in stream.encode(piece):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(voices folder with one clone voice, server folder whose data/ holds the anchors)."""
+    root = tmp_path_factory.mktemp("studio")
+    voices = root / "voices"
+    voices.mkdir()
+    sf.write(voices / "clone.wav", tone(2.0), 24000)
+    (voices / "clone.txt").write_text(CLONE_TRANSCRIPT)
+    (root / "server").mkdir()
+    return voices, root / "server"
+
+
+@pytest.fixture(scope="module")
+def studio(checkpoints: Path, folders: tuple[Path, Path]) -> Iterator[Server]:
+    """Base + VoiceDesign, anchors for the voices in use, an API key."""
+    voices, home = folders
+    srv = start_server(
+        checkpoints, voices, home / "server.log",
+        extra=["--no-zeroconf", "--custom-voice-model", "none", "--anchors", "used", "--api-key", KEY],
+    )
+    yield srv
+    stop_server(srv)
+
+
+async def call(
+    server: Server, method: str, path: str, *, auth: bool = True, **kwargs: Any
+) -> tuple[int, bytes]:
+    """One HTTP request to the server: status and body."""
+    headers = dict(kwargs.pop("headers", {}))
+    if auth:
+        headers.update(AUTH)
+    async with (
+        aiohttp.ClientSession(timeout=_GUARD) as session,
+        session.request(method, server.http_url + path, headers=headers, **kwargs) as resp,
+    ):
+        return resp.status, await resp.read()
+
+
+def upload(name: str | None, data: bytes | None, transcript: str | None = None, filename: str = "clip.wav") -> aiohttp.FormData:
+    form = aiohttp.FormData(default_to_multipart=True)
+    if name is not None:
+        form.add_field("name", name)
+    if transcript is not None:
+        form.add_field("transcript", transcript)
+    if data is not None:
+        form.add_field("file", data, filename=filename, content_type="application/octet-stream")
+    return form
+
+
+async def voices_of(server: Server) -> dict[str, dict[str, Any]]:
+    status, body = await call(server, "GET", "/v1/audio/voices")
+    assert status == 200, body
+    return {v["name"]: v for v in json.loads(body)["voices"]}
+
+
+async def wyoming_voices(server: Server) -> set[str]:
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        await client.write_event(Describe().event())
+        while True:
+            event = await asyncio.wait_for(client.read_event(), 60)
+            assert event is not None
+            if Info.is_type(event.type):
+                return {v.name for v in Info.from_event(event).tts[0].voices}
+
+
+async def wyoming_samples(server: Server, voice: str, text: str = TEXT) -> int:
+    """Samples of one Wyoming ``synthesize`` with ``voice``."""
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name=voice)).event())
+        samples = 0
+        while True:
+            event = await asyncio.wait_for(client.read_event(), 300)
+            assert event is not None and not Error.is_type(event.type), event
+            if AudioChunk.is_type(event.type):
+                samples += len(AudioChunk.from_event(event).audio) // 2
+            elif AudioStop.is_type(event.type):
+                return samples
+
+
+async def speech(server: Server, voice: str, text: str = TEXT, **extra: Any) -> bytes:
+    status, body = await call(
+        server, "POST", "/v1/audio/speech", json={"input": text, "voice": voice, "response_format": "pcm", **extra}
+    )
+    assert status == 200, body
+    return body
+
+
+def frames_ok(samples: int, text: str = TEXT) -> bool:
+    """A whole sentence's audio: its frame budget, or one frame less (the CPU path)."""
+    most = frame_budget(text) * SAMPLES_PER_FRAME
+    return most - SAMPLES_PER_FRAME <= samples <= most and samples % SAMPLES_PER_FRAME == 0
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file of the voices folder and its content."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+# --- keys and the page ----------------------------------------------------------------------
+
+
+async def test_page_is_open_and_the_api_needs_the_key(studio: Server) -> None:
+    status, body = await call(studio, "GET", "/", auth=False)
+    assert status == 200 and b"Voice studio" in body and b'src="studio/studio.js"' in body
+    assert b"<base" not in body
+    status, body = await call(studio, "GET", "/studio/studio.js", auth=False)
+    assert status == 200 and b"v1/audio/voices" in body
+    for method, path in [("GET", "/v1/audio/voices/clone/sample"), ("POST", "/v1/audio/designs"), ("DELETE", "/v1/audio/voices/clone")]:
+        status, body = await call(studio, method, path, auth=False)
+        assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key", (method, path)
+    # The ingress header alone (not from the trusted ingress proxy) opens nothing.
+    status, _ = await call(studio, "GET", "/v1/audio/voices", auth=False, headers={"X-Ingress-Path": "/api/hassio_ingress/x"})
+    assert status == 401
+    status, body = await call(studio, "GET", "/", auth=False, headers={"X-Ingress-Path": "/api/hassio_ingress/abc"})
+    assert b'<base href="/api/hassio_ingress/abc/">' in body
+    status, body = await call(studio, "GET", "/", auth=False, headers={"X-Ingress-Path": '/x"><script>'})
+    assert b"<base" not in body
+
+
+# --- clone voices ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["flac", "ogg"])  # ogg: Opus, through PyAV
+async def test_upload_creates_a_voice_spoken_at_once_over_both_doors(studio: Server, folders: tuple[Path, Path], fmt: str) -> None:
+    voices_dir = folders[0]
+    name = f"upload {fmt}"
+    clip = encoded(tone(25.0, rate=44100), fmt, rate=44100)  # longer than the 20 s used
+    status, body = await call(studio, "POST", "/v1/audio/voices", data=upload(name, clip, "Hello there, this is me.", f"me.{fmt}"))
+    assert status == 201, body
+    created = json.loads(body)
+    assert created["name"] == name and created["kind"] == "base" and created["source"] == "clone"
+    stored, rate = sf.read(voices_dir / f"{name}.wav", dtype="float32")
+    assert rate == SAMPLE_RATE and abs(len(stored) - 20 * SAMPLE_RATE) <= 2048  # the first 20 s, resampled
+    assert (voices_dir / f"{name}.txt").read_text().strip() == "Hello there, this is me."
+    assert name in await voices_of(studio)
+    assert name in await wyoming_voices(studio)
+    assert frames_ok(await wyoming_samples(studio, name))
+    assert frames_ok(len(await speech(studio, name)) // 2)
+    status, sample = await call(studio, "GET", f"/v1/audio/voices/{name}/sample")
+    audio, rate = sf.read(io.BytesIO(sample), dtype="float32")
+    assert status == 200 and rate == SAMPLE_RATE and np.allclose(audio, stored, atol=1 / 16384)
+
+
+@pytest.mark.parametrize(
+    ("form", "status", "code"),
+    [
+        (upload("notaudio", b"this is a text file, not a recording" * 10), 400, "not-audio"),
+        (upload("picture", b"\x89PNG\r\n\x1a\n" + bytes(2000)), 400, "not-audio"),
+        (upload("short", encoded(tone(0.6), "wav")), 400, "clip-too-short"),
+        (upload("silent", encoded(np.zeros(48000, np.float32), "wav")), 400, "clip-silent"),
+        (upload("hum", encoded(tone(3.0, level=0.002), "wav")), 400, "clip-silent"),
+        (upload("", encoded(tone(2.0), "wav")), 400, "invalid-name"),
+        (upload("x" * 49, encoded(tone(2.0), "wav")), 400, "invalid-name"),
+        (upload("../escape", encoded(tone(2.0), "wav")), 400, "invalid-name"),
+        (upload("a/b", encoded(tone(2.0), "wav")), 400, "invalid-name"),
+        (upload("a\\b", encoded(tone(2.0), "wav")), 400, "invalid-name"),
+        (upload("..", encoded(tone(2.0), "wav")), 400, "invalid-name"),
+        (upload(".hidden", encoded(tone(2.0), "wav")), 400, "invalid-name"),
+        (upload("clone", encoded(tone(2.0), "wav")), 409, "name-taken"),
+        (upload("CLONE", encoded(tone(2.0), "wav")), 409, "name-taken"),
+        (upload("alloy", encoded(tone(2.0), "wav")), 409, "name-taken"),  # an alias of aria
+        (upload("aria", encoded(tone(2.0), "wav")), 409, "name-taken"),  # a shipped preset
+        (upload(None, encoded(tone(2.0), "wav")), 400, "missing-field"),
+        (upload("nofile", None), 400, "missing-field"),
+    ],
+)
+async def test_bad_uploads_are_refused_and_change_nothing(
+    studio: Server, folders: tuple[Path, Path], form: aiohttp.FormData, status: int, code: str
+) -> None:
+    before, listed = snapshot(folders[0]), await voices_of(studio)
+    got, body = await call(studio, "POST", "/v1/audio/voices", data=form)
+    error = json.loads(body)["error"]
+    assert (got, error["code"]) == (status, code), error
+    assert error["message"]
+    assert snapshot(folders[0]) == before and await voices_of(studio) == listed
+    assert studio.alive()
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("multipart/form-data", b"no boundary"),
+        ("multipart/form-data; boundary=x", b"no parts at all"),
+        ("multipart/form-data; boundary=x", b'--x\r\nContent-Disposition: form-data; name="name"\r\n\r\ncut off'),
+        ("application/json", b'{"name": "x"}'),
+    ],
+)
+async def test_malformed_forms_are_refused(studio: Server, folders: tuple[Path, Path], content_type: str, body: bytes) -> None:
+    before = snapshot(folders[0])
+    status, data = await call(studio, "POST", "/v1/audio/voices", data=body, headers={"Content-Type": content_type})
+    assert status == 400 and json.loads(data)["error"]["code"] == "invalid-body", data
+    assert snapshot(folders[0]) == before and studio.alive()
+
+
+async def test_oversized_upload_is_refused_while_streaming(studio: Server, folders: tuple[Path, Path]) -> None:
+    before = snapshot(folders[0])
+
+    async def body() -> Any:  # no Content-Length: the server must count as it reads
+        yield b"--b\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\nhuge\r\n"
+        yield b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x.wav\"\r\n\r\n"
+        for _ in range(MAX_UPLOAD_BYTES // (1 << 20) + 2):
+            yield bytes(1 << 20)
+        yield b"\r\n--b--\r\n"
+
+    headers = {"Content-Type": "multipart/form-data; boundary=b"}
+    status, data = await call(studio, "POST", "/v1/audio/voices", data=body(), headers=headers)
+    assert status == 413 and json.loads(data)["error"]["code"] == "clip-too-large"
+    headers["Content-Length"] = str(MAX_UPLOAD_BYTES + (1 << 20))  # announced: refused before reading
+    status, data = await call(studio, "POST", "/v1/audio/voices", data=bytes(MAX_UPLOAD_BYTES + (1 << 20)), headers=headers)
+    assert status == 413 and "20 MB" in json.loads(data)["error"]["message"]
+    assert snapshot(folders[0]) == before and studio.alive()
+
+
+async def test_two_uploads_of_one_name_at_once(studio: Server, folders: tuple[Path, Path]) -> None:
+    clips = [encoded(tone(4.0, freq=f), "wav") for f in (150.0, 260.0)]
+    results = await asyncio.gather(*(call(studio, "POST", "/v1/audio/voices", data=upload("twin", c)) for c in clips))
+    statuses = sorted(status for status, _ in results)
+    assert statuses == [201, 409], results
+    refused = json.loads(next(body for status, body in results if status == 409))["error"]
+    assert refused["code"] in ("name-busy", "name-taken") and "twin" in refused["message"]
+    winner = next(i for i, (status, _) in enumerate(results) if status == 201)
+    stored, _ = sf.read(folders[0] / "twin.wav", dtype="float32")
+    expected, _ = sf.read(io.BytesIO(clips[winner]), dtype="float32")
+    assert np.allclose(stored, expected, atol=1 / 16384)  # one clip whole, not a mixture
+    assert not [p for p in folders[0].iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+async def test_rename_and_delete(studio: Server, folders: tuple[Path, Path]) -> None:
+    status, body = await call(studio, "POST", "/v1/audio/voices", data=upload("tobe", encoded(tone(2.0), "wav"), "Words."))
+    assert status == 201, body
+    status, body = await call(studio, "PATCH", "/v1/audio/voices/tobe", json={"name": "renamed voice"})
+    assert status == 200 and json.loads(body)["name"] == "renamed voice"
+    assert (folders[0] / "renamed voice.wav").is_file() and (folders[0] / "renamed voice.txt").read_text().strip() == "Words."
+    assert not (folders[0] / "tobe.wav").exists()
+    assert {"renamed voice"} <= await wyoming_voices(studio) and "tobe" not in await wyoming_voices(studio)
+    assert frames_ok(len(await speech(studio, "renamed voice")) // 2)
+    status, _ = await call(studio, "GET", "/v1/audio/voices/tobe/sample")
+    assert status == 404
+
+    for path, body, status_code, code in [
+        ("/v1/audio/voices/renamed%20voice", {"name": "clone"}, 409, "name-taken"),
+        ("/v1/audio/voices/renamed%20voice", {"name": "a/b"}, 400, "invalid-name"),
+        ("/v1/audio/voices/renamed%20voice", {}, 400, "invalid-name"),
+        ("/v1/audio/voices/aria", {"name": "other"}, 403, "shipped-preset"),
+        ("/v1/audio/voices/nobody", {"name": "other"}, 404, "unknown-voice"),
+    ]:
+        before = snapshot(folders[0])
+        status, data = await call(studio, "PATCH", path, json=body)
+        assert (status, json.loads(data)["error"]["code"]) == (status_code, code), (path, body)
+        assert snapshot(folders[0]) == before
+    for name, status_code, code in [("james", 403, "shipped-preset"), ("nobody", 404, "unknown-voice")]:
+        status, data = await call(studio, "DELETE", f"/v1/audio/voices/{name}")
+        assert (status, json.loads(data)["error"]["code"]) == (status_code, code), name
+
+    status, body = await call(studio, "DELETE", "/v1/audio/voices/renamed%20voice")
+    assert status == 200 and json.loads(body) == {"deleted": "renamed voice"}
+    assert not [p for p in folders[0].iterdir() if p.stem == "renamed voice"]
+    assert "renamed voice" not in await wyoming_voices(studio)
+
+
+async def test_deleting_a_voice_in_use_lets_the_request_finish(studio: Server) -> None:
+    status, body = await call(studio, "POST", "/v1/audio/voices", data=upload("busy", encoded(tone(2.0), "wav"), "Busy."))
+    assert status == 201, body
+    text = "One sentence here. And a second one, spoken after the delete."
+    async with aiohttp.ClientSession(timeout=_GUARD) as session:
+        body_json = {"input": text, "voice": "busy", "response_format": "pcm"}
+        async with session.post(studio.http_url + "/v1/audio/speech", json=body_json, headers=AUTH) as resp:
+            assert resp.status == 200  # headers come with the first audio: the request is running
+            first = await resp.content.read(2)
+            status, _ = await call(studio, "DELETE", "/v1/audio/voices/busy")
+            assert status == 200
+            rest = await resp.read()
+    samples = (len(first) + len(rest)) // 2
+    budget = (frame_budget("One sentence here.") + frame_budget("And a second one, spoken after the delete.")) * SAMPLES_PER_FRAME
+    assert budget - 2 * SAMPLES_PER_FRAME <= samples <= budget  # both sentences, whole
+    status, body = await call(studio, "POST", "/v1/audio/speech", json={"input": TEXT, "voice": "busy"})
+    assert status == 404 and json.loads(body)["error"]["code"] == "unknown-voice"
+
+
+# --- design ---------------------------------------------------------------------------------
+
+
+async def test_design_candidates_keep_one_and_override_a_shipped_preset(studio: Server, folders: tuple[Path, Path]) -> None:
+    request = {"description": "A gravelly old sea captain.", "language": "en", "text": "Ahoy there, friends.", "count": 2, "seed": 40}
+    status, body = await call(studio, "POST", "/v1/audio/designs", json=request)
+    assert status == 200, body
+    design = json.loads(body)
+    assert [c["seed"] for c in design["candidates"]] == [40, 41]
+    cap = min(frame_budget("Ahoy there, friends."), ANCHOR_MAX_FRAMES)
+    clips = []
+    for candidate in design["candidates"]:
+        status, wav = await call(studio, "GET", "/" + candidate["sample"])
+        audio, rate = sf.read(io.BytesIO(wav), dtype="float32")
+        assert status == 200 and rate == SAMPLE_RATE and cap - 1 <= len(audio) / SAMPLES_PER_FRAME <= cap
+        clips.append(wav)
+    assert clips[0] != clips[1]  # each candidate its own seed
+
+    kept = design["candidates"][1]
+    status, body = await call(studio, "POST", f"/v1/audio/designs/{kept['id']}/keep", json={"name": "captain", "summary": "Sea captain"})
+    assert status == 201, body
+    preset = json.loads(body)
+    assert preset["kind"] == "voice_design" and preset["source"] == "user"
+    assert preset["served"] == "anchor" and preset["anchor"] == "ready"
+    status, sample = await call(studio, "GET", "/v1/audio/voices/captain/sample")
+    assert status == 200 and sample == clips[1]  # the kept clip is the preset's anchor
+    presets = (folders[0] / "presets.toml").read_text()
+    assert "[captain]" in presets and "seed = 41" in presets and 'anchor_text = "Ahoy there, friends."' in presets
+    assert "captain" in await wyoming_voices(studio)
+    assert frames_ok(await wyoming_samples(studio, "captain"))
+
+    status, body = await call(studio, "POST", f"/v1/audio/designs/{kept['id']}/keep", json={"name": "james"})
+    assert status == 409 and json.loads(body)["error"]["code"] == "name-taken"
+    status, body = await call(studio, "POST", f"/v1/audio/designs/{kept['id']}/keep", json={"name": "james", "replace": True})
+    assert status == 201, body
+    james = (await voices_of(studio))["james"]
+    assert james["source"] == "user" and james["summary"] == "A gravelly old sea captain." and "onyx" in james["aliases"]
+    status, body = await call(studio, "DELETE", "/v1/audio/voices/james")  # the override goes, the shipped one comes back
+    assert status == 200
+    assert (await voices_of(studio))["james"]["source"] == "shipped"
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"language": "en"}, "missing-field"),
+        ({"description": "A voice.", "language": "auto"}, "invalid-value"),
+        ({"description": "A voice.", "language": "klingon"}, "unsupported-language"),
+        ({"description": "A voice.", "language": "en", "count": 9}, "invalid-value"),
+        ({"description": "A voice.", "language": "en", "text": "word " * 40}, "text-too-long"),
+        ({"description": "A voice.", "language": "en", "text": "🎉"}, "empty-text"),
+        ({"description": "A voice.", "language": "en", "seed": -1}, "invalid-value"),
+    ],
+)
+async def test_bad_design_requests(studio: Server, body: dict[str, Any], code: str) -> None:
+    status, data = await call(studio, "POST", "/v1/audio/designs", json=body)
+    assert status == 400 and json.loads(data)["error"]["code"] == code, data
+
+
+async def test_keep_refuses_unknown_candidates_and_bad_names(studio: Server, folders: tuple[Path, Path]) -> None:
+    status, body = await call(studio, "POST", "/v1/audio/designs/nope/keep", json={"name": "x"})
+    assert status == 404 and json.loads(body)["error"]["code"] == "unknown-candidate"
+    status, body = await call(studio, "POST", "/v1/audio/designs", json={"description": "A whisper.", "language": "de", "text": "Hallo.", "count": 1})
+    candidate = json.loads(body)["candidates"][0]["id"]
+    before = snapshot(folders[0])
+    for name in ["", "../up", "a" * 60, "clone"]:
+        status, body = await call(studio, "POST", f"/v1/audio/designs/{candidate}/keep", json={"name": name})
+        assert status in (400, 409), body
+    assert snapshot(folders[0]) == before
+
+
+# --- anchors --------------------------------------------------------------------------------
+
+
+async def test_preset_anchor_is_stable_across_requests_and_restarts(
+    studio: Server, folders: tuple[Path, Path], checkpoints: Path
+) -> None:
+    voices_dir, home = folders
+    first = await call(studio, "GET", "/v1/audio/voices/aria/sample")
+    again = await call(studio, "GET", "/v1/audio/voices/alloy/sample")
+    assert first[0] == 200 and first == again
+    audio, rate = sf.read(io.BytesIO(first[1]), dtype="float32")
+    assert 6.0 <= len(audio) / rate <= 10.0  # the anchor sentence, within the 10 s cap
+    aria = (await voices_of(studio))["aria"]
+    assert aria["served"] == "anchor" and aria["anchor"] == "ready"
+    meta = [json.loads(p.read_text()) for p in (home / "data" / "anchors").glob("*.json") if p.name != "model-digests.json"]
+    assert any(m["preset"] == "aria" and m["text"] == ANCHOR_TEXTS["english"] for m in meta)
+    # The anchored preset: same request, same audio (the Base model clones the anchor).
+    assert await speech(studio, "aria", seed=3) == await speech(studio, "aria", seed=3)
+    assert "voice aria (anchor)" in studio.output()
+    live = studio.output().count("http request ok: voice aria, ")
+    await speech(studio, "aria", instructions="A whispering voice.")  # a one-off design: live
+    assert studio.output().count("http request ok: voice aria, ") == live + 1
+
+    # Another process on the same folders (a restart) reuses the stored anchor byte for
+    # byte; with its Base model off, presets are designed live and still speak.
+    (home / "restart").mkdir()
+    other = start_server(
+        checkpoints, voices_dir, home / "restart" / "server.log",
+        extra=["--no-zeroconf", "--custom-voice-model", "none", "--clone-model", "none",
+               "--anchors", "used", "--api-key", KEY, "--data-dir", str(home / "data")],
+    )
+    try:
+        assert await call(other, "GET", "/v1/audio/voices/aria/sample") == first
+        listed = await voices_of(other)
+        assert listed["aria"]["served"] == "designed-live" and listed["aria"]["anchor"] == "ready"
+        assert frames_ok(len(await speech(other, "aria")) // 2)
+        assert frames_ok(await wyoming_samples(other, "nova"))
+        log = other.output()
+        assert "Rendering the anchor" not in log and "presets are designed live" in log
+        assert "voice aria (anchor)" not in log
+    finally:
+        stop_server(other)
+
+
+async def test_a_new_description_gets_a_new_anchor(studio: Server, folders: tuple[Path, Path]) -> None:
+    voices_dir, home = folders
+    status, before = await call(studio, "GET", "/v1/audio/voices/aria/sample")
+    assert status == 200
+    with (voices_dir / "presets.toml").open("a", encoding="utf-8") as presets:
+        presets.write('\n[aria]\nlanguage = "en"\ninstruct = "A deep, rough male voice."\n')
+    status, changed = await call(studio, "GET", "/v1/audio/voices/aria/sample")
+    assert status == 200 and changed != before
+    meta = [json.loads(p.read_text()) for p in (home / "data" / "anchors").glob("*.json") if p.name != "model-digests.json"]
+    assert {m["instruct"] for m in meta if m["preset"] == "aria"} >= {"A deep, rough male voice."}
+    aria = (await voices_of(studio))["aria"]
+    assert aria["source"] == "user" and "alloy" in aria["aliases"] and aria["served"] == "anchor"

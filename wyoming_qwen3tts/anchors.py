@@ -1,0 +1,468 @@
+"""Anchors: each VoiceDesign preset rendered once, then cloned for every sentence.
+
+VoiceDesign samples a new voice for every generation, so a preset designed afresh for
+each sentence drifts from speaker to speaker. An *anchor* fixes it: the VoiceDesign model
+renders the preset's description once, with a fixed seed, saying a neutral sentence of
+about 6-10 s in the preset's language; from then on the Base model serves the preset as
+an ICL clone of that clip and its transcript, so every sentence and every request has the
+same voice.
+
+Anchors live in ``<data-dir>/anchors`` as ``<key>.wav`` (24 kHz 16-bit mono), ``<key>.txt``
+(the transcript) and ``<key>.json`` (what it was rendered from, written last: an anchor
+without it is incomplete). The key is a digest of the description, language, seed,
+sentence and the VoiceDesign model's identity (``model_identity``), so an edited
+description or another model gets a new anchor and a restart reuses the stored one.
+
+Missing anchors are rendered in the background after start-up, through the service's
+queue, so they take turns with clients sentence by sentence: the default voice first, then
+presets that were asked for, then (mode ``all``) the rest. Until a preset's anchor exists,
+or when the Base model is off, the preset is designed live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .audio import FRAMES_PER_SECOND, SAMPLE_RATE
+from .library import wav_bytes, write_atomic
+from .voices import MAX_PRESET_SEED, ModelKind, Reference, Voice, VoiceCatalog
+
+_LOGGER = logging.getLogger(__name__)
+
+#: Longest anchor, in codec frames (10 s at 12.5 frames per second). The sentences below
+#: take a real model about 6-8 s, so it ends them on its own; random weights never emit
+#: EOS and run to this cap, which keeps their anchors at 10 s too.
+ANCHOR_MAX_FRAMES = int(10 * FRAMES_PER_SECOND)
+
+#: Neutral sentences an anchor says, by Qwen3-TTS language: plain statements with no names,
+#: numbers in words, about 6-8 s of calm speech each.
+ANCHOR_TEXTS: dict[str, str] = {
+    "english": "Good morning. The weather is calm and clear today, and the kitchen lights will turn on at seven.",
+    "german": "Guten Morgen. Das Wetter ist heute ruhig und klar, und das Licht in der Küche geht um sieben Uhr an.",
+    "french": "Bonjour. Le temps est calme et dégagé aujourd'hui, et la lumière de la cuisine s'allumera à sept heures.",
+    "spanish": "Buenos días. Hoy el tiempo está tranquilo y despejado, y la luz de la cocina se encenderá a las siete.",
+    "italian": "Buongiorno. Oggi il tempo è calmo e sereno, e la luce della cucina si accenderà alle sette in punto.",
+    "portuguese": "Bom dia. O tempo hoje está calmo e limpo, e a luz da cozinha vai acender às sete horas da manhã.",
+    "russian": "Доброе утро. Сегодня погода тихая и ясная, а свет на кухне включится ровно в семь часов.",
+    "chinese": "早上好。今天的天气平静而晴朗，厨房的灯会在七点钟准时打开，祝你度过美好的一天。",
+    "japanese": "おはようございます。今日は穏やかに晴れています。台所の明かりは七時につきます。",
+    "korean": "좋은 아침입니다. 오늘 날씨는 맑고 잔잔하며, 부엌 불은 일곱 시에 켜집니다.",
+}
+
+
+class AnchorMode(str, enum.Enum):
+    """Which presets get anchors (``--anchors``)."""
+
+    ALL = "all"  # every preset, in the background after start-up
+    USED = "used"  # the default voice, and each preset once it is spoken or auditioned
+    OFF = "off"  # none: presets are designed live for every sentence
+
+
+class AnchorState(str, enum.Enum):
+    """Where a preset's anchor stands (``/v1/audio/voices`` field ``anchor``)."""
+
+    READY = "ready"  # rendered and stored
+    PENDING = "pending"  # waiting for its turn, or rendering
+    WAITING = "waiting"  # mode ``used``: rendered once the preset is used
+    FAILED = "failed"  # rendering failed (see the log); retried after a restart
+    OFF = "off"  # anchors are off
+
+
+@dataclass(frozen=True)
+class AnchorSpec:
+    """Everything an anchor's audio depends on.
+
+    Attributes:
+        instruct: the VoiceDesign description.
+        language: Qwen3-TTS language name ("english", ...).
+        seed: the generation's seed.
+        text: the sentence it says (its transcript).
+        model: the VoiceDesign model's identity (``model_identity``).
+    """
+
+    instruct: str
+    language: str
+    seed: int
+    text: str
+    model: str
+
+    @property
+    def key(self) -> str:
+        """File name stem: 24 hex digits of a SHA-256 of every field."""
+        fields = json.dumps(asdict(self), sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(fields.encode("utf-8")).hexdigest()[:24]
+
+
+def preset_seed(instruct: str, language: str) -> int:
+    """The seed of a preset that names none: a digest of its description and language, so
+    a preset keeps its seed when renamed and gets a new one when its description changes."""
+    digest = hashlib.sha256(f"{language}\n{instruct}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % (MAX_PRESET_SEED + 1)
+
+
+def anchor_text(language: str) -> str:
+    """The neutral sentence for a Qwen3-TTS language (English for "auto")."""
+    return ANCHOR_TEXTS.get(language, ANCHOR_TEXTS["english"])
+
+
+def preset_spec(voice: Voice, model: str) -> AnchorSpec:
+    """The anchor of a VoiceDesign preset, rendered by the model of identity ``model``."""
+    assert voice.instruct is not None, "not a VoiceDesign preset"
+    return AnchorSpec(
+        instruct=voice.instruct,
+        language=voice.language,
+        seed=voice.seed if voice.seed is not None else preset_seed(voice.instruct, voice.language),
+        text=voice.anchor_text or anchor_text(voice.language),
+        model=model,
+    )
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def model_identity(checkpoint: Path, cache: Path | None = None) -> str:
+    """A checkpoint's identity: 16 hex digits of a SHA-256 over its ``config.json`` and the
+    SHA-256 of every ``*.safetensors`` file (speech tokenizer included).
+
+    A Hugging Face cache snapshot links each weight file to a blob named by its SHA-256,
+    which is used as is; other files are hashed once and remembered in ``cache`` (a JSON
+    file) by path, size and modification time. So a re-download of the same revision keeps
+    the identity, and any change of weights or config gives a new one.
+
+    Raises:
+        OSError: the checkpoint cannot be read.
+    """
+    known: dict[str, str] = {}
+    if cache is not None and cache.is_file():
+        try:
+            known = dict(json.loads(cache.read_text("utf-8")))
+        except (OSError, ValueError, TypeError):
+            known = {}
+    digest = hashlib.sha256((checkpoint / "config.json").read_bytes())
+    changed = False
+    for path in sorted(checkpoint.rglob("*.safetensors")):
+        resolved = path.resolve()
+        if _HEX64.fullmatch(resolved.name):
+            file_digest = resolved.name
+        else:
+            st = resolved.stat()
+            stamp = f"{resolved}|{st.st_size}|{st.st_mtime_ns}"
+            file_digest = known.get(stamp, "")
+            if not file_digest:
+                file_digest = _sha256_file(resolved)
+                known[stamp] = file_digest
+                changed = True
+        digest.update(f"{path.relative_to(checkpoint).as_posix()}={file_digest}\n".encode())
+    if changed and cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(cache, json.dumps(known, indent=1).encode())
+        except OSError as err:
+            _LOGGER.warning("Cannot remember model digests in %s: %s", cache, err)
+    return digest.hexdigest()[:16]
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class AnchorStore:
+    """The anchors folder: ``<key>.wav``, ``<key>.txt`` and ``<key>.json`` per anchor.
+
+    Args:
+        folder: ``<data-dir>/anchors`` (created on the first save).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._loaded: dict[str, Reference] = {}
+
+    def load(self, spec: AnchorSpec) -> Reference | None:
+        """The stored anchor of ``spec`` as a clone reference, or None if there is none (or
+        it is incomplete or unreadable, which is logged)."""
+        key = spec.key
+        if key in self._loaded:
+            return self._loaded[key]
+        wav = self.folder / f"{key}.wav"
+        if not (self.folder / f"{key}.json").is_file() or not wav.is_file():
+            return None
+        try:
+            reference = Reference.load(wav)
+        except Exception as err:  # noqa: BLE001 - a broken anchor is rendered again
+            _LOGGER.error("Anchor %s is unreadable, rendering it again: %s", wav, err)
+            return None
+        self._loaded[key] = reference
+        return reference
+
+    def save(self, spec: AnchorSpec, audio: np.ndarray, preset: str) -> Reference:
+        """Store an anchor (float32 [n_samples] at 24 kHz) and return it as read back, so
+        that a stored anchor and a reloaded one are the same reference.
+
+        Raises:
+            OSError: the folder cannot be written.
+        """
+        self.folder.mkdir(parents=True, exist_ok=True)
+        key = spec.key
+        write_atomic(self.folder / f"{key}.txt", spec.text.encode("utf-8") + b"\n")
+        write_atomic(self.folder / f"{key}.wav", wav_bytes(audio, SAMPLE_RATE))
+        meta = {
+            **asdict(spec),
+            "preset": preset,
+            "seconds": round(len(audio) / SAMPLE_RATE, 3),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        write_atomic(
+            self.folder / f"{key}.json",
+            json.dumps(meta, indent=2, ensure_ascii=False).encode("utf-8") + b"\n",
+        )
+        self._loaded.pop(key, None)
+        reference = self.load(spec)
+        if reference is None:
+            raise OSError(f"anchor {key} was written but cannot be read back")
+        return reference
+
+
+#: Renders one anchor: float32 [n_samples] at 24 kHz (``TtsService.render_design``).
+Renderer = Callable[[AnchorSpec], Awaitable[np.ndarray]]
+
+
+class Anchors:
+    """Which presets are served from an anchor, and the background task that renders them.
+
+    Args:
+        store: the anchors folder.
+        catalog: the voice catalogue (its VoiceDesign presets get anchors).
+        mode: ``AnchorMode.ALL`` or ``USED`` (``OFF`` means no ``Anchors`` at all).
+        checkpoint: the VoiceDesign checkpoint folder (for ``model_identity``).
+        default_voice: rendered first.
+        clone_loaded: whether the Base model is loaded (else anchors only give samples).
+    """
+
+    def __init__(
+        self,
+        store: AnchorStore,
+        catalog: VoiceCatalog,
+        mode: AnchorMode,
+        checkpoint: Path,
+        default_voice: str,
+        clone_loaded: bool,
+    ) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.mode = mode
+        self.checkpoint = checkpoint
+        self.default_voice = default_voice
+        self.clone_loaded = clone_loaded
+        self.identity: str | None = None
+        self._wanted: list[str] = [default_voice]  # preset names, first come first served
+        self._failed: dict[str, str] = {}  # spec key -> error
+        self._waiters: dict[str, list[asyncio.Future[Reference]]] = {}
+        self._wake: asyncio.Event | None = None
+        self._identity_ready: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # --- queries (event loop) ---------------------------------------------------------
+
+    def spec(self, voice: Voice) -> AnchorSpec | None:
+        """The anchor ``voice`` is served from, or None (not a preset, identity not known)."""
+        if voice.instruct is None or voice.kind is not ModelKind.VOICE_DESIGN or self.identity is None:
+            return None
+        return preset_spec(voice, self.identity)
+
+    def reference_for(self, voice: Voice) -> Reference | None:
+        """The stored anchor of a preset, or None (it is then asked for: mode ``used``
+        renders it in the background)."""
+        spec = self.spec(voice)
+        reference = self.store.load(spec) if spec else None
+        if reference is None and voice.kind is ModelKind.VOICE_DESIGN:
+            self.want(voice.name)
+        return reference
+
+    def state(self, voice: Voice) -> AnchorState:
+        """Where the anchor of a preset stands."""
+        spec = self.spec(voice)
+        if spec is not None and self.store.load(spec) is not None:
+            return AnchorState.READY
+        if spec is not None and spec.key in self._failed:
+            return AnchorState.FAILED
+        if self.mode is AnchorMode.USED and voice.name not in self._wanted:
+            return AnchorState.WAITING
+        return AnchorState.PENDING
+
+    def want(self, name: str, urgent: bool = False) -> None:
+        """Queue a preset's anchor: at the back, or (``urgent``) next after the running one."""
+        if name in self._wanted:
+            if not urgent:
+                return
+            self._wanted.remove(name)
+        if urgent:
+            self._wanted.insert(0, name)
+        else:
+            self._wanted.append(name)
+        if self._wake is not None:
+            self._wake.set()
+
+    def changed(self) -> None:
+        """Presets were added or edited: look for missing anchors now."""
+        if self._wake is not None:
+            self._wake.set()
+
+    async def wait_identity(self) -> str:
+        """The VoiceDesign model's identity, once computed.
+
+        Raises:
+            RuntimeError: the checkpoint could not be read (anchors are then off).
+        """
+        if self.identity is None:
+            assert self._identity_ready is not None, "start() first"
+            await self._identity_ready.wait()
+        if self.identity is None:
+            raise RuntimeError("the VoiceDesign model could not be identified: anchors are off")
+        return self.identity
+
+    async def wait(self, voice: Voice) -> Reference:
+        """The anchor of a preset, rendered next if missing (for auditioning).
+
+        Raises:
+            RuntimeError: rendering failed (the message says why).
+        """
+        await self.wait_identity()
+        spec = self.spec(voice)
+        assert spec is not None, "not a VoiceDesign preset"
+        reference = self.store.load(spec)
+        if reference is not None:
+            return reference
+        if spec.key in self._failed:
+            raise RuntimeError(self._failed[spec.key])
+        future: asyncio.Future[Reference] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(spec.key, []).append(future)
+        self.want(voice.name, urgent=True)
+        return await future
+
+    def adopt(self, spec: AnchorSpec, audio: np.ndarray, preset: str) -> Reference:
+        """Store an anchor rendered elsewhere (a kept design candidate, rendered with
+        ``spec``).
+
+        Raises:
+            OSError: the folder cannot be written.
+        """
+        reference = self.store.save(spec, audio, preset)
+        self._failed.pop(spec.key, None)
+        self._resolve(spec.key, reference)
+        return reference
+
+    # --- background task --------------------------------------------------------------
+
+    def start(self, render: Renderer) -> None:
+        """Start the background task (call from the event loop)."""
+        self._wake = asyncio.Event()
+        self._identity_ready = asyncio.Event()
+        self._task = asyncio.create_task(self._run(render), name="anchors")
+
+    async def stop(self) -> None:
+        """Stop the background task; a render in progress is cancelled."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for waiters in self._waiters.values():
+            for future in waiters:
+                if not future.done():
+                    future.cancel()
+
+    async def _run(self, render: Renderer) -> None:
+        assert self._wake is not None and self._identity_ready is not None
+        cache = self.store.folder / "model-digests.json"
+        try:
+            self.identity = await asyncio.to_thread(model_identity, self.checkpoint, cache)
+        except OSError as err:
+            _LOGGER.error("Cannot identify the VoiceDesign model (%s): presets stay designed live", err)
+            return
+        finally:
+            self._identity_ready.set()
+        self._log_states()
+        while True:
+            voice = self._next_missing()
+            if voice is None:
+                self._wake.clear()
+                try:  # hand edits of presets.toml are noticed within a minute
+                    await asyncio.wait_for(self._wake.wait(), 60.0)
+                except asyncio.TimeoutError:
+                    pass
+                self.catalog.refresh()
+                continue
+            await self._render_one(voice, render)
+
+    def _next_missing(self) -> Voice | None:
+        """The next preset whose anchor is missing (wanted ones first), or None."""
+        presets = {v.name: v for v in self.catalog.voices() if v.kind is ModelKind.VOICE_DESIGN}
+        order = [n for n in self._wanted if n in presets]
+        if self.mode is AnchorMode.ALL:
+            order += sorted(n for n in presets if n not in order)
+        for name in order:
+            spec = self.spec(presets[name])
+            if spec is not None and spec.key not in self._failed and self.store.load(spec) is None:
+                return presets[name]
+        return None
+
+    async def _render_one(self, voice: Voice, render: Renderer) -> None:
+        spec = self.spec(voice)
+        assert spec is not None
+        started = time.monotonic()
+        _LOGGER.info("Rendering the anchor of preset %s (seed %d)", voice.name, spec.seed)
+        try:
+            audio = await render(spec)
+            reference = self.store.save(spec, audio, voice.name)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a failed anchor leaves the preset designed live
+            self._failed[spec.key] = f"Rendering the anchor of {voice.name!r} failed: {err}"
+            _LOGGER.error("%s; it stays designed live", self._failed[spec.key])
+            for future in self._waiters.pop(spec.key, []):
+                if not future.done():
+                    future.set_exception(RuntimeError(self._failed[spec.key]))
+            return
+        served = "now served by the Base model as a clone of it" if self.clone_loaded else (
+            "the Base model is off, so it stays designed live"
+        )
+        _LOGGER.info(
+            "Preset %s: anchor rendered (%.1f s of audio in %.1f s, %s); %s",
+            voice.name, len(audio) / SAMPLE_RATE, time.monotonic() - started,
+            self.store.folder / f"{spec.key}.wav", served,
+        )
+        self._resolve(spec.key, reference)
+
+    def _resolve(self, key: str, reference: Reference) -> None:
+        for future in self._waiters.pop(key, []):
+            if not future.done():
+                future.set_result(reference)
+
+    def _log_states(self) -> None:
+        presets = [v for v in self.catalog.voices() if v.kind is ModelKind.VOICE_DESIGN]
+        ready = sorted(v.name for v in presets if self.state(v) is AnchorState.READY)
+        missing = sorted(v.name for v in presets if v.name not in ready)
+        how = "served by the Base model as clones of their anchors" if self.clone_loaded else (
+            "anchors give their samples only: the Base model is off, so presets are designed live"
+        )
+        _LOGGER.info(
+            "Preset anchors (%s, VoiceDesign model %s) in %s: %d ready (%s); designed live until "
+            "rendered: %s", self.mode.value, self.identity, self.store.folder, len(ready), how,
+            ", ".join(missing) or "none",
+        )

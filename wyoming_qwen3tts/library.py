@@ -1,0 +1,464 @@
+"""Writing the voices folder: clone voices from uploaded clips, user presets, renames, deletes.
+
+Everything stays human-readable in the voices folder, in the same shapes a user writes by
+hand (see ``voices``): a clone voice is ``<name>.wav`` (24 kHz mono 16-bit PCM, at most
+``MAX_REFERENCE_SECONDS``) with ``<name>.txt`` holding its transcript; a user preset is a
+table of ``presets.toml``, edited with tomlkit so that the user's comments and layout stay.
+Every file is written to a hidden temporary file in the same folder, then renamed over its
+target (atomic on POSIX file systems), so a crash or a concurrent reader never sees half a
+file. Each change is checked in full before anything is written: a refused change leaves
+the folder as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import tempfile
+import unicodedata
+from collections.abc import Iterator
+from pathlib import Path
+
+import av
+import numpy as np
+import soundfile as sf
+import tomlkit
+
+from .audio import SAMPLE_RATE
+from .voices import (
+    AUDIO_SUFFIXES,
+    MAX_REFERENCE_SECONDS,
+    ModelKind,
+    Voice,
+    VoiceCatalog,
+    VoiceSource,
+)
+
+#: Largest uploaded clip, in bytes (20 MB: a 20 s WAV at 48 kHz stereo 32-bit is 7.7 MB).
+MAX_UPLOAD_BYTES = 20 * 1000 * 1000
+#: Shortest clip that can be cloned, in seconds.
+MIN_CLIP_SECONDS = 1.0
+#: A clip whose loudest sample stays below this (float, full scale 1.0; -40 dBFS) is silent.
+SILENCE_PEAK = 0.01
+#: Longest voice name, in characters.
+MAX_NAME_CHARS = 48
+#: Longest transcript of a clone clip, in characters (20 s of fast speech is about 400).
+MAX_TRANSCRIPT_CHARS = 1000
+_NAME_RE = re.compile(r"[\w][\w .'-]*")
+
+
+class VoiceEditError(Exception):
+    """A change to the voices the server refuses; nothing was changed.
+
+    Attributes:
+        status: HTTP status (400 bad input, 403 not allowed, 404 unknown, 409 conflict,
+            413 too large).
+        code: stable machine-readable id.
+        param: the request field at fault, or None.
+    """
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.param = status, code, param
+
+
+def check_name(name: object) -> str:
+    """A new voice name, stripped, or the reason it cannot be one.
+
+    Names become file names (``<name>.wav``) and presets.toml keys, so they may hold
+    letters, digits, spaces and ``_ - . '``, start with a letter, digit or ``_``, and never
+    hold a path separator or ``..``.
+
+    Raises:
+        VoiceEditError: 400 ``invalid-name``.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise VoiceEditError(400, "invalid-name", "The voice name is empty", "name")
+    name = unicodedata.normalize("NFC", name.strip())
+    if len(name) > MAX_NAME_CHARS:
+        message = f"The voice name is {len(name)} characters long; at most {MAX_NAME_CHARS} are allowed"
+        raise VoiceEditError(400, "invalid-name", message, "name")
+    if "/" in name or "\\" in name:
+        raise VoiceEditError(400, "invalid-name", f"The voice name {name!r} holds a path separator", "name")
+    if ".." in name:
+        raise VoiceEditError(400, "invalid-name", f"The voice name {name!r} holds '..'", "name")
+    if not _NAME_RE.fullmatch(name) or name.endswith("."):
+        message = (
+            f"The voice name {name!r} may hold only letters, digits, spaces and _ - . ' "
+            "and must start with a letter, digit or _"
+        )
+        raise VoiceEditError(400, "invalid-name", message, "name")
+    return name
+
+
+def decode_clip(data: bytes) -> np.ndarray:
+    """Decode an uploaded clip in any format FFmpeg reads (PyAV): float32 [n_samples], mono,
+    24 kHz, at most the first ``MAX_REFERENCE_SECONDS``.
+
+    Raises:
+        VoiceEditError: 413 ``clip-too-large`` (over ``MAX_UPLOAD_BYTES``), 400
+            ``not-audio`` (no audio track, or FFmpeg cannot read it), ``clip-too-short``
+            (under ``MIN_CLIP_SECONDS``), ``clip-silent`` (peak under ``SILENCE_PEAK``).
+    """
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise too_large(len(data))
+    limit = int(MAX_REFERENCE_SECONDS * SAMPLE_RATE)
+    pieces: list[np.ndarray] = []
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            if not container.streams.audio:
+                raise VoiceEditError(400, "not-audio", "The file has no audio track", "file")
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+            got = 0
+            for frame in container.decode(container.streams.audio[0]):
+                for out in resampler.resample(frame):
+                    pieces.append(out.to_ndarray().reshape(-1))
+                    got += len(pieces[-1])
+                if got >= limit:
+                    break
+            else:
+                pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
+    except (av.error.FFmpegError, ValueError, EOFError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        message = f"The file is not audio that FFmpeg can read ({reason})"
+        raise VoiceEditError(400, "not-audio", message, "file") from None
+    audio = np.concatenate(pieces)[:limit] if pieces else np.zeros(0, np.float32)
+    seconds = len(audio) / SAMPLE_RATE
+    if seconds < MIN_CLIP_SECONDS:
+        message = f"The clip is {seconds:.2f} s long; at least {MIN_CLIP_SECONDS:.0f} s is needed"
+        raise VoiceEditError(400, "clip-too-short", message, "file")
+    peak = float(np.abs(audio).max())
+    if peak < SILENCE_PEAK:
+        loudest = f"its loudest sample is {20 * np.log10(peak):.0f} dBFS" if peak > 0 else "every sample is zero"
+        message = f"The clip is silent ({loudest})"
+        raise VoiceEditError(400, "clip-silent", message, "file")
+    return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+def too_large(size: int) -> VoiceEditError:
+    """The refusal of an upload of ``size`` bytes (or more)."""
+    message = f"The clip is over the {MAX_UPLOAD_BYTES // 1_000_000} MB limit ({size:,} bytes or more)"
+    return VoiceEditError(413, "clip-too-large", message, "file")
+
+
+def check_transcript(text: object) -> str | None:
+    """An optional transcript, stripped (None when absent or blank).
+
+    Raises:
+        VoiceEditError: 400 ``invalid-transcript``.
+    """
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise VoiceEditError(400, "invalid-transcript", "The transcript must be text", "transcript")
+    text = " ".join(text.split())
+    if len(text) > MAX_TRANSCRIPT_CHARS:
+        message = f"The transcript is over {MAX_TRANSCRIPT_CHARS} characters"
+        raise VoiceEditError(400, "invalid-transcript", message, "transcript")
+    return text or None
+
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a hidden temporary file in the same folder and a
+    rename, with the permissions a plain ``open`` would give (0666 less the umask).
+
+    Raises:
+        OSError: the folder cannot be written.
+    """
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, 0o666 & ~_UMASK)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:
+    """float32 [n_samples] in [-1, 1] -> a 16-bit PCM mono WAV file's bytes (soundfile).
+    The same samples always give the same bytes."""
+    out = io.BytesIO()
+    sf.write(out, np.clip(audio, -1.0, 1.0), sample_rate, format="WAV", subtype="PCM_16")
+    return out.getvalue()
+
+
+class VoiceLibrary:
+    """The voices folder's writable side, kept consistent with ``catalog``.
+
+    Every method checks its change in full, writes, then re-reads the catalogue, so the
+    change is served at once. Call from the event loop (one change at a time); clips are
+    decoded before, off the loop, with ``decode_clip``.
+
+    Args:
+        catalog: the server's catalogue; its ``voices_dir`` is written.
+        default_voice: the server's default voice, which cannot be renamed or deleted.
+    """
+
+    def __init__(self, catalog: VoiceCatalog, default_voice: str) -> None:
+        self.catalog = catalog
+        self.default_voice = default_voice
+        self._reserved: set[str] = set()
+
+    @property
+    def folder(self) -> Path:
+        """The voices folder.
+
+        Raises:
+            VoiceEditError: 409 ``no-voices-folder`` when the server has none.
+        """
+        if self.catalog.voices_dir is None:
+            raise VoiceEditError(409, "no-voices-folder", "The server has no voices folder")
+        return self.catalog.voices_dir
+
+    # --- checks -----------------------------------------------------------------------
+
+    def check_free(self, name: object, replace_shipped: bool = False) -> str:
+        """A valid name that no voice, alias, file or running upload uses yet.
+
+        Args:
+            replace_shipped: allow the name of a shipped preset that has no user override
+                yet (the new preset overrides it).
+
+        Raises:
+            VoiceEditError: 400 ``invalid-name``, 409 ``name-taken`` / ``name-busy``.
+        """
+        name = check_name(name)
+        key = name.casefold()
+        if key in self._reserved:
+            message = f"Another change to a voice named {name!r} is in progress; try again"
+            raise VoiceEditError(409, "name-busy", message, "name")
+        taken = self.catalog.find(name)
+        shipped = {n.casefold() for n in self.catalog.shipped}
+        if taken is not None:
+            overridable = (
+                replace_shipped
+                and taken.source is VoiceSource.SHIPPED
+                and taken.name.casefold() == key
+            )
+            if not overridable:
+                what = "an alias of" if taken.name.casefold() != key else "the name of"
+                message = f"{name!r} is already {what} the {taken.source.value} voice {taken.name!r}"
+                raise VoiceEditError(409, "name-taken", message, "name")
+        elif key in shipped and not replace_shipped:
+            message = f"{name!r} is the name of a shipped preset; set replace to override it"
+            raise VoiceEditError(409, "name-taken", message, "name")
+        if self.catalog.voices_dir is not None and self.catalog.voices_dir.is_dir():
+            for path in self.catalog.voices_dir.iterdir():
+                if path.stem.casefold() == key and path.suffix.lower() in AUDIO_SUFFIXES:
+                    message = f"A file {path.name!r} already exists in the voices folder"
+                    raise VoiceEditError(409, "name-taken", message, "name")
+        return name
+
+    @contextlib.contextmanager
+    def reserve(self, name: object, replace_shipped: bool = False) -> Iterator[str]:
+        """Hold a free name (see ``check_free``) for the duration of the block, so that two
+        changes to one name at once cannot both pass their checks."""
+        name = self.check_free(name, replace_shipped)
+        self._reserved.add(name.casefold())
+        try:
+            yield name
+        finally:
+            self._reserved.discard(name.casefold())
+
+    def editable(self, name: str) -> Voice:
+        """The voice ``name`` (or alias), if the studio may rename or delete it.
+
+        Raises:
+            VoiceEditError: 404 ``unknown-voice``, 403 ``shipped-preset`` /
+                ``builtin-speaker``, 409 ``default-voice``.
+        """
+        self.catalog.refresh()
+        voice = self.catalog.find(name)
+        if voice is None:
+            raise VoiceEditError(404, "unknown-voice", f"There is no voice {name!r}", "voice")
+        if voice.source is VoiceSource.SHIPPED:
+            message = (
+                f"{voice.name!r} is a shipped preset: it cannot be renamed or deleted, only "
+                "overridden by a preset of the same name"
+            )
+            raise VoiceEditError(403, "shipped-preset", message, "voice")
+        if voice.source is VoiceSource.BUILTIN:
+            message = f"{voice.name!r} is a built-in speaker of the CustomVoice model"
+            raise VoiceEditError(403, "builtin-speaker", message, "voice")
+        if voice.name.casefold() == self.default_voice.casefold():
+            message = f"{voice.name!r} is the server's default voice (--voice); change that first"
+            raise VoiceEditError(409, "default-voice", message, "voice")
+        if voice.name.casefold() in self._reserved:
+            message = f"Another change to {voice.name!r} is in progress; try again"
+            raise VoiceEditError(409, "name-busy", message, "voice")
+        return voice
+
+    # --- changes ----------------------------------------------------------------------
+
+    def add_clone(self, name: str, audio: np.ndarray, transcript: str | None) -> Voice:
+        """Write ``<name>.wav`` (and ``<name>.txt`` when there is a transcript).
+
+        Args:
+            name: a name from ``reserve`` (checked again here).
+            audio: float32 [n_samples], mono, 24 kHz (``decode_clip``).
+            transcript: what the clip says, or None (x-vector-only cloning).
+
+        Raises:
+            VoiceEditError: 409 when the Base model is off or the name is taken; 500
+                ``write-failed`` when the folder cannot be written (nothing is left behind).
+        """
+        if ModelKind.BASE not in self.catalog.kinds:
+            message = "The cloning (Base) model is off on this server: clone voices cannot be spoken"
+            raise VoiceEditError(409, "model-not-loaded", message)
+        folder = self.folder
+        wav, txt = folder / f"{name}.wav", folder / f"{name}.txt"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if transcript:
+                write_atomic(txt, transcript.encode("utf-8") + b"\n")
+            else:
+                txt.unlink(missing_ok=True)  # an orphan transcript would turn this into ICL
+            write_atomic(wav, wav_bytes(audio, SAMPLE_RATE))
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                txt.unlink(missing_ok=True)
+            raise VoiceEditError(500, "write-failed", f"Cannot write the voices folder: {err}") from None
+        return self._reloaded(name)
+
+    def add_preset(
+        self,
+        name: str,
+        *,
+        instruct: str,
+        language: str,
+        summary: str,
+        seed: int,
+        anchor_text: str,
+    ) -> Voice:
+        """Add (or, for a shipped preset's name, override with) a table of ``presets.toml``.
+
+        Args:
+            name: a name from ``reserve``.
+            instruct: the VoiceDesign description.
+            language: BCP-47 code ("en").
+            summary: one line for voice pickers.
+            seed, anchor_text: what the preset's anchor was rendered with.
+
+        Raises:
+            VoiceEditError: 409 when the VoiceDesign model is off; 500 ``write-failed``.
+        """
+        if ModelKind.VOICE_DESIGN not in self.catalog.kinds:
+            raise VoiceEditError(409, "model-not-loaded", "The VoiceDesign model is off on this server")
+        document = self._presets_document()
+        table = tomlkit.table()
+        table.add("language", language)
+        table.add("summary", summary)
+        table.add("instruct", instruct)
+        table.add("seed", seed)
+        table.add("anchor_text", anchor_text)
+        document[name] = table
+        self._write_presets(document)
+        return self._reloaded(name)
+
+    def rename(self, old: str, new: object) -> Voice:
+        """Rename a clone voice's files or a user preset's table.
+
+        Raises:
+            VoiceEditError: as ``editable`` for ``old``, as ``check_free`` for ``new``;
+                500 ``write-failed``.
+        """
+        voice = self.editable(old)
+        new_name = self.check_free(new, replace_shipped=voice.source is VoiceSource.USER)
+        if voice.source is VoiceSource.CLONE:
+            folder = self.folder
+            moves = [
+                (path, folder / f"{new_name}{path.suffix}")
+                for path in sorted(folder.iterdir())
+                if path.stem == voice.name and path.suffix.lower() in AUDIO_SUFFIXES + (".txt",)
+            ]
+            moves.sort(key=lambda move: move[0].suffix.lower() != ".txt")  # transcript first
+            done: list[tuple[Path, Path]] = []
+            try:
+                for source, target in moves:
+                    os.rename(source, target)
+                    done.append((source, target))
+            except OSError as err:
+                for source, target in reversed(done):
+                    with contextlib.suppress(OSError):
+                        os.rename(target, source)
+                raise VoiceEditError(500, "write-failed", f"Cannot rename: {err}") from None
+        else:
+            document = self._presets_document()
+            table = document[voice.name]
+            del document[voice.name]
+            document[new_name] = table
+            self._write_presets(document)
+        return self._reloaded(new_name)
+
+    def delete(self, name: str) -> Voice:
+        """Delete a clone voice's files or a user preset's table (a shipped preset it
+        overrode comes back). Requests already speaking with it finish: they hold the voice.
+
+        Returns:
+            the deleted voice.
+
+        Raises:
+            VoiceEditError: as ``editable``; 500 ``write-failed``.
+        """
+        voice = self.editable(name)
+        try:
+            if voice.source is VoiceSource.CLONE:
+                folder = self.folder
+                for path in sorted(folder.iterdir(), key=lambda p: p.suffix.lower() == ".txt"):
+                    if path.stem == voice.name and path.suffix.lower() in AUDIO_SUFFIXES + (".txt",):
+                        path.unlink()  # audio first: a transcript alone is never a voice
+            else:
+                document = self._presets_document()
+                del document[voice.name]
+                self._write_presets(document)
+        except OSError as err:
+            raise VoiceEditError(500, "write-failed", f"Cannot delete {voice.name!r}: {err}") from None
+        self.catalog.refresh(force=True)
+        return voice
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _presets_document(self) -> tomlkit.TOMLDocument:
+        path = self.catalog.presets_path
+        if path is None:
+            raise VoiceEditError(409, "no-voices-folder", "The server has no voices folder")
+        try:
+            text = path.read_text("utf-8") if path.is_file() else ""
+            return tomlkit.parse(text)
+        except (OSError, UnicodeDecodeError, tomlkit.exceptions.ParseError) as err:
+            message = f"{path} cannot be read ({err}); fix or remove it first"
+            raise VoiceEditError(409, "presets-unreadable", message) from None
+
+    def _write_presets(self, document: tomlkit.TOMLDocument) -> None:
+        path = self.catalog.presets_path
+        assert path is not None
+        text = tomlkit.dumps(document)
+        if not text.lstrip().startswith("#"):
+            header = (
+                "# VoiceDesign presets of this server (see the shipped voices/presets.toml for the keys).\n"
+                "# Written by the voice studio; edits by hand are kept.\n\n"
+            )
+            text = header + text
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, text.encode("utf-8"))
+        except OSError as err:
+            raise VoiceEditError(500, "write-failed", f"Cannot write {path}: {err}") from None
+
+    def _reloaded(self, name: str) -> Voice:
+        self.catalog.refresh(force=True)
+        voice = self.catalog.find(name)
+        if voice is None or voice.name != name:
+            raise VoiceEditError(500, "write-failed", f"{name!r} was written but cannot be read back")
+        return voice

@@ -1,0 +1,472 @@
+// Voice studio: talks to the server's /v1 API with relative URLs, so that it works at "/"
+// and under Home Assistant ingress's path prefix alike. No build step, no libraries.
+"use strict";
+
+const KEY_STORAGE = "qwen3tts-api-key";
+const SAMPLE_RATE = 24000;
+const KINDS = {voice_design: ["Preset", "preset"], base: ["Clone", "clone"], custom_voice: ["Speaker", "speaker"]};
+// What a voice without a clip (a speaker, a preset while anchors are off) says when played.
+const GREETINGS = {
+    en: "Hello! This is how I sound.", de: "Hallo! So klinge ich.", fr: "Bonjour ! Voici ma voix.",
+    es: "¡Hola! Así suena mi voz.", it: "Ciao! Questa è la mia voce.", pt: "Olá! Esta é a minha voz.",
+    ru: "Привет! Вот так звучит мой голос.", zh: "你好！这就是我的声音。", ja: "こんにちは！これが私の声です。",
+    ko: "안녕하세요! 제 목소리는 이렇습니다.",
+};
+
+const $ = (id) => document.getElementById(id);
+const state = {voices: [], defaultVoice: null, playingButton: null, tryAbort: null, recorded: null};
+// Read by the browser tests: what the streaming player received and scheduled.
+window.studioStats = {streamBytes: 0, streamChunks: 0, streamDone: false, samplesEnded: 0};
+
+// --- API ----------------------------------------------------------------------------------
+
+class ApiError extends Error {
+    constructor(status, body) {
+        const error = (body && body.error) || {};
+        super(error.message || `HTTP ${status}`);
+        this.status = status;
+        this.code = error.code;
+    }
+}
+
+function headers(extra) {
+    const result = Object.assign({}, extra || {});
+    const key = localStorage.getItem(KEY_STORAGE);
+    if (key) result["Authorization"] = "Bearer " + key;
+    return result;
+}
+
+async function api(path, options) {
+    options = options || {};
+    const response = await fetch(path, Object.assign({}, options, {headers: headers(options.headers)}));
+    if (!response.ok) {
+        let body = null;
+        try { body = await response.json(); } catch (e) { /* not JSON */ }
+        const error = new ApiError(response.status, body);
+        if (response.status === 401) askForKey();
+        throw error;
+    }
+    return response;
+}
+
+async function apiJson(path, method, body) {
+    const response = await api(path, {
+        method: method,
+        headers: {"Content-Type": "application/json"},
+        body: JSON.stringify(body),
+    });
+    return response.json();
+}
+
+const voiceUrl = (name) => "v1/audio/voices/" + encodeURIComponent(name);
+
+// --- messages and API key -------------------------------------------------------------------
+
+function say(text, kind) {
+    const box = $("message");
+    box.textContent = text;
+    box.className = "message " + (kind || "");
+    box.hidden = !text;
+}
+
+function fail(error) {
+    if (error && (error.name === "AbortError" || error.status === 401)) return;  // 401: the key form says it
+    say(error && error.message ? error.message : String(error), "error");
+}
+
+function askForKey() {
+    $("key-form").hidden = false;
+    $("key-forget").hidden = true;
+    say("This server asks for an API key: enter it at the top right.", "error");
+    $("key-input").focus();
+}
+
+$("key-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const key = $("key-input").value.trim();
+    if (!key) return;
+    localStorage.setItem(KEY_STORAGE, key);
+    $("key-input").value = "";
+    $("key-form").hidden = true;
+    $("key-forget").hidden = false;
+    say("");
+    loadVoices();
+});
+
+$("key-forget").addEventListener("click", () => {
+    localStorage.removeItem(KEY_STORAGE);
+    $("key-forget").hidden = true;
+    loadVoices();
+});
+
+// --- voice list -----------------------------------------------------------------------------
+
+function el(tag, props, children) {
+    const node = document.createElement(tag);
+    Object.assign(node, props || {});
+    for (const child of children || []) node.append(child);
+    return node;
+}
+
+function button(text, onClick, className) {
+    const node = el("button", {type: "button", textContent: text, className: "small " + (className || "")});
+    node.addEventListener("click", onClick);
+    return node;
+}
+
+function servedCell(voice) {
+    if (voice.served === "anchor") {
+        return el("span", {className: "served-anchor", textContent: "anchor",
+            title: "Spoken by the Base model as a clone of its anchor clip: the same voice every time"});
+    }
+    if (voice.served === "designed-live") {
+        const why = {pending: "anchor on its way", waiting: "anchor when used", failed: "anchor failed",
+            off: "anchors off", ready: "Base model off"}[voice.anchor] || "";
+        return el("span", {className: "served-live", textContent: "designed live",
+            title: "Designed afresh from its description for each sentence"},
+            why ? [el("span", {className: "sub", textContent: why})] : []);
+    }
+    return el("span", {textContent: voice.served});
+}
+
+function languagesText(codes) {
+    return codes.length >= 10 ? "all ten" : codes.join(" ");
+}
+
+async function loadVoices() {
+    let listing;
+    try {
+        listing = await (await api("v1/audio/voices")).json();
+    } catch (error) {
+        if (error.status !== 401) fail(error);
+        return;
+    }
+    if (localStorage.getItem(KEY_STORAGE)) $("key-forget").hidden = false;
+    state.voices = listing.voices;
+    state.defaultVoice = listing.default;
+    renderVoices();
+}
+
+function renderVoices() {
+    const body = $("voices").querySelector("tbody");
+    body.replaceChildren();
+    for (const voice of state.voices) {
+        const [kindText, kindClass] = KINDS[voice.kind] || [voice.kind, ""];
+        const nameCell = el("td", {className: "name"}, [voice.name]);
+        if (voice.name === state.defaultVoice) nameCell.append(el("span", {className: "default-mark", textContent: "default"}));
+        if (voice.aliases.length) nameCell.append(el("span", {className: "aliases", textContent: voice.aliases.join(", ")}));
+        const editable = (voice.source === "user" || voice.source === "clone") && voice.name !== state.defaultVoice;
+        const actions = el("td", {className: "actions"}, [
+            button("▶ Play", (event) => playSample(voice, event.currentTarget)),
+            button("Try", () => { $("try-voice").value = voice.name; $("try-text").focus(); }),
+        ]);
+        if (editable) {
+            actions.append(button("Rename", () => startRename(voice, nameCell)));
+            actions.append(button("Delete", () => deleteVoice(voice), "danger"));
+        }
+        const row = el("tr", {}, [
+            nameCell,
+            el("td", {}, [el("span", {className: "badge " + kindClass, textContent: kindText})]),
+            el("td", {textContent: languagesText(voice.languages)}),
+            el("td", {className: "served"}, [servedCell(voice)]),
+            el("td", {className: "summary", textContent: voice.summary}),
+            actions,
+        ]);
+        row.dataset.voice = voice.name;
+        body.append(row);
+    }
+    $("voice-count").textContent = state.voices.length + " voices";
+    const select = $("try-voice");
+    const chosen = select.value || state.defaultVoice;
+    select.replaceChildren(...state.voices.map((v) => el("option", {value: v.name, textContent: v.name})));
+    select.value = state.voices.some((v) => v.name === chosen) ? chosen : state.defaultVoice;
+}
+
+function startRename(voice, cell) {
+    const input = el("input", {type: "text", value: voice.name, maxLength: 48});
+    const save = button("Save", async () => {
+        try {
+            const renamed = await apiJson(voiceUrl(voice.name), "PATCH", {name: input.value});
+            say(`Renamed ${voice.name} to ${renamed.name}.`, "ok");
+            await loadVoices();
+        } catch (error) { fail(error); }
+    }, "primary");
+    const cancel = button("Cancel", () => renderVoices());
+    input.addEventListener("keydown", (event) => {
+        if (event.key === "Enter") save.click();
+        if (event.key === "Escape") cancel.click();
+    });
+    cell.replaceChildren(input, " ", save, " ", cancel);
+    input.focus();
+    input.select();
+}
+
+async function deleteVoice(voice) {
+    if (!confirm(`Delete the voice ${voice.name}? Its files are removed from the voices folder.`)) return;
+    try {
+        await api(voiceUrl(voice.name), {method: "DELETE"});
+        say(`Deleted ${voice.name}.`, "ok");
+        await loadVoices();
+    } catch (error) { fail(error); }
+}
+
+// --- playing samples ------------------------------------------------------------------------
+
+const player = $("player");
+player.addEventListener("ended", () => {
+    window.studioStats.samplesEnded += 1;
+    resetPlayButton();
+});
+
+function resetPlayButton() {
+    if (state.playingButton) state.playingButton.textContent = "▶ Play";
+    state.playingButton = null;
+}
+
+async function playBlob(url, buttonNode) {
+    resetPlayButton();
+    state.playingButton = buttonNode;
+    buttonNode.textContent = "… loading";
+    try {
+        const blob = await (await api(url)).blob();
+        if (player.src) URL.revokeObjectURL(player.src);
+        player.src = URL.createObjectURL(blob);
+        buttonNode.textContent = "■ Playing";
+        await player.play();
+    } catch (error) {
+        resetPlayButton();
+        fail(error);
+    }
+}
+
+function playSample(voice, buttonNode) {
+    if (state.playingButton === buttonNode && !player.paused) {
+        player.pause();
+        resetPlayButton();
+        return;
+    }
+    if (voice.served === "speaker" || voice.anchor === "off") {  // no clip: speak a greeting instead
+        speak(voice.name, GREETINGS[voice.languages[0]] || GREETINGS.en);
+        return;
+    }
+    if (voice.kind === "voice_design" && voice.anchor !== "ready" && voice.anchor !== "off") {
+        say(`Rendering the anchor of ${voice.name} first: this takes a moment.`);
+    }
+    playBlob(voiceUrl(voice.name) + "/sample", buttonNode).then(() => {
+        if (voice.kind === "voice_design" && voice.anchor !== "ready") loadVoices();
+    });
+}
+
+// --- streaming speech (Web Audio, 16-bit PCM as it arrives) ---------------------------------
+
+let audioContext = null;
+
+async function speak(voiceName, text) {
+    stopSpeaking();
+    const controller = new AbortController();
+    state.tryAbort = controller;
+    $("try-stop").disabled = false;
+    $("try-status").textContent = "waiting for the first audio…";
+    Object.assign(window.studioStats, {streamBytes: 0, streamChunks: 0, streamDone: false});
+    if (!audioContext) audioContext = new AudioContext({sampleRate: SAMPLE_RATE});
+    await audioContext.resume();
+    let playAt = audioContext.currentTime + 0.1;
+    let carry = null;
+    try {
+        const response = await api("v1/audio/speech", {
+            method: "POST",
+            headers: {"Content-Type": "application/json"},
+            body: JSON.stringify({input: text, voice: voiceName, response_format: "pcm"}),
+            signal: controller.signal,
+        });
+        const reader = response.body.getReader();
+        for (;;) {
+            const {done, value} = await reader.read();
+            if (done) break;
+            let bytes = value;
+            if (carry) { bytes = new Uint8Array(carry.length + value.length); bytes.set(carry); bytes.set(value, carry.length); }
+            const whole = bytes.length - (bytes.length % 2);
+            carry = whole < bytes.length ? bytes.slice(whole) : null;
+            if (!whole) continue;
+            const pcm = new Int16Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + whole));
+            const buffer = audioContext.createBuffer(1, pcm.length, SAMPLE_RATE);
+            const channel = buffer.getChannelData(0);
+            for (let i = 0; i < pcm.length; i++) channel[i] = pcm[i] / 32768;
+            const source = audioContext.createBufferSource();
+            source.buffer = buffer;
+            source.connect(audioContext.destination);
+            playAt = Math.max(playAt, audioContext.currentTime + 0.02);
+            source.start(playAt);
+            playAt += buffer.duration;
+            window.studioStats.streamBytes += whole;
+            window.studioStats.streamChunks += 1;
+            const seconds = window.studioStats.streamBytes / 2 / SAMPLE_RATE;
+            $("try-status").textContent = `playing: ${seconds.toFixed(1)} s received`;
+        }
+        window.studioStats.streamDone = true;
+        $("try-status").textContent = `done: ${(window.studioStats.streamBytes / 2 / SAMPLE_RATE).toFixed(1)} s`;
+    } catch (error) {
+        $("try-status").textContent = "";
+        fail(error);
+    } finally {
+        if (state.tryAbort === controller) {
+            state.tryAbort = null;
+            $("try-stop").disabled = true;
+        }
+    }
+}
+
+function stopSpeaking() {
+    if (state.tryAbort) state.tryAbort.abort();
+    state.tryAbort = null;
+    if (audioContext) { audioContext.close(); audioContext = null; }
+    $("try-stop").disabled = true;
+}
+
+$("try-speak").addEventListener("click", () => {
+    const text = $("try-text").value.trim();
+    if (!text) { say("Type something to say first.", "error"); return; }
+    say("");
+    speak($("try-voice").value, text);
+});
+$("try-stop").addEventListener("click", () => { stopSpeaking(); $("try-status").textContent = "stopped"; });
+
+// --- cloning: upload or record --------------------------------------------------------------
+
+let recorder = null;
+
+$("clone-file").addEventListener("change", () => {
+    const file = $("clone-file").files[0];
+    state.recorded = null;
+    showPreview(file || null);
+    if (file && !$("clone-name").value) {
+        $("clone-name").value = file.name.replace(/\.[^.]*$/, "").replace(/[^\p{L}\p{N}_ .'-]/gu, "_").slice(0, 48);
+    }
+});
+
+function showPreview(blob) {
+    const preview = $("clone-preview");
+    if (preview.src) URL.revokeObjectURL(preview.src);
+    preview.hidden = !blob;
+    preview.src = blob ? URL.createObjectURL(blob) : "";
+}
+
+if (!navigator.mediaDevices || !window.MediaRecorder) {
+    $("clone-record").disabled = true;
+    $("clone-record").title = "Recording needs HTTPS or localhost (Home Assistant's panel provides it)";
+}
+
+$("clone-record").addEventListener("click", async () => {
+    const recordButton = $("clone-record");
+    if (recorder) { recorder.stop(); return; }
+    let stream;
+    try {
+        stream = await navigator.mediaDevices.getUserMedia({audio: true});
+    } catch (error) {
+        fail(new Error("The microphone is not available: " + error.message));
+        return;
+    }
+    const chunks = [];
+    recorder = new MediaRecorder(stream);
+    recorder.addEventListener("dataavailable", (event) => chunks.push(event.data));
+    recorder.addEventListener("stop", () => {
+        stream.getTracks().forEach((track) => track.stop());
+        state.recorded = new Blob(chunks, {type: recorder.mimeType || "audio/webm"});
+        recorder = null;
+        recordButton.textContent = "Record";
+        recordButton.classList.remove("recording");
+        $("clone-file").value = "";
+        showPreview(state.recorded);
+        $("clone-status").textContent = "recorded: listen, then create the voice";
+    });
+    recorder.start();
+    recordButton.textContent = "■ Stop recording";
+    recordButton.classList.add("recording");
+    $("clone-status").textContent = "recording… read a sentence or two, then stop";
+    setTimeout(() => { if (recorder) recorder.stop(); }, 20000);  // only 20 s are used
+});
+
+$("clone-create").addEventListener("click", async () => {
+    const file = $("clone-file").files[0];
+    const clip = file || state.recorded;
+    if (!clip) { say("Choose a clip or record one first.", "error"); return; }
+    const form = new FormData();
+    form.append("name", $("clone-name").value);
+    form.append("transcript", $("clone-transcript").value);
+    form.append("file", clip, file ? file.name : "recording.webm");
+    const createButton = $("clone-create");
+    createButton.disabled = true;
+    $("clone-status").textContent = "uploading…";
+    try {
+        const voice = await (await api("v1/audio/voices", {method: "POST", body: form})).json();
+        say(`Created the clone voice ${voice.name}.`, "ok");
+        $("clone-status").textContent = "";
+        $("clone-name").value = "";
+        $("clone-transcript").value = "";
+        $("clone-file").value = "";
+        state.recorded = null;
+        showPreview(null);
+        await loadVoices();
+    } catch (error) {
+        $("clone-status").textContent = "";
+        fail(error);
+    } finally {
+        createButton.disabled = false;
+    }
+});
+
+// --- design ---------------------------------------------------------------------------------
+
+$("design-run").addEventListener("click", async () => {
+    const description = $("design-description").value.trim();
+    if (!description) { say("Describe the voice first.", "error"); return; }
+    const runButton = $("design-run");
+    runButton.disabled = true;
+    $("design-status").textContent = "designing… each candidate is a few seconds of speech";
+    $("candidates").replaceChildren();
+    say("");
+    try {
+        const body = {description: description, language: $("design-language").value,
+            count: Number($("design-count").value)};
+        const text = $("design-text").value.trim();
+        if (text) body.text = text;
+        const result = await apiJson("v1/audio/designs", "POST", body);
+        $("design-status").textContent = `${result.candidates.length} candidates`;
+        result.candidates.forEach((candidate, index) => $("candidates").append(candidateCard(candidate, index, result)));
+    } catch (error) {
+        $("design-status").textContent = "";
+        fail(error);
+    } finally {
+        runButton.disabled = false;
+    }
+});
+
+function candidateCard(candidate, index, design) {
+    const audio = el("audio", {controls: true, preload: "auto"});
+    api(candidate.sample).then((r) => r.blob()).then((blob) => { audio.src = URL.createObjectURL(blob); }).catch(fail);
+    const name = el("input", {type: "text", maxLength: 48, placeholder: "name for this voice"});
+    const keepButton = button("Keep", async () => {
+        keepButton.disabled = true;
+        try {
+            const voice = await apiJson(`v1/audio/designs/${candidate.id}/keep`, "POST",
+                {name: name.value, summary: design.description});
+            say(`Kept candidate ${index + 1} as the preset ${voice.name}.`, "ok");
+            card.classList.add("kept");
+            await loadVoices();
+        } catch (error) {
+            keepButton.disabled = false;
+            fail(error);
+        }
+    }, "primary");
+    const card = el("div", {className: "candidate"}, [
+        el("h3", {textContent: `Candidate ${index + 1}`}),
+        el("div", {className: "muted", textContent: `seed ${candidate.seed} · ${candidate.seconds.toFixed(1)} s`}),
+        audio,
+        el("div", {className: "row"}, [name, keepButton]),
+    ]);
+    card.dataset.candidate = candidate.id;
+    return card;
+}
+
+$("reload").addEventListener("click", loadVoices);
+loadVoices();
