@@ -211,6 +211,7 @@ def start_server(chunk: int, checkpoints: dict[ModelKind, Path], voices_dir: Pat
         "--design-model", str(checkpoints[ModelKind.VOICE_DESIGN]),
         "--device", "cuda", "--chunk-size", str(chunk), "--fixed-frames", str(frames),
         "--seed", str(seed), "--no-zeroconf", "--local-files-only", "--max-streams", str(max_streams),
+        "--anchors", "off",  # presets designed live, as the bare engine designs them
         "--http-host", "127.0.0.1", "--http-port", str(http_port),
     ]
     proc = subprocess.Popen(args, stdout=log.open("wb"), stderr=subprocess.STDOUT)
