@@ -6,6 +6,7 @@
 #   ckptbg   the same in the background (later stages wait on the builder's lock)
 #   profile  python -m benchmarks.profile_step
 #   bench    python -m benchmarks.bench
+#   soak     a real server on the full-size checkpoints, python -m benchmarks.soak against it
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -18,15 +19,30 @@ for stage in "$@"; do
     tests) timeout "${TESTS_S:-330}" python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 ${TESTS:-} 2>&1 | tee "$OUT/gpu-tests.log" | tail -40 ;;
     ckpt)
       for kind in voice_design base; do
-        python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > "$OUT/ckpt-$kind.log" 2>&1 &
+        python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > "/tmp/ckpt-$kind.log" 2>&1 &
       done
-      wait; tail -2 "$OUT"/ckpt-*.log ;;
+      wait; tail -2 /tmp/ckpt-*.log ;;
     ckptbg)
       for kind in voice_design base; do
-        nohup python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > "$OUT/ckpt-$kind.log" 2>&1 &
+        nohup python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > "/tmp/ckpt-$kind.log" 2>&1 &
       done ;;
     profile) timeout "${PROFILE_S:-240}" python3 -m benchmarks.profile_step --out "$OUT" 2>&1 | tee "$OUT/profile.log" | tail -45 ;;
     bench) timeout "${BENCH_S:-560}" python3 -m benchmarks.bench --out "$OUT/results" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+    soak)
+      for kind in voice_design base; do  # wait for (or build) the checkpoints
+        python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > /dev/null
+      done
+      mkdir -p /tmp/soak/voices
+      python3 -m wyoming_qwen3tts --uri tcp://127.0.0.1:10300 --http-host 127.0.0.1 --http-port 8890 \
+        --data-dir /tmp/soak/data --voices-dir /tmp/soak/voices --clone-model .ckpt/full/base \
+        --design-model .ckpt/full/voice_design --device cuda --no-zeroconf --local-files-only \
+        --max-queue 64 > /tmp/soak/server.log 2>&1 &
+      server=$!
+      for _ in $(seq 240); do grep -q "Ready: Wyoming" /tmp/soak/server.log && break; sleep 0.5; done
+      timeout "${SOAK_S:-300}" python3 -m benchmarks.soak --wyoming-port 10300 --http-port 8890 --pid $server \
+        --requests "${SOAK_REQUESTS:-1000}" --concurrency "${SOAK_CONCURRENCY:-8}" --out "$OUT/soak" 2>&1 | tail -25
+      t0=$(date +%s); kill -TERM $server; wait $server; echo "server exit $? after SIGTERM in $(( $(date +%s) - t0 )) s"
+      grep -E "ERROR|Traceback" /tmp/soak/server.log | head -5 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   echo "== $stage: $(( $(date +%s) - start )) s"
