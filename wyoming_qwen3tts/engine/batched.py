@@ -312,33 +312,39 @@ class BatchedEngine(Engine):
         for i, row in enumerate(launched.rows):
             if row.finished:
                 continue
-            sink = row.work.sink
-            if sink.cancelled():
+            try:
+                self._deliver_row(row, pcm[i], bool(eos[i]), len(launched.rows))
+            except Exception as err:  # noqa: BLE001 - a broken sink ends its own row only
+                _LOGGER.exception("Delivering audio failed; ending that stream")
                 row.finished = True
-                sink.done(row.frames)
-                continue
-            row.frames += 1
-            row.pcm.append(pcm[i].copy())
-            ended = (
-                bool(eos[i])
-                or row.frames >= row.max_frames
-                or row.prompt_len + row.frames - 1 >= self.max_len - 1
-            )
-            if len(row.pcm) >= self.chunk_frames or ended:
-                if row.first_audio is None:
-                    row.first_audio = time.monotonic() - row.admitted
-                sink.audio(np.concatenate(row.pcm))
-                row.pcm.clear()
-            if ended:
-                row.finished = True
-                sink.done(row.frames)
-                if _LOGGER.isEnabledFor(logging.DEBUG):
-                    reason = "EOS" if eos[i] else "frame cap" if row.frames >= row.max_frames else "cache end"
-                    _LOGGER.debug(
-                        "%s: %d frames (%s), first audio %.0f ms after admission, %.2f s in all, %d rows",
-                        self.kind.value, row.frames, reason, (row.first_audio or 0) * 1000,
-                        time.monotonic() - row.admitted, len(launched.rows),
-                    )
+                row.work.sink.failed(err)
+
+    def _deliver_row(self, row: _Row, pcm: np.ndarray, eos: bool, rows: int) -> None:
+        """One row's frame of a finished step: buffer it, send a chunk when one is full, and
+        end the row at EOS, its frame cap, the end of its cache, or its client's cancel."""
+        sink = row.work.sink
+        if sink.cancelled():
+            row.finished = True
+            sink.done(row.frames)
+            return
+        row.frames += 1
+        row.pcm.append(pcm.copy())
+        ended = eos or row.frames >= row.max_frames or row.prompt_len + row.frames - 1 >= self.max_len - 1
+        if len(row.pcm) >= self.chunk_frames or ended:
+            if row.first_audio is None:
+                row.first_audio = time.monotonic() - row.admitted
+            sink.audio(np.concatenate(row.pcm))
+            row.pcm.clear()
+        if ended:
+            row.finished = True
+            sink.done(row.frames)
+            if _LOGGER.isEnabledFor(logging.DEBUG):
+                reason = "EOS" if eos else "frame cap" if row.frames >= row.max_frames else "cache end"
+                _LOGGER.debug(
+                    "%s: %d frames (%s), first audio %.0f ms after admission, %.2f s in all, %d rows",
+                    self.kind.value, row.frames, reason, (row.first_audio or 0) * 1000,
+                    time.monotonic() - row.admitted, rows,
+                )
 
     def _retire(self) -> None:
         """Free the slots of finished rows, moving the last rows into the holes."""
