@@ -282,15 +282,13 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         previous = self._tail
 
         async def after_previous() -> None:
-            try:
-                if previous is not None:
-                    await asyncio.wait([previous])  # never raises the previous task's error
-            except asyncio.CancelledError:
-                work.close()  # disconnected before our turn: never started
-                raise
+            if previous is not None:
+                await asyncio.wait([previous])  # never raises the previous task's error
             await work
 
         self._tail = asyncio.create_task(after_previous())
+        # Cancelled before our turn (disconnect): ``work`` never started; close it quietly.
+        self._tail.add_done_callback(lambda _task: work.close())
 
     async def _write_audio(self, stream: SpeechStream) -> None:
         try:
