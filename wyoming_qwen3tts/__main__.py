@@ -23,7 +23,8 @@ from .audio import SAMPLE_RATE
 from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, Segment, load_engine, pick_engine, resolve_checkpoint
 from .metrics import Metrics
-from .handler import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_WRITE_TIMEOUT
+from .handler import DEFAULT_MAX_CONNECTIONS
+from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT
 from .quiet import quiet_dependencies
 from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, TtsService
 from .studio import HA_INGRESS_PEER

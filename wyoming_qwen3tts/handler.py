@@ -39,6 +39,7 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from . import __version__
 from .audio import PCM_WIDTH, SAMPLE_RATE, to_pcm16
+from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
 from .service import (
     GenerationError,
     OverloadedError,
@@ -89,10 +90,6 @@ def build_info(voices: list[Voice], backend: str) -> Info:
     return Info(tts=[program])
 
 
-#: Seconds a write may wait for the client to read before its streams are dropped.
-DEFAULT_WRITE_TIMEOUT = 20.0
-#: Seconds without traffic (and no audio owed) before a connection is closed.
-DEFAULT_IDLE_TIMEOUT = 120.0
 #: Wyoming connections kept open at once; past it the longest-idle one is closed.
 DEFAULT_MAX_CONNECTIONS = 64
 #: Malformed events in a row after which a connection is closed (junk is not a client).
@@ -141,6 +138,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
     async def run(self) -> None:
         """Read events until EOF, a fatal malformed event, or ``close``. Never raises:
         whatever ends the connection is logged once."""
+        limit_send_buffer(self.writer.get_extra_info("socket"))
         refusal = self._connections.admit(self)
         if refusal is not None:
             await self._error(refusal.args[0], refusal.code)

@@ -41,6 +41,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .encoders import FORMATS, StreamEncoder, open_encoder
+from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
 from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from . import openapi
 from .service import (
@@ -86,10 +87,6 @@ _HTTP_CODES = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large
 _SERVICE_KEY = web.AppKey("service", TtsService)
 _WRITE_TIMEOUT_KEY = web.AppKey("write_timeout", float)
 _KEYED = web.AppKey("keyed", bool)
-#: Seconds a response write may wait for the client to read before the response is dropped.
-DEFAULT_WRITE_TIMEOUT = 20.0
-#: Seconds an idle keep-alive (or silent new) connection is kept open.
-DEFAULT_IDLE_TIMEOUT = 120.0
 _CREATED = int(time.time())
 
 
@@ -418,6 +415,7 @@ async def _whole_body(
     body = encoder.finish()
     response = web.StreamResponse(headers=_headers(stream, encoder.format.content_type))
     response.content_length = len(body)
+    limit_send_buffer(request.get_extra_info("socket"))
     await response.prepare(request)
     try:
         await _write(request, response, body)
@@ -459,6 +457,7 @@ async def _stream_body(
     content_type = "text/event-stream" if sse else encoder.format.content_type
     response = web.StreamResponse(headers=_headers(stream, content_type))
     response.enable_chunked_encoding()
+    limit_send_buffer(request.get_extra_info("socket"))
     await response.prepare(request)
     send = _sse_sender(request, response) if sse else _raw_sender(request, response)
     tempo = Tempo(params.speed)
