@@ -38,6 +38,7 @@ from urllib.parse import quote
 
 import numpy as np
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .encoders import FORMATS, StreamEncoder, open_encoder
@@ -700,6 +701,24 @@ def create_app(
     return app
 
 
+class _MalformedHttpFilter(logging.Filter):
+    """aiohttp logs an unparseable request (a NUL in a header, a bad request line) at
+    ERROR with a traceback, after answering it with 400. It is the client's fault: one
+    INFO line without traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            reason = str(error.message).strip().splitlines()[0] if error.message else ""
+            record.msg, record.args = "Malformed HTTP request refused (%d): %s", (error.code, reason)
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+_MALFORMED_FILTER = _MalformedHttpFilter()
+
+
 def _is_loopback(host: str) -> bool:
     if host.lower() == "localhost":
         return True
@@ -737,6 +756,9 @@ async def start_http(
             host,
             port,
         )
+    server_logger = logging.getLogger("aiohttp.server")
+    if _MALFORMED_FILTER not in server_logger.filters:
+        server_logger.addFilter(_MALFORMED_FILTER)
     runner = web.AppRunner(
         create_app(service, api_key, ingress_peer, write_timeout),
         handler_cancellation=True,
