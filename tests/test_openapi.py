@@ -4,14 +4,19 @@ schemathesis (its CLI, as a user would run it) tests the real server on the tiny
 checkpoints against the served description: schema-conforming and schema-violating
 requests, every check but ``positive_data_acceptance`` (see ``schemathesis.toml``): no 5xx,
 no status, header, content type or body the description does not list, every violating
-request refused, the API key enforced. The server runs with ``--fixed-frames 2`` (one codec
-frame a sentence) and ``--max-chars 200`` so that generated requests cost little.
+request refused, the API key enforced; its stateful phase chains the voice-management
+routes (create, rename, delete). The server runs with ``--fixed-frames 2`` (one codec frame
+a sentence) and ``--max-chars 200`` so that generated requests cost little, on a voices
+folder of its own (the tests rename and delete voices). ``POST /v1/audio/designs`` is left
+out: each call renders up to four clips of up to 10 s, minutes of CPU time.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -33,8 +38,10 @@ EXAMPLES = int(os.environ.get("QWEN3TTS_SCHEMATHESIS_EXAMPLES", "25"))
 @pytest.fixture(scope="module")
 def described(checkpoints: Path, voices_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("server-openapi")
+    voices = folder / "voices"
+    shutil.copytree(voices_dir, voices)
     srv = start_server(
-        checkpoints, voices_dir, folder / "server.log",
+        checkpoints, voices, folder / "server.log",
         extra=["--no-zeroconf", "--fixed-frames", "2", "--max-chars", "200", "--api-key", API_KEY],
     )
     yield srv
@@ -57,6 +64,8 @@ def test_every_route_is_described() -> None:
     (a route added without ``openapi.add_paths`` fails here)."""
     import asyncio
 
+    from aiohttp import web
+
     from wyoming_qwen3tts.http_api import create_app
 
     from .stub_service import stub_service
@@ -68,6 +77,7 @@ def test_every_route_is_described() -> None:
                 (route.method.lower(), route.resource.canonical)
                 for route in app.router.routes()
                 if route.method != "HEAD" and route.resource is not None
+                and not isinstance(route.resource, web.StaticResource)  # the page's files
             }
 
     served = asyncio.run(routes())
@@ -86,6 +96,7 @@ def test_schemathesis_finds_nothing(described: Server, tmp_path: Path) -> None:
             "run", f"{described.http_url}/openapi.json",
             "--header", f"Authorization: Bearer {API_KEY}",
             "--checks", "all", "--exclude-checks", "positive_data_acceptance",
+            "--exclude-operation-id", "createDesign",
             "--max-examples", str(EXAMPLES), "--seed", "1", "--generation-database", "none",
             "--workers", "2", "--request-timeout", "120",
             "--report", "junit", "--report-junit-path", str(report),
@@ -94,7 +105,7 @@ def test_schemathesis_finds_nothing(described: Server, tmp_path: Path) -> None:
     )
     print(proc.stdout[-1500:])
     assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-2000:]
-    assert "No issues found" in proc.stdout
+    assert re.search(r"Test cases:\n\s+(\d+) generated, \1 passed", proc.stdout), proc.stdout[-3000:]
     log = described.output()
     assert described.alive()
     assert "Traceback" not in log and "never retrieved" not in log, log[-4000:]

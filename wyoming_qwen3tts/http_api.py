@@ -663,6 +663,19 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
             code = _HTTP_CODES.get(err.status, "http-error")
             keep = {k: v for k, v in err.headers.items() if k in ("Allow",)}  # 405 names methods
             return web.json_response(_error_body(err.reason, code), status=err.status, headers=keep)
+        except HttpProcessingError as err:
+            # The body turned out malformed while a handler read it (a multipart part's
+            # headers, a cut chunked body): the client's fault, found late.
+            reason = str(err.message).strip().splitlines()[0] if err.message else "malformed"
+            _LOGGER.info("HTTP %s %s refused (400 invalid-body): %s", request.method, request.path, reason)
+            body = _error_body(f"The request body is malformed: {reason}", "invalid-body")
+            return web.json_response(body, status=400)
+        except ConnectionError:
+            raise
+        except Exception:  # noqa: BLE001 - a bug: logged in full, answered in OpenAI's shape
+            _LOGGER.exception("HTTP %s %s failed", request.method, request.path)
+            body = _error_body("Internal server error (logged)", "internal-error", kind="server_error")
+            return web.json_response(body, status=500)
 
     return handle
 
@@ -708,12 +721,23 @@ class _MalformedHttpFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        if isinstance(error, HttpProcessingError):
+        if isinstance(error, HttpProcessingError) and not _raised_in_a_handler(error):
             reason = str(error.message).strip().splitlines()[0] if error.message else ""
             record.msg, record.args = "Malformed HTTP request refused (%d): %s", (error.code, reason)
             record.exc_info, record.exc_text = None, None
             record.levelno, record.levelname = logging.INFO, "INFO"
         return True
+
+
+def _raised_in_a_handler(error: BaseException) -> bool:
+    """True when ``error`` came out of a request handler (a 500: a bug, logged in full),
+    not out of aiohttp's request parser (a 400)."""
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "_handle_request":
+            return True
+        tb = tb.tb_next
+    return False
 
 
 _MALFORMED_FILTER = _MalformedHttpFilter()

@@ -6,8 +6,9 @@ server against it in ``tests/test_openapi.py``): every optional request field ma
 OpenAI's shape. Dynamic parts (the ``input`` length limit, whether the API key is
 required) come from the running server.
 
-Other modules add their routes with ``add_paths`` (e.g. the voice-management routes):
-``document`` merges every registered path item and schema into the description.
+Other modules add their routes with ``add_paths``: ``document`` merges every registered
+path item and schema into the description. The voice studio's routes (``studio.py``) are
+described here, in ``_studio_paths``, until that module registers its own.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ _SCHEMAS: dict[str, Any] = {
             "summary": {"type": "string"},
             "languages": {"type": "array", "items": {"type": "string"}, "description": "BCP-47 codes."},
             "aliases": {"type": "array", "items": {"type": "string"}},
+            "source": {"type": "string", "enum": ["shipped", "user", "clone", "builtin"]},
+            "served": {"type": "string", "enum": ["anchor", "designed-live", "clone", "speaker"]},
+            "anchor": {"type": "string", "enum": ["ready", "pending", "waiting", "failed", "off"]},
         },
     },
     "VoiceList": {
@@ -214,6 +218,175 @@ def _get(operation_id: str, summary: str, responses: dict[str, Any]) -> dict[str
     return {"get": {"operationId": operation_id, "summary": summary, "responses": responses}}
 
 
+def _wav(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "headers": {"X-Voice": {"$ref": "#/components/headers/Voice"}},
+        "content": {"audio/wav": {"schema": {"type": "string", "format": "binary"}}},
+    }
+
+
+def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+def _studio_paths() -> dict[str, Any]:
+    """The voice studio's routes (``studio.add_routes``): voice management and design."""
+    voice = {"$ref": "#/components/schemas/Voice"}
+    name = {"in": "path", "required": True, "schema": {"type": "string"}}
+    edits = {
+        "400": _error("Bad name, transcript or clip."),
+        "403": _error("A shipped preset or built-in speaker cannot be changed."),
+        "404": _error("No such voice."),
+        "409": _error("Name taken, the default voice, no voices folder, or the model is off."),
+        "500": _error("The voices folder could not be written."),
+    }
+    return {
+        "/": _get(
+            "studioPage", "The voice studio page (HTML; needs no key)",
+            {"200": {"description": "The page.", "content": {"text/html": {"schema": {"type": "string"}}}}},
+        ),
+        "/v1/audio/voices": {
+            "post": {
+                "operationId": "createCloneVoice",
+                "summary": "A clone voice from an uploaded clip (the first 20 s are used)",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "multipart/form-data": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["name", "file"],
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "file": {"type": "string", "format": "binary", "description": "Any format FFmpeg reads, at most 20 MB."},
+                                    "transcript": {"type": "string"},
+                                },
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "201": _json(voice, "The new voice."),
+                    **edits,
+                    "413": _error("The clip is over 20 MB."),
+                },
+            }
+        },
+        "/v1/audio/voices/{voice}/sample": {
+            "get": {
+                "operationId": "voiceSample",
+                "summary": "The clip a voice speaks from, as WAV",
+                "parameters": [{"name": "voice", **name}],
+                "responses": {
+                    "200": _wav("A clone's reference, or a preset's anchor."),
+                    "404": _error("No such voice, or it speaks from no clip."),
+                    "500": _error("The preset's anchor could not be rendered."),
+                },
+            }
+        },
+        "/v1/audio/voices/{voice}": {
+            "patch": {
+                "operationId": "renameVoice",
+                "summary": "Rename a clone voice or user preset",
+                "parameters": [{"name": "voice", **name}],
+                "requestBody": _json_body(
+                    {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
+                ),
+                "responses": {"200": _json(voice, "The renamed voice."), **edits},
+            },
+            "delete": {
+                "operationId": "deleteVoice",
+                "summary": "Delete a clone voice or user preset",
+                "parameters": [{"name": "voice", **name}],
+                "responses": {
+                    "200": _json(
+                        {"type": "object", "required": ["deleted"], "properties": {"deleted": {"type": "string"}}},
+                        "The deleted voice's name.",
+                    ),
+                    **edits,
+                },
+            },
+        },
+        "/v1/audio/designs": {
+            "post": {
+                "operationId": "createDesign",
+                "summary": "VoiceDesign candidates for a description, each with its own seed",
+                "requestBody": _json_body(
+                    {
+                        "type": "object",
+                        "required": ["description", "language"],
+                        "properties": {
+                            "description": {"type": "string", "maxLength": _MAX_INSTRUCTIONS},
+                            "language": {"type": "string"},
+                            "text": _nullable({"type": "string"}),
+                            "count": {"type": "integer", "minimum": 1, "maximum": 4},
+                            "seed": _nullable({"type": "integer", "minimum": 0, "maximum": _MAX_SEED - 4}),
+                        },
+                    }
+                ),
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["description", "language", "text", "candidates"],
+                            "properties": {
+                                "description": {"type": "string"},
+                                "language": {"type": "string"},
+                                "text": {"type": "string"},
+                                "candidates": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "required": ["id", "seed", "seconds", "sample"],
+                                        "properties": {
+                                            "id": {"type": "string"},
+                                            "seed": {"type": "integer"},
+                                            "seconds": {"type": "number"},
+                                            "sample": {"type": "string"},
+                                        },
+                                    },
+                                },
+                            },
+                        },
+                        "The candidates (keep one with .../keep).",
+                    ),
+                    "400": _error("Missing or bad field."),
+                    "409": _error("The VoiceDesign model is off."),
+                    "500": _error("Designing failed."),
+                },
+            }
+        },
+        "/v1/audio/designs/{candidate}/sample": {
+            "get": {
+                "operationId": "designSample",
+                "summary": "A design candidate's clip, as WAV",
+                "parameters": [{"name": "candidate", **name}],
+                "responses": {"200": _wav("The clip."), "404": _error("No such candidate (they are kept until a restart).")},
+            }
+        },
+        "/v1/audio/designs/{candidate}/keep": {
+            "post": {
+                "operationId": "keepDesign",
+                "summary": "Keep a candidate as a preset whose anchor is its clip",
+                "parameters": [{"name": "candidate", **name}],
+                "requestBody": _json_body(
+                    {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "summary": _nullable({"type": "string"}),
+                            "replace": {"type": "boolean"},
+                        },
+                    }
+                ),
+                "responses": {"201": _json(voice, "The new preset."), **edits},
+            }
+        },
+    }
+
+
 def document(max_chars: int, api_key: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.1 description of this server.
 
@@ -251,6 +424,8 @@ def document(max_chars: int, api_key: bool = False) -> dict[str, Any]:
             {"200": _json({"type": "object"}, "OpenAPI 3.1.")},
         ),
     }
+    for path, item in _studio_paths().items():
+        paths.setdefault(path, {}).update(item)
     paths.update(copy.deepcopy(_EXTRA_PATHS))
     for path, item in paths.items():
         if not path.startswith("/v1/"):
