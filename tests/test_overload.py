@@ -231,3 +231,50 @@ async def _speak(server: Server, text: str) -> list[Event]:
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
         await client.write_event(Synthesize(text=text).event())
         return await read_until(client, "audio-stop")
+
+
+# --- in process: the admission count and shutdown of the service ------------------------
+
+
+async def test_admission_slots_are_released_on_every_ending() -> None:
+    """``--max-queue`` counts requests until they end: finished, cancelled, or failed; the
+    one past the cap is refused at once with ``OverloadedError``."""
+    import threading
+
+    from wyoming_qwen3tts.service import OverloadedError, SpeechRequest
+
+    from .stub_service import stub_service
+
+    gate = threading.Event()  # holds the stand-in engine before each chunk
+    async with stub_service(max_queue=2, gate=gate) as service:
+        first = service.speak(SpeechRequest(voice="aria"), "One.")
+        second = service.speak(SpeechRequest(voice="aria"), "Two.")
+        with pytest.raises(OverloadedError) as refused:
+            service.speak(SpeechRequest(voice="aria"), "Three.")
+        assert refused.value.code == "overloaded" and refused.value.retry_after_s > 0
+        first.cancel()  # a cancelled request frees its slot at once
+        third = service.speak(SpeechRequest(voice="aria"), "Three.")
+        assert service.open_streams == 2
+        gate.set()
+        assert [len(c) async for c in second] and [len(c) async for c in third]
+        assert service.open_streams == 0
+
+
+async def test_shutdown_ends_open_streams_and_refuses_new_ones() -> None:
+    import threading
+
+    from wyoming_qwen3tts.service import ServerStoppingError, SpeechRequest
+
+    from .stub_service import stub_service
+
+    gate = threading.Event()
+    async with stub_service(gate=gate) as service:
+        streams = [service.speak(SpeechRequest(voice="aria"), f"Sentence {i}.") for i in range(3)]
+        service.shutdown()
+        for stream in streams:
+            with pytest.raises(ServerStoppingError):
+                async for _ in stream:
+                    pass
+        with pytest.raises(ServerStoppingError):
+            service.speak(SpeechRequest(voice="aria"), "Too late.")
+        assert service.open_streams == 0
