@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from .test_fuzz_wyoming import FUZZ_SECONDS, FuzzFailure, _ErrorLog, run_fuzzer
+from .test_fuzz_wyoming import FUZZ_SECONDS, FuzzFailure, _ErrorLog, _quiet, run_fuzzer
 
 CORPUS = Path(__file__).parent / "corpus" / "http"
 API_KEY = "fuzz-key"
@@ -61,8 +61,7 @@ class HttpHarness:
         self.loop = asyncio.new_event_loop()
         self.errors = _ErrorLog()
         logging.getLogger().addHandler(self.errors)
-        logging.getLogger("wyoming_qwen3tts").setLevel(logging.WARNING)
-        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+        self._levels = _quiet("wyoming_qwen3tts", "aiohttp.access")
         self.loop.set_exception_handler(
             lambda loop, ctx: self.errors.records.append(
                 logging.LogRecord("asyncio", logging.ERROR, "", 0, str(ctx.get("message")), None, None)
@@ -81,6 +80,8 @@ class HttpHarness:
         self.loop.run_until_complete(self._context.__aexit__(None, None, None))
         self.loop.close()
         logging.getLogger().removeHandler(self.errors)
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
 
     def run_one(self, data: bytes) -> tuple[int, dict[str, str], bytes]:
         """Send the request ``data`` encodes; check the properties.

@@ -55,6 +55,14 @@ class _ErrorLog(logging.Handler):
         self.records.append(record)
 
 
+def _quiet(*names: str) -> dict[str, int]:
+    """Set these loggers to WARNING; returns their levels, to restore."""
+    levels = {name: logging.getLogger(name).level for name in names}
+    for name in names:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return levels
+
+
 class WyomingHarness:
     """A stub-engine service and the Wyoming door's connection factory, on one event loop."""
 
@@ -66,7 +74,7 @@ class WyomingHarness:
         self.loop = asyncio.new_event_loop()
         self.errors = _ErrorLog()
         logging.getLogger().addHandler(self.errors)
-        logging.getLogger("wyoming_qwen3tts").setLevel(logging.WARNING)  # INFO per refusal: noise here
+        self._levels = _quiet("wyoming_qwen3tts")  # INFO per refusal: noise here
         self.loop.set_exception_handler(self._loop_error)
         self._context = stub_service(max_queue=8)
         self.service = self.loop.run_until_complete(self._context.__aenter__())
@@ -81,6 +89,8 @@ class WyomingHarness:
         self.loop.run_until_complete(self._context.__aexit__(None, None, None))
         self.loop.close()
         logging.getLogger().removeHandler(self.errors)
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
 
     def run_one(self, data: bytes) -> list[Any]:
         """Send ``data`` on a fresh connection, then EOF; check the properties.
