@@ -102,10 +102,12 @@ async def http_request(server: Server, text: str) -> tuple[str, dict[str, object
 
 
 async def test_idle_connections_and_requests_past_the_cap(limited: Server) -> None:
-    """200 idle connections, then 7 requests at once with room for 3: 4 refused at once
-    with a clear error; the idle connections are closed (the longest idle make room for
-    new ones, the rest after --idle-timeout); the server serves on."""
+    """200 idle Wyoming connections (and 20 HTTP ones), then 7 requests at once with room
+    for 3: 4 refused at once with a clear error; the idle connections are closed (the
+    longest idle make room for new ones, the rest after --idle-timeout); the server serves
+    on."""
     idle = [await asyncio.open_connection("127.0.0.1", limited.port) for _ in range(200)]
+    idle += [await asyncio.open_connection("127.0.0.1", limited.http_port) for _ in range(20)]
     try:
         results = await asyncio.gather(
             *(wyoming_request(limited, LONG) for _ in range(5)),
