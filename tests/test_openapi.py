@@ -101,7 +101,7 @@ def test_schemathesis_finds_nothing(described: Server, tmp_path: Path) -> None:
             "--workers", "2", "--request-timeout", "120",
             "--report", "junit", "--report-junit-path", str(report),
         ],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,  # its crash cache goes there
     )
     print(proc.stdout[-1500:])
     assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-2000:]
