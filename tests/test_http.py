@@ -76,9 +76,9 @@ def assert_frames(samples: int, text: str = TEXT) -> None:
 def decode(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
     """Decode a whole response body: float32 [n] mono and its sample rate.
 
-    soundfile reads pcm and wav; PyAV (FFmpeg) reads mp3, opus, aac and flac. FLAC goes
-    through FFmpeg because a streamed FLAC's STREAMINFO says "length unknown", which
-    libsndfile cannot read (it takes the length as 2**63 - 1).
+    soundfile (libsndfile) reads pcm, wav and flac; PyAV (FFmpeg) reads mp3, opus and aac.
+    A FLAC is a whole file with its length in STREAMINFO, so libsndfile opens it
+    (``test_flac_is_a_complete_file`` also reads it with FFmpeg).
     """
     if fmt == "pcm":
         audio, rate = sf.read(
@@ -91,7 +91,7 @@ def decode(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
             dtype="float32",
         )
         return audio, rate
-    if fmt == "wav":
+    if fmt in ("wav", "flac"):
         audio, rate = sf.read(io.BytesIO(data), dtype="float32")
         return audio, rate
     with av.open(io.BytesIO(data)) as container:
@@ -202,12 +202,57 @@ def test_openai_create_every_format(server: Server, pcm_samples: int, fmt: str) 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_openai_streaming_response_every_format(server: Server, pcm_samples: int, fmt: str) -> None:
+    """Every format streams (chunked) but FLAC, a whole file with its Content-Length."""
     with client_for(server).audio.speech.with_streaming_response.create(
         model="gpt-4o-mini-tts", voice="alloy", input=TEXT, response_format=fmt
     ) as response:
-        assert response.headers.get("transfer-encoding") == "chunked"
+        if fmt == "flac":
+            assert response.headers.get("transfer-encoding") is None
+            length = int(response.headers["content-length"])
+        else:
+            assert response.headers.get("transfer-encoding") == "chunked"
         data = b"".join(response.iter_bytes())
+    if fmt == "flac":
+        assert len(data) == length
     check_decoded(data, fmt, pcm_samples)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"voice": "alloy"},
+        {"voice": "clone", "input": "Good morning. How are you today?"},
+        {"voice": "ryan", "stream_format": "sse"},
+        {"voice": "alloy", "speed": 1.5},
+    ],
+    ids=["design", "clone-two-sentences", "custom-sse", "speed"],
+)
+async def test_flac_is_a_complete_file(server: Server, extra: dict[str, Any]) -> None:
+    """libsndfile (soundfile) and FFmpeg (PyAV) both open every FLAC response, and its
+    length is exactly that of the same request as pcm (same seed: the frames generated)."""
+    body = {"input": TEXT, "seed": 5, **extra}
+    status, _, pcm = await post(server, {**body, "response_format": "pcm", "stream_format": None})
+    assert status == 200
+    status, headers, data = await post(server, {**body, "response_format": "flac"})
+    assert status == 200, data
+    if extra.get("stream_format") == "sse":
+        events = [json.loads(line[6:]) for line in data.decode().splitlines() if line.startswith("data: ")]
+        assert [e["type"] for e in events] == ["speech.audio.delta", "speech.audio.done"]
+        data = base64.b64decode(events[0]["audio"])
+    else:
+        assert headers["Content-Type"] == "audio/flac"
+    info = sf.info(io.BytesIO(data))
+    assert (info.format, info.samplerate, info.channels) == ("FLAC", SAMPLE_RATE, 1)
+    audio, rate = sf.read(io.BytesIO(data), dtype="int16")
+    assert rate == SAMPLE_RATE and info.frames == len(audio) == len(pcm) // 2
+    if "speed" not in extra:
+        assert len(pcm) // 2 % SAMPLES_PER_FRAME == 0
+        # Lossless: the same samples (FFmpeg rounds to 16 bits, the pcm path truncates).
+        reference = np.frombuffer(pcm, "<i2").astype(np.int32)
+        assert np.abs(audio.astype(np.int32) - reference).max() <= 1
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        assert sum(frame.samples for frame in container.decode(stream)) == len(audio)
 
 
 @pytest.mark.parametrize("fmt", ["pcm", "mp3"])
@@ -534,14 +579,26 @@ def _noise(n: int, seed: int = 0) -> np.ndarray:
     return (0.1 * np.random.default_rng(seed).standard_normal(n)).astype(np.float32)
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if not FORMATS[f].whole_file])
 def test_encoders_emit_bytes_per_chunk(fmt: str) -> None:
-    """Every format hands out bytes from the first chunk on, before the stream ends."""
+    """Every streamed format hands out bytes from the first chunk on, before the end."""
     encoder = open_encoder(fmt)
     pieces = [encoder.encode(_noise(2 * SAMPLES_PER_FRAME, i)) for i in range(10)]
     assert all(pieces[:1]) and sum(1 for p in pieces if p) >= 8
     data = b"".join(pieces) + encoder.finish()
     check_decoded(data, fmt, 20 * SAMPLES_PER_FRAME)
+
+
+def test_flac_encoder_writes_the_total_length() -> None:
+    """FLAC comes whole from ``finish``, its STREAMINFO holding the total samples."""
+    assert [f for f in FORMATS if FORMATS[f].whole_file] == ["flac"]
+    encoder = open_encoder("flac")
+    assert all(encoder.encode(_noise(2 * SAMPLES_PER_FRAME, i)) == b"" for i in range(10))
+    data = encoder.finish()
+    assert data[:4] == b"fLaC"
+    total = int.from_bytes(data[8 + 10 : 8 + 18], "big") & ((1 << 36) - 1)  # STREAMINFO
+    assert total == 20 * SAMPLES_PER_FRAME == sf.info(io.BytesIO(data)).frames
+    check_decoded(data, "flac", 20 * SAMPLES_PER_FRAME)
 
 
 def test_wav_header_streams_with_unknown_size() -> None:

@@ -258,9 +258,11 @@ async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) 
 
 async def test_first_audio_chunk_arrives_while_generation_goes_on(server: Server) -> None:
     """On the batched engine audio streams: the first chunk reaches the client long before
-    the last (the reference CPU engine delivers a segment at once)."""
+    the last. (The CPU engine streams too, in chunks that grow from 2 to 16 frames;
+    ``test_cancelled_long_sentence_frees_the_cpu_worker_at_once`` shows it by cause: its
+    first chunk arrives while the sentence is far from done.)"""
     if not server.streams_audio:
-        pytest.skip("the CPU reference engine has no audio streaming")
+        pytest.skip("a long sentence on the CPU: too slow for this suite")
     text = "This single sentence is long enough to need well over a hundred codec frames of audio."
     loop = asyncio.get_running_loop()
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
@@ -305,3 +307,37 @@ async def test_oversized_events_are_refused_and_the_connection_closed(server: Se
             writer.close()
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
         assert (await describe(client)).tts
+
+
+async def test_cancelled_long_sentence_frees_the_cpu_worker_at_once(server: Server) -> None:
+    """CPU cancellation, shown by cause: a client leaves after the first chunk of a very long
+    sentence; by the time the next client's first audio arrives, the engine has logged that
+    the cancelled generation stopped after a few frames, far short of its cap, so the next
+    request did not wait for the cancelled text. The times are printed, not asserted."""
+    if server.streams_audio:
+        pytest.skip("the CPU reference engine's test (its log line)")
+    long = "This one sentence goes on and on, " * 8 + "until the model has a very long way to go."
+    assert frame_budget(long) > 400
+    mark = len(server.output())
+    loop = asyncio.get_running_loop()
+    client = AsyncTcpClient("127.0.0.1", server.port)
+    await client.connect()
+    await client.write_event(Synthesize(text=long, voice=SynthesizeVoice(name="aria")).event())
+    first = await read_until(client, "audio-chunk")
+    delivered = len(AudioChunk.from_event(first[-1]).audio) // (2 * SAMPLES_PER_FRAME)
+    await client.disconnect()
+    left = loop.time()
+    async with AsyncTcpClient("127.0.0.1", server.port) as other:
+        await other.write_event(Synthesize(text="Next, please.", voice=SynthesizeVoice(name="aria")).event())
+        events = await read_until(other, "audio-chunk")
+        freed = loop.time() - left
+        log = server.output()[mark:]
+        rest = await read_until(other, "audio-stop")
+    assert events[-1].type == "audio-chunk"
+    stopped = re.search(r"Generation stopped after (\d+) codec frames \(cap (\d+)\)", log)
+    assert stopped, log[-3000:]
+    made, cap = int(stopped[1]), int(stopped[2])
+    # The stopped segment (the text's first piece) had hundreds of frames to go.
+    assert cap > 300 and delivered <= made < delivered + 20, (delivered, made, cap)
+    check_audio_events(events + rest, expected_frames("Next, please."))
+    print(f"cancelled after {made} of {cap} frames; next first audio {freed * 1000:.0f} ms after the disconnect")

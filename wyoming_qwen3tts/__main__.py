@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
 import socket
+import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import numpy as np
@@ -21,10 +25,17 @@ from .audio import SAMPLE_RATE
 from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, Segment, load_engine, pick_engine, resolve_checkpoint
 from .metrics import Metrics
+from .handler import DEFAULT_MAX_CONNECTIONS
+from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT
 from .quiet import quiet_dependencies
-from .service import DEFAULT_MAX_CHARS, TtsService
+from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, TtsService
 from .studio import HA_INGRESS_PEER
 from .voices import ModelKind, Reference, VoiceCatalog
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from .handler import Connections
 
 _LOGGER = logging.getLogger("wyoming_qwen3tts")
 
@@ -35,6 +46,9 @@ DEFAULT_MODELS = {
 }
 #: Voice used when a request names none, if the catalogue has it.
 DEFAULT_VOICE = "aria"
+#: Seconds the open streams get to send their last events on shutdown (SIGTERM). With
+#: the other steps' bounds below the process ends within 10 s (Docker's default grace).
+SHUTDOWN_GRACE_S = 2.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     # Voice studio (anchors.py, studio.py)
     parser.add_argument("--anchors", choices=["auto", "all", "used", "off"], default="auto", help="Preset anchors: all (every VoiceDesign preset rendered once in the background, then cloned by the Base model), used (the default voice and presets once used), off (presets designed live for every sentence); auto: all with CUDA, off on the CPU")
     parser.add_argument("--ingress-peer", default=HA_INGRESS_PEER if os.environ.get("SUPERVISOR_TOKEN") else None, help="Address of Home Assistant's ingress proxy: its requests (with X-Ingress-Path) need no API key (default: 172.30.32.2 inside a Home Assistant add-on, else none)")
+    # Limits (hardening): admission, stalled and idle clients.
+    parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, help="Most requests open at once (both doors); more are refused at once (Wyoming error, HTTP 429)")
+    parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, help="Most Wyoming connections; past it the longest-idle one is closed")
+    parser.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT, help="Seconds before an idle connection (no traffic, no audio owed) is closed")
+    parser.add_argument("--write-timeout", type=float, default=DEFAULT_WRITE_TIMEOUT, help="Seconds a client may leave audio unread before its stream is dropped")
     parser.add_argument("--debug", action="store_true", help="Debug logging")
     parser.add_argument("--version", action="version", version=__version__)
     return parser
@@ -80,6 +99,12 @@ def check_args(args: argparse.Namespace) -> None:
     for flag, value in (("--chunk-size", args.chunk_size), ("--max-chars", args.max_chars), ("--fixed-frames", args.fixed_frames), ("--max-streams", args.max_streams)):
         if value is not None and value < 1:
             raise SystemExit(f"{flag} must be at least 1, got {value}")
+    for flag, value in (("--max-queue", args.max_queue), ("--max-connections", args.max_connections)):
+        if value < 1:
+            raise SystemExit(f"{flag} must be at least 1, got {value}")
+    for flag, seconds in (("--idle-timeout", args.idle_timeout), ("--write-timeout", args.write_timeout)):
+        if not seconds > 0:
+            raise SystemExit(f"{flag} must be more than 0 seconds, got {seconds}")
     if not 0 <= args.http_port <= 65535:
         raise SystemExit(f"--http-port must be 0..65535, got {args.http_port}")
     try:
@@ -238,21 +263,33 @@ async def main(argv: list[str] | None = None) -> None:
     service = TtsService(
         catalog, engines, default_voice, metrics,
         max_chars=args.max_chars, seed=args.seed, fixed_frames=args.fixed_frames, anchors=anchors,
+        max_queue=args.max_queue,
     )
     if anchors is not None:
         anchors.start(service.render_design)
     _LOGGER.info("%d voice(s); default %s", len(names), default_voice)
+    # The models and libraries loaded so far live as long as the process: keep them out of
+    # every garbage collection (no pauses scanning them while serving, and no 10 s final
+    # collection at exit, which would outlast Docker's stop grace).
+    gc.freeze()
 
-    from .handler import handler_factory
+    from .handler import Connections, WyomingLimits
 
+    connections = Connections(
+        service,
+        WyomingLimits(
+            write_timeout=args.write_timeout, idle_timeout=args.idle_timeout, max_connections=args.max_connections
+        ),
+    )
     server = AsyncServer.from_uri(args.uri)
-    await server.start(handler_factory(service))
+    await server.start(connections)
     http_runner = None
     if args.http_port:
         from .http_api import start_http
 
         http_runner = await start_http(
-            service, args.http_host, args.http_port, args.api_key, ingress_peer=args.ingress_peer
+            service, args.http_host, args.http_port, args.api_key, ingress_peer=args.ingress_peer,
+            write_timeout=args.write_timeout, idle_timeout=args.idle_timeout,
         )
     announcer = None
     if isinstance(server, AsyncTcpServer) and not args.no_zeroconf:
@@ -266,21 +303,59 @@ async def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    _LOGGER.info("Shutting down")
-    if announcer:
-        await announcer.stop()
-    if http_runner:
-        await http_runner.cleanup()
-    await server.stop()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal ends the process at once
+        loop.remove_signal_handler(sig)
+    await shutdown(server, connections, http_runner, announcer, service, anchors)
+
+
+async def shutdown(
+    server: AsyncServer,
+    connections: Connections,
+    http_runner: web.AppRunner | None,
+    announcer: Announcer | None,
+    service: TtsService,
+    anchors: Anchors | None,
+) -> None:
+    """Stop cleanly in under 10 s: stop accepting, withdraw the zeroconf announcement, end
+    every open stream (Wyoming: ``error`` ``server-stopping`` then ``audio-stop``; HTTP: an
+    SSE ``error`` event, or a body cut without its final chunk), close every connection,
+    stop the engines (their threads are daemons: a generation mid-frame does not hold the
+    exit); a preset anchor being rendered is cancelled."""
+    started = time.monotonic()
+    _LOGGER.info("Shutting down: %d request(s) open, %d Wyoming connection(s)", service.open_streams, len(connections))
+    listener = getattr(server, "_server", None)  # wyoming 1.10's AsyncTcpServer/AsyncUnixServer
+    if listener is not None:
+        listener.close()  # no new connections; open ones carry on
+    if http_runner is not None:
+        from .http_api import stop_listening
+
+        await stop_listening(http_runner)
+    if announcer is not None:
+        try:
+            await asyncio.wait_for(announcer.stop(), 2.0)
+        except (asyncio.TimeoutError, OSError) as err:
+            _LOGGER.warning("Zeroconf: could not withdraw the announcement: %r", err)
+    service.shutdown()
     if anchors is not None:
         await anchors.stop()
-    await asyncio.to_thread(service.stop)
+    await connections.shutdown(SHUTDOWN_GRACE_S)
+    await server.stop()
+    if http_runner is not None:
+        await http_runner.cleanup()  # responses still open get aiohttp's 2 s, then are cancelled
+    await asyncio.to_thread(service.stop, 1.0)
+    _LOGGER.info("Stopped in %.1f s", time.monotonic() - started)
 
 
 def run() -> None:
     """Console-script entry point."""
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
+    # Served and shut down cleanly: everything is closed. Skip the interpreter's teardown
+    # of torch and co (seconds on a busy machine, counted against Docker's stop grace).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

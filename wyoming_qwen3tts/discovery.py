@@ -75,7 +75,10 @@ class Announcer:
         _LOGGER.info("Zeroconf: %s at %s:%s", self.info.name, self.address, self.info.port)
 
     async def stop(self) -> None:
-        """Withdraw the announcement."""
+        """Withdraw the announcement (mDNS goodbye packets, TTL 0), then close."""
         if self._zeroconf is not None:
-            await self._zeroconf.async_unregister_service(self.info)
-            await self._zeroconf.async_close()
+            zeroconf, self._zeroconf = self._zeroconf, None
+            goodbyes = await zeroconf.async_unregister_service(self.info)
+            await goodbyes  # sent (closing first would cancel them)
+            await zeroconf.async_close()
+            _LOGGER.info("Zeroconf: withdrew %s", self.info.name)

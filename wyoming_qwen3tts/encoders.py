@@ -1,21 +1,27 @@
-"""Streaming audio encoders for the HTTP door: float32 PCM chunks in, file bytes out.
+"""Audio encoders for the HTTP door: float32 PCM chunks in, file bytes out.
 
-Every format is produced incrementally: each ``encode`` call returns the bytes that are
-ready now, so a response can leave while the model is still generating. The containers
-are written by FFmpeg through PyAV (``av``) into a write-only sink; because the sink
-cannot seek, the muxers leave their "length unknown" markers in place, which is exactly
-what a streamed file needs:
+Every format but FLAC is produced incrementally: each ``encode`` call returns the bytes
+that are ready now, so a response can leave while the model is still generating. The
+containers are written by FFmpeg through PyAV (``av``) into a write-only sink; because the
+sink cannot seek, the muxers leave their "length unknown" markers in place, which is
+exactly what a streamed file needs:
 
 ======  ==============================  =========================================
-format  container / codec               streamed header
+format  container / codec               header
 ======  ==============================  =========================================
-pcm     none, s16le mono 24 kHz         none
-wav     RIFF / pcm_s16le                RIFF and data sizes 0xFFFFFFFF (unknown)
-mp3     raw MPEG audio / libmp3lame     ID3v2 tag, no Xing/LAME length tag
-opus    Ogg / libopus                   OpusHead + OpusTags; one packet per page
-aac     ADTS / FFmpeg aac               every frame carries its own ADTS header
-flac    native FLAC / flac              STREAMINFO with total samples 0 (unknown)
+pcm     none, s16le mono 24 kHz         none (streamed)
+wav     RIFF / pcm_s16le                RIFF and data sizes 0xFFFFFFFF (streamed)
+mp3     raw MPEG audio / libmp3lame     ID3v2 tag, no Xing/LAME length tag (streamed)
+opus    Ogg / libopus                   OpusHead + OpusTags; one packet per page (streamed)
+aac     ADTS / FFmpeg aac               every frame carries its own ADTS header (streamed)
+flac    native FLAC / flac              STREAMINFO with the total samples and MD5
+                                        (whole file, returned by ``finish``)
 ======  ==============================  =========================================
+
+FLAC is the archiving format, and libsndfile (``soundfile``) refuses a FLAC whose
+STREAMINFO says "length unknown" ("array is too big"). So FLAC is written into a seekable
+buffer, the muxer rewrites STREAMINFO at the end, and the whole file comes from
+``finish`` (``AudioFormat.whole_file``).
 
 Lossy codecs add their usual padding: mp3 and aac decode to up to about 2,300 samples
 more than went in; Ogg Opus decodes at 48 kHz (the Opus decoder rate; the stream's
@@ -24,6 +30,7 @@ input rate, 24 kHz, is in its header).
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import cast
@@ -56,6 +63,8 @@ class AudioFormat:
         codec: FFmpeg encoder name, or None for headerless PCM.
         bit_rate: target bit rate in bits per second for lossy codecs, else None.
         options: extra muxer options (FFmpeg AVOptions, as strings).
+        whole_file: the file is complete only at the end: ``encode`` returns b"" and
+            ``finish`` the whole file (its header needs the total length).
     """
 
     name: str
@@ -64,6 +73,7 @@ class AudioFormat:
     codec: str | None = None
     bit_rate: int | None = None
     options: tuple[tuple[str, str], ...] = ()
+    whole_file: bool = False
 
 
 #: Every supported ``response_format``, by name.
@@ -75,7 +85,7 @@ FORMATS: dict[str, AudioFormat] = {
         # in the muxer for the next chunk (costs ~27 bytes of page header per packet).
         AudioFormat("opus", "audio/ogg", "ogg", "libopus", 32_000, (("page_duration", "1"),)),
         AudioFormat("aac", "audio/aac", "adts", "aac", 64_000),
-        AudioFormat("flac", "audio/flac", "flac", "flac"),
+        AudioFormat("flac", "audio/flac", "flac", "flac", whole_file=True),
         AudioFormat("wav", "audio/wav", "wav", "pcm_s16le"),
         AudioFormat("pcm", "audio/pcm"),
     )
@@ -131,10 +141,12 @@ class AvEncoder(StreamEncoder):
     def __init__(self, fmt: AudioFormat) -> None:
         super().__init__(fmt)
         assert fmt.container and fmt.codec
-        self._sink = _Sink()
+        self._sink: _Sink | io.BytesIO = io.BytesIO() if fmt.whole_file else _Sink()
         # flush_packets: hand each muxed packet to the sink at once (no 32 KiB IO buffer);
         # bitexact: no encoder-version tags (a 44-byte WAV header, reproducible files).
-        options = {"flush_packets": "1", "fflags": "+bitexact", **dict(fmt.options)}
+        options = {"fflags": "+bitexact", **dict(fmt.options)}
+        if not fmt.whole_file:
+            options["flush_packets"] = "1"
         self._container = av.open(self._sink, mode="w", format=fmt.container, options=options)
         self._stream = cast(
             av.AudioStream, self._container.add_stream(fmt.codec, rate=SAMPLE_RATE, layout="mono")
@@ -149,11 +161,13 @@ class AvEncoder(StreamEncoder):
             frame = audio_frame(audio, self._pts)
             self._pts += len(audio)
             self._container.mux(self._stream.encode(frame))
-        return self._sink.take()
+        return b"" if isinstance(self._sink, io.BytesIO) else self._sink.take()
 
     def finish(self) -> bytes:
         self._container.mux(self._stream.encode(None))
         self.close()
+        if isinstance(self._sink, io.BytesIO):
+            return self._sink.getvalue()
         return self._sink.take()
 
     def close(self) -> None:

@@ -5,28 +5,52 @@ Handles ``describe`` -> ``info``; one-shot ``synthesize``; streamed text
 Audio goes out as ``audio-start`` / ``audio-chunk`` / ``audio-stop`` in one format (24 kHz,
 16-bit, mono) while the model generates. Bad requests get an ``error`` event and the
 connection stays usable; unknown event types are ignored.
+
+Limits (``WyomingLimits``), all enforced here, so no client can hold the server:
+
+* events are read strictly (``wire.read_event``): a malformed event gets an ``error``; one
+  after which the stream cannot be resynchronised, or too many in a row, also closes the
+  connection. Each is logged once, without a traceback;
+* a client that stops reading: a write that cannot drain within ``write_timeout`` seconds
+  drops that connection's streams (their generation stops) and the connection;
+* a connection idle for ``idle_timeout`` seconds (nothing read or written, no audio owed)
+  is closed, and past ``max_connections`` the longest-idle one makes room for a new one
+  (a new connection is refused with an ``error`` only when none is idle);
+* ``Connections.shutdown`` ends every open stream with an ``error`` (code
+  ``server-stopping``) and ``audio-stop``, then closes every connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
-from wyoming.event import Event, async_read_event
+from wyoming.event import Event
 from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
 from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
 from . import __version__
 from .audio import PCM_WIDTH, SAMPLE_RATE, to_pcm16
-from .service import GenerationError, RequestError, SpeechRequest, SpeechStream, TtsService
+from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
+from .service import (
+    GenerationError,
+    OverloadedError,
+    RequestError,
+    ServerStoppingError,
+    SpeechRequest,
+    SpeechStream,
+    TtsService,
+)
 from .voices import ModelKind, Voice
+from .wire import MAX_EVENT_BYTES, MalformedEventError, read_event
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -66,101 +90,92 @@ def build_info(voices: list[Voice], backend: str) -> Info:
     return Info(tts=[program])
 
 
-#: Largest data or payload part a client may announce, in bytes. A TTS request is text:
-#: 10,000 characters of JSON stay far below this.
-MAX_EVENT_BYTES = 1 << 20
+#: Wyoming connections kept open at once; past it the longest-idle one is closed.
+DEFAULT_MAX_CONNECTIONS = 64
+#: Malformed events in a row after which a connection is closed (junk is not a client).
+MAX_MALFORMED_IN_A_ROW = 16
 
 
-class MalformedEventError(RequestError):
-    """Not a usable Wyoming event."""
+@dataclass(frozen=True)
+class WyomingLimits:
+    """Per-connection limits of the Wyoming door (see the module docstring).
 
-    code = "malformed-event"
+    Attributes:
+        write_timeout: seconds a write may wait for the client to read.
+        idle_timeout: seconds without traffic before an idle connection is closed.
+        max_connections: connections open at once.
+        max_event_bytes: largest data or payload part of one event, in bytes.
+    """
 
-
-def _oversize(line: bytes) -> str | None:
-    """"data_length"/"payload_length" when a header announces more than MAX_EVENT_BYTES."""
-    try:
-        header = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    if isinstance(header, dict):
-        for key in ("data_length", "payload_length"):
-            size = header.get(key)
-            if isinstance(size, int) and size > MAX_EVENT_BYTES:
-                return key
-    return None
-
-
-class _ReplayReader:
-    """A reader whose first line is one already read: lets ``async_read_event`` parse it."""
-
-    def __init__(self, line: bytes, reader: asyncio.StreamReader) -> None:
-        self._line: bytes | None = line
-        self._reader = reader
-
-    async def readline(self) -> bytes:
-        line, self._line = self._line, None
-        return line if line is not None else await self._reader.readline()
-
-    async def readexactly(self, n: int) -> bytes:
-        return await self._reader.readexactly(n)
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_event_bytes: int = MAX_EVENT_BYTES
 
 
 class Qwen3TtsEventHandler(AsyncEventHandler):
-    """One client connection.
+    """One client connection. Create through ``Connections`` (the server's handler factory).
 
     Args:
-        service: the shared speech service.
+        connections: the registry of open connections (limits, shutdown).
         reader, writer: the connection (from ``wyoming.server.AsyncServer``).
     """
 
-    def __init__(self, service: TtsService, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, connections: Connections, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         super().__init__(reader, writer)
-        self._service = service
+        self._connections = connections
+        self._service = connections.service
+        self._limits = connections.limits
         self._stream: SpeechStream | None = None  # the open synthesize-start stream
         self._stream_refused = False  # its start or text was refused: drop its chunks quietly
         self._streams: set[SpeechStream] = set()  # all streams still producing audio
         self._tail: asyncio.Task[None] | None = None  # last audio task: replies stay in order
         self._write_lock = asyncio.Lock()
+        self._closing = False
+        #: ``time.monotonic()`` of the last event read or write completed.
+        self.last_active = time.monotonic()
 
     async def run(self) -> None:
-        """Read events until EOF. A line that is not an event gets an ``error`` reply; an
-        event announcing more than ``MAX_EVENT_BYTES`` of data or payload, or a header line
-        over the reader's limit, gets one and the connection is closed (the rest of the
-        stream cannot be parsed)."""
+        """Read events until EOF, a fatal malformed event, or ``close``. Never raises:
+        whatever ends the connection is logged once."""
+        limit_send_buffer(self.writer.get_extra_info("socket"))
+        refusal = self._connections.admit(self)
+        if refusal is not None:
+            await self._error(refusal.args[0], refusal.code)
+            self._service.count_error("wyoming", refusal)
+            self.writer.close()
+            return
+        malformed = 0
         try:
-            while True:
+            while not self._closing:
                 try:
-                    line = await self.reader.readline()
-                except ValueError:  # line over the reader's limit
-                    await self._malformed("Event header line is too long; closing")
-                    break
-                if not line:
-                    break
-                too_big = _oversize(line)
-                if too_big:
-                    await self._malformed(f"Event {too_big} is over {MAX_EVENT_BYTES} bytes; closing")
-                    break
-                try:
-                    event = await async_read_event(_ReplayReader(line, self.reader))  # type: ignore[arg-type]
-                except (KeyError, TypeError, AttributeError, json.JSONDecodeError, UnicodeDecodeError):
-                    event = None
-                if event is None:
-                    if self.reader.at_eof() and not line.endswith(b"\n"):
+                    event = await read_event(self.reader, self._limits.max_event_bytes)
+                except MalformedEventError as err:
+                    malformed += 1
+                    await self._malformed(err)
+                    if not err.resync:
                         break
-                    await self._malformed("Malformed event: not a Wyoming event header")
+                    if malformed >= MAX_MALFORMED_IN_A_ROW:
+                        _LOGGER.info("Closing a Wyoming connection after %d malformed events in a row", malformed)
+                        break
                     continue
-                if not await self.handle_event(event):
+                if event is None:
                     break
+                malformed = 0
+                self.last_active = time.monotonic()
+                await self.handle_event(event)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except Exception:  # noqa: BLE001 - a bug of ours: log it, close this connection only
+            _LOGGER.exception("Wyoming connection failed; closing it")
         finally:
+            self._connections.remove(self)
             await self.disconnect()
             self.writer.close()
 
-    async def _malformed(self, text: str) -> None:
-        self._service.count_error("wyoming", MalformedEventError(text))
-        await self._error(text, MalformedEventError.code)
+    async def _malformed(self, err: MalformedEventError) -> None:
+        self._service.count_error("wyoming", err)
+        await self._error(str(err), err.code)
 
     async def handle_event(self, event: Event) -> bool:
         """Dispatch one event; always keeps the connection (returns True)."""
@@ -171,8 +186,23 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             await self._error(str(err), err.code)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             detail = f"missing field {err}" if isinstance(err, KeyError) else str(err)
-            await self._malformed(f"Malformed {event.type} event: {detail}")
+            await self._malformed(MalformedEventError(f"Malformed {event.type} event: {detail}", resync=True))
         return True
+
+    def busy(self) -> bool:
+        """True while the server owes this client audio (text in, audio not all sent)."""
+        return any(stream is not self._stream for stream in self._streams)
+
+    def close(self, abort: bool = False) -> None:
+        """End the connection: the read loop stops, queued work is dropped. ``abort`` drops
+        unsent bytes too (a client that does not read)."""
+        self._closing = True
+        if abort and self.writer.transport is not None:
+            self.writer.transport.abort()
+        else:
+            self.writer.close()
+        with contextlib.suppress(AssertionError):  # already at EOF
+            self.reader.feed_eof()
 
     async def _dispatch(self, event: Event) -> None:
         if Describe.is_type(event.type):
@@ -250,15 +280,13 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         previous = self._tail
 
         async def after_previous() -> None:
-            try:
-                if previous is not None:
-                    await asyncio.wait([previous])  # never raises the previous task's error
-            except asyncio.CancelledError:
-                work.close()  # disconnected before our turn: never started
-                raise
+            if previous is not None:
+                await asyncio.wait([previous])  # never raises the previous task's error
             await work
 
         self._tail = asyncio.create_task(after_previous())
+        # Cancelled before our turn (disconnect): ``work`` never started; close it quietly.
+        self._tail.add_done_callback(lambda _task: work.close())
 
     async def _write_audio(self, stream: SpeechStream) -> None:
         try:
@@ -268,10 +296,21 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
                     await self._write(AudioChunk(audio=to_pcm16(chunk), **_FORMAT).event())
             except GenerationError as err:
                 await self._error(f"Speech generation failed: {err}", "generation-failed")
+            except ServerStoppingError as err:
+                # Error first: a client that stops at audio-stop must not take the cut
+                # audio for the whole. Then audio-stop closes the audio, then the connection.
+                await self._error(f"{err}; the audio is incomplete", err.code)
+                await self._write(AudioStop().event())
+                self.close()
+                return
             await self._write(AudioStop().event())
         except (ConnectionError, RuntimeError) as err:
             _LOGGER.debug("Client went away while receiving audio: %s", err)
             stream.cancel()
+        except Exception:  # noqa: BLE001 - a bug of ours: log it, end this connection only
+            _LOGGER.exception("Sending audio failed; closing the connection")
+            stream.cancel()
+            self.close(abort=True)
         finally:
             self._streams.discard(stream)
 
@@ -285,8 +324,31 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             await self._write(event)
 
     async def _write(self, event: Event) -> None:
+        """Send one event; a client that does not take it within ``write_timeout`` is
+        dropped (``_stalled``).
+
+        Raises:
+            ConnectionError: the connection is closed, or was dropped now.
+        """
         async with self._write_lock:
-            await self.write_event(event)
+            if self.writer.is_closing():
+                raise ConnectionResetError("connection closed")
+            try:
+                await asyncio.wait_for(self.write_event(event), self._limits.write_timeout)
+            except asyncio.TimeoutError:
+                self._stalled()
+                raise ConnectionResetError("client stopped reading") from None
+        self.last_active = time.monotonic()
+
+    def _stalled(self) -> None:
+        streams = len(self._streams)
+        _LOGGER.info(
+            "Wyoming client stopped reading for %g s: dropping its connection and %d stream(s)",
+            self._limits.write_timeout, streams,
+        )
+        for stream in list(self._streams):
+            stream.cancel()
+        self.close(abort=True)
 
     async def disconnect(self) -> None:
         """Drop this client's queued and running work (within one chunk)."""
@@ -296,6 +358,78 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             self._tail.cancel()
 
 
-def handler_factory(service: TtsService) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Qwen3TtsEventHandler]:
-    """The ``AsyncServer.run`` argument: a new handler per connection."""
-    return lambda reader, writer: Qwen3TtsEventHandler(service, reader, writer)
+class Connections:
+    """The open Wyoming connections, and the ``AsyncServer`` handler factory.
+
+    Admits new connections within ``limits.max_connections`` (closing the longest-idle one
+    to make room), closes connections idle for ``limits.idle_timeout``, and ends them all on
+    shutdown.
+
+    Args:
+        service: the shared speech service.
+        limits: the door's limits.
+    """
+
+    def __init__(self, service: TtsService, limits: WyomingLimits | None = None) -> None:
+        self.service = service
+        self.limits = limits or WyomingLimits()
+        self._handlers: set[Qwen3TtsEventHandler] = set()
+        self._accepting = True
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Qwen3TtsEventHandler:
+        return Qwen3TtsEventHandler(self, reader, writer)
+
+    def __len__(self) -> int:
+        return len(self._handlers)
+
+    def admit(self, handler: Qwen3TtsEventHandler) -> RequestError | None:
+        """Register a new connection; the refusal to send it, or None when admitted."""
+        if not self._accepting:
+            return ServerStoppingError("The server is shutting down")
+        if len(self._handlers) >= self.limits.max_connections:
+            idle = [h for h in self._handlers if not h.busy()]
+            if not idle:
+                return OverloadedError(
+                    f"Too many connections ({len(self._handlers)}, all busy); retry in a few seconds"
+                )
+            oldest = min(idle, key=lambda h: h.last_active)
+            _LOGGER.info(
+                "%d Wyoming connections open: closing the longest idle (%.0f s) for a new one",
+                len(self._handlers), time.monotonic() - oldest.last_active,
+            )
+            self.remove(oldest)
+            oldest.close()
+        self._handlers.add(handler)
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep(), name="wyoming idle sweeper")
+        return None
+
+    def remove(self, handler: Qwen3TtsEventHandler) -> None:
+        """Forget a connection (it closed)."""
+        self._handlers.discard(handler)
+
+    async def _sweep(self) -> None:
+        """Close connections idle for ``idle_timeout`` (checked every quarter of it)."""
+        period = max(0.1, min(5.0, self.limits.idle_timeout / 4))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for handler in list(self._handlers):
+                if not handler.busy() and now - handler.last_active > self.limits.idle_timeout:
+                    _LOGGER.debug("Closing a Wyoming connection idle for %.0f s", now - handler.last_active)
+                    self.remove(handler)
+                    handler.close()
+
+    async def shutdown(self, timeout: float) -> None:
+        """Refuse new connections, give the open ones up to ``timeout`` seconds to send
+        their last events (call after ``TtsService.shutdown``), then close them all."""
+        self._accepting = False
+        tails = [h._tail for h in self._handlers if h._tail is not None and not h._tail.done()]
+        if tails:
+            await asyncio.wait(tails, timeout=timeout)
+        for handler in list(self._handlers):
+            self.remove(handler)
+            handler.close(abort=handler._tail is not None and not handler._tail.done())
+        if self._sweeper is not None:
+            self._sweeper.cancel()

@@ -6,16 +6,23 @@ Routes:
   generates, in any ``response_format``, raw (chunked transfer) or as server-sent events.
 * ``GET /v1/audio/voices``: the voice catalogue. ``GET /v1/models``: OpenAI's model list.
 * ``GET /health`` (liveness), ``GET /ready`` (every model warmed up), ``GET /metrics``
-  (Prometheus). These three never need the API key; ``/v1/*`` does when one is set.
+  (Prometheus), ``GET /openapi.json`` (this API's OpenAPI 3.1 description, ``openapi``).
+  These never need the API key; ``/v1/*`` does when one is set.
 
 Every error is OpenAI's JSON, ``{"error": {"message", "type", "param", "code"}}``, sent
 before any audio: a request is validated and its first audio chunk awaited before the
-response headers go out. A failure after that ends the response without its final
-chunk (SSE: an ``error`` event, then the end), and the failure is logged.
+response headers go out (FLAC: the whole file, see ``encoders``). A failure after that
+ends the response without its final chunk (SSE: an ``error`` event, then the end), and
+the failure is logged. The same goes for a server shutting down (code ``server-stopping``).
+
+Limits: past the service's request cap a request gets 429 (code ``overloaded``) with
+``Retry-After``, at once; a client that does not read for ``write_timeout`` seconds loses
+its response (the generation stops); connections idle for ``idle_timeout`` are closed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hmac
@@ -31,15 +38,20 @@ from urllib.parse import quote
 
 import numpy as np
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .encoders import FORMATS, StreamEncoder, open_encoder
+from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
 from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from . import openapi
 from .service import (
     EmptyTextError,
     GenerationError,
     LanguageError,
+    OverloadedError,
     RequestError,
+    ServerStoppingError,
     SpeechRequest,
     SpeechStream,
     TextTooLongError,
@@ -71,9 +83,11 @@ STREAM_FORMATS = ("audio", "sse")
 MAX_INSTRUCTIONS_CHARS = 2000
 #: Largest accepted seed (torch seeds are 64-bit; this keeps them portable).
 MAX_SEED = 2**32 - 1
-_OPEN_PATHS = ("/health", "/ready", "/metrics")
+_OPEN_PATHS = ("/health", "/ready", "/metrics", "/openapi.json")
 _HTTP_CODES = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large"}
 _SERVICE_KEY = web.AppKey("service", TtsService)
+_WRITE_TIMEOUT_KEY = web.AppKey("write_timeout", float)
+_KEYED = web.AppKey("keyed", bool)
 _CREATED = int(time.time())
 
 
@@ -86,6 +100,7 @@ class ApiError(RequestError):
         code: stable machine-readable id (also the metrics ``code`` label).
         param: the request field at fault, or None.
         kind: OpenAI's error ``type``.
+        retry_after: seconds for the ``Retry-After`` header (429, 503), or None.
     """
 
     def __init__(
@@ -95,9 +110,11 @@ class ApiError(RequestError):
         code: str,
         param: str | None = None,
         kind: str = "invalid_request_error",
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.param, self.kind = status, code, param, kind
+        self.retry_after = retry_after
 
 
 def _error_body(
@@ -119,6 +136,12 @@ def _as_api_error(err: RequestError) -> ApiError:
         return ApiError(404, str(err), err.code, "voice")
     if isinstance(err, LanguageError):
         return ApiError(400, str(err), err.code, "language")
+    if isinstance(err, OverloadedError):
+        return ApiError(
+            429, str(err), err.code, kind="rate_limit_error", retry_after=err.retry_after_s
+        )
+    if isinstance(err, ServerStoppingError):
+        return ApiError(503, str(err), err.code, kind="server_error", retry_after=5)
     return ApiError(400, str(err), err.code)
 
 
@@ -199,6 +222,8 @@ def _voice(body: dict[str, Any]) -> str | None:
     voice = body.get("voice")
     if isinstance(voice, dict):
         voice = voice.get("id")
+        if not isinstance(voice, str):
+            raise _invalid("voice", "'voice' must be a string or {\"id\": string}", "invalid-type")
     if voice is not None and not isinstance(voice, str):
         raise _invalid("voice", "'voice' must be a string or {\"id\": string}", "invalid-type")
     return voice.strip() or None if voice is not None else None
@@ -222,11 +247,12 @@ def parse_speech(body: Any, max_chars: int) -> SpeechParams:
     reference = _field(body, "reference_voice", str, "a string (a clone-library voice id)")
     if reference is not None and not reference.strip():
         raise _invalid("reference_voice", "'reference_voice' must not be empty")
-    instructions = _text(body, "instructions")
-    if instructions and len(instructions) > MAX_INSTRUCTIONS_CHARS:
+    raw_instructions = _field(body, "instructions", str, "a string")
+    if raw_instructions and len(raw_instructions) > MAX_INSTRUCTIONS_CHARS:
         raise _invalid(
             "instructions", f"'instructions' is over {MAX_INSTRUCTIONS_CHARS} characters"
         )
+    instructions = _text(body, "instructions")
     speed = _field(body, "speed", (int, float), "a number")
     speed = 1.0 if speed is None else float(speed)
     if not (math.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
@@ -289,10 +315,20 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
 
 
 async def _read_json(request: web.Request) -> Any:
+    """The body as JSON whose strings are all valid Unicode.
+
+    Raises:
+        ApiError: 400 invalid-json (not JSON, too deeply nested, an integer of over 4300
+            digits, or lone surrogates, which no reply or tokenizer could encode).
+    """
     try:
-        return json.loads(await request.read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"The request body is not valid JSON: {err}", "invalid-json") from None
+        body = json.loads(await request.read())
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeError, int digits
+        reason = "has invalid Unicode" if isinstance(err, UnicodeError) else "is not valid JSON"
+        detail = "nested too deeply" if isinstance(err, RecursionError) else str(err)[:200]
+        raise ApiError(400, f"The request body {reason}: {detail}", "invalid-json") from None
+    return body
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
@@ -336,9 +372,77 @@ async def _send(
             raise ApiError(500, message, "generation-failed", kind="server_error") from None
         encoder = open_encoder(params.response_format)
         try:
+            if encoder.format.whole_file and params.stream_format == "audio":
+                return await _whole_body(request, stream, params, encoder, first, chunks)
             return await _stream_body(request, stream, params, encoder, first, chunks)
         finally:
             encoder.close()
+
+
+def _headers(stream: SpeechStream, content_type: str) -> dict[str, str]:
+    return {
+        "Content-Type": content_type,
+        "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no",  # reverse proxies: pass chunks through as they come
+        "X-Sample-Rate": str(SAMPLE_RATE),
+        "X-Voice": quote(stream.voice.name, safe=""),  # clone ids are file names: any script
+    }
+
+
+async def _whole_body(
+    request: web.Request,
+    stream: SpeechStream,
+    params: SpeechParams,
+    encoder: StreamEncoder,
+    first: np.ndarray | None,
+    chunks: AsyncIterator[np.ndarray],
+) -> web.StreamResponse:
+    """A format whose header needs the total length (FLAC): encode every chunk, then send
+    the complete file with its ``Content-Length``; until then errors are still JSON.
+
+    Raises:
+        ApiError: 500 when the model fails; ServerStoppingError when the server stops.
+    """
+    tempo = Tempo(params.speed)
+    try:
+        audio = first
+        while audio is not None:
+            encoder.encode(tempo.process(audio))
+            audio = await anext(chunks, None)
+    except GenerationError as err:
+        message = f"Speech generation failed: {err}"
+        raise ApiError(500, message, "generation-failed", kind="server_error") from None
+    encoder.encode(tempo.finish())
+    body = encoder.finish()
+    response = web.StreamResponse(headers=_headers(stream, encoder.format.content_type))
+    response.content_length = len(body)
+    limit_send_buffer(request.get_extra_info("socket"))
+    await response.prepare(request)
+    try:
+        await _write(request, response, body)
+        await response.write_eof()
+    except ConnectionError as err:
+        _LOGGER.info("HTTP client left before the end of its %s file (%s)", encoder.format.name, err)
+    return response
+
+
+async def _write(request: web.Request, response: web.StreamResponse, data: bytes) -> None:
+    """``response.write`` that gives up on a client not reading for ``write_timeout`` s.
+
+    Raises:
+        ConnectionResetError: the client did not take the bytes in time (the connection is
+            aborted) or is gone.
+    """
+    timeout = request.app[_WRITE_TIMEOUT_KEY]
+    try:
+        await asyncio.wait_for(response.write(data), timeout)
+    except asyncio.TimeoutError:
+        _LOGGER.info(
+            "HTTP client %s stopped reading for %g s: dropping its response", request.remote, timeout
+        )
+        if request.transport is not None:
+            request.transport.abort()
+        raise ConnectionResetError("client stopped reading") from None
 
 
 async def _stream_body(
@@ -351,18 +455,12 @@ async def _stream_body(
 ) -> web.StreamResponse:
     """Send the headers, then each chunk through tempo and encoder as it comes."""
     sse = params.stream_format == "sse"
-    response = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream" if sse else encoder.format.content_type,
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",  # reverse proxies: pass chunks through as they come
-            "X-Sample-Rate": str(SAMPLE_RATE),
-            "X-Voice": quote(stream.voice.name, safe=""),  # clone ids are file names: any script
-        }
-    )
+    content_type = "text/event-stream" if sse else encoder.format.content_type
+    response = web.StreamResponse(headers=_headers(stream, content_type))
     response.enable_chunked_encoding()
+    limit_send_buffer(request.get_extra_info("socket"))
     await response.prepare(request)
-    send = _sse_sender(response) if sse else _raw_sender(response)
+    send = _sse_sender(request, response) if sse else _raw_sender(request, response)
     tempo = Tempo(params.speed)
     try:
         audio = first
@@ -376,9 +474,12 @@ async def _stream_body(
         )
         stream.cancel()
         return response
-    except GenerationError as err:
-        _LOGGER.error(
-            "Speech failed after %d samples; ending the response: %s", stream.samples, err
+    except (GenerationError, ServerStoppingError) as err:
+        stopping = isinstance(err, ServerStoppingError)
+        _LOGGER.log(
+            logging.INFO if stopping else logging.ERROR,
+            "Speech %s after %d samples; ending the response: %s",
+            "cut" if stopping else "failed", stream.samples, err,
         )
         if not sse:
             # No final chunk: the client sees an incomplete body, not a short "complete" file.
@@ -386,40 +487,56 @@ async def _stream_body(
             if request.transport is not None:
                 request.transport.close()
             return response
-        error = _error_body(
-            f"Speech generation failed: {err}", "generation-failed", kind="server_error"
-        )
-        await _send_event(response, {"type": "error", **error})
+        if stopping:
+            error = _error_body(f"{err}; the audio is incomplete", "server-stopping", kind="server_error")
+        else:
+            error = _error_body(
+                f"Speech generation failed: {err}", "generation-failed", kind="server_error"
+            )
+        with contextlib.suppress(ConnectionError):
+            await _send_event(request, response, {"type": "error", **error})
     else:
         if sse:  # usage: input characters, output codec frames (80 ms each)
             frames = math.ceil(stream.samples / SAMPLES_PER_FRAME)
             usage = {"input_tokens": len(params.text), "output_tokens": frames}
             usage["total_tokens"] = usage["input_tokens"] + frames
-            await _send_event(response, {"type": "speech.audio.done", "usage": usage})
+            try:
+                await _send_event(request, response, {"type": "speech.audio.done", "usage": usage})
+            except ConnectionError:
+                return response
     await response.write_eof()
     return response
 
 
-def _raw_sender(response: web.StreamResponse) -> Callable[[bytes], Awaitable[None]]:
+def _raw_sender(
+    request: web.Request, response: web.StreamResponse
+) -> Callable[[bytes], Awaitable[None]]:
     async def send(data: bytes) -> None:
         if data:  # an empty write would end the chunked body
-            await response.write(data)
+            await _write(request, response, data)
 
     return send
 
 
-def _sse_sender(response: web.StreamResponse) -> Callable[[bytes], Awaitable[None]]:
+def _sse_sender(
+    request: web.Request, response: web.StreamResponse
+) -> Callable[[bytes], Awaitable[None]]:
     async def send(data: bytes) -> None:
         if data:
             await _send_event(
-                response, {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+                request,
+                response,
+                {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()},
             )
 
     return send
 
 
-async def _send_event(response: web.StreamResponse, event: dict[str, Any]) -> None:
-    await response.write(b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n")
+async def _send_event(
+    request: web.Request, response: web.StreamResponse, event: dict[str, Any]
+) -> None:
+    line = b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+    await _write(request, response, line)
 
 
 # --- catalogue, models, probes ----------------------------------------------------------
@@ -486,6 +603,12 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def openapi_json(request: web.Request) -> web.Response:
+    """``GET /openapi.json``: the OpenAPI 3.1 description of the routes of this server."""
+    service = request.app[_SERVICE_KEY]
+    return web.json_response(openapi.document(service.max_chars, request.app[_KEYED]))
+
+
 # --- application ------------------------------------------------------------------------
 
 
@@ -530,39 +653,94 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
                 api,
             )
             body = _error_body(str(api), api.code, api.param, api.kind)
-            headers = {"WWW-Authenticate": "Bearer"} if api.status == 401 else None
+            headers = {"WWW-Authenticate": "Bearer"} if api.status == 401 else {}
+            if api.retry_after is not None:
+                headers["Retry-After"] = str(api.retry_after)
             return web.json_response(body, status=api.status, headers=headers)
         except web.HTTPException as err:
             if err.status < 400:
                 raise
             code = _HTTP_CODES.get(err.status, "http-error")
-            return web.json_response(_error_body(err.reason, code), status=err.status)
+            keep = {k: v for k, v in err.headers.items() if k in ("Allow",)}  # 405 names methods
+            return web.json_response(_error_body(err.reason, code), status=err.status, headers=keep)
+        except HttpProcessingError as err:
+            # The body turned out malformed while a handler read it (a multipart part's
+            # headers, a cut chunked body): the client's fault, found late.
+            reason = str(err.message).strip().splitlines()[0] if err.message else "malformed"
+            _LOGGER.info("HTTP %s %s refused (400 invalid-body): %s", request.method, request.path, reason)
+            body = _error_body(f"The request body is malformed: {reason}", "invalid-body")
+            return web.json_response(body, status=400)
+        except ConnectionError:
+            raise
+        except Exception:  # noqa: BLE001 - a bug: logged in full, answered in OpenAI's shape
+            _LOGGER.exception("HTTP %s %s failed", request.method, request.path)
+            body = _error_body("Internal server error (logged)", "internal-error", kind="server_error")
+            return web.json_response(body, status=500)
 
     return handle
 
 
 def create_app(
-    service: TtsService, api_key: str | None = None, ingress_peer: str | None = None
+    service: TtsService,
+    api_key: str | None = None,
+    ingress_peer: str | None = None,
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT,
 ) -> web.Application:
     """The aiohttp application (routes and middleware) for ``service``.
 
-    ``ingress_peer``: address of Home Assistant's ingress proxy; its requests need no key.
+    Args:
+        service: the speech service.
+        api_key: Bearer key required by ``/v1/*``, or None.
+        ingress_peer: address of Home Assistant's ingress proxy; its requests need no key.
+        write_timeout: seconds a response write may wait for the client to read.
     """
     app = web.Application(
         middlewares=[_middleware(service, api_key, ingress_peer)],
         client_max_size=max(1 << 20, 8 * service.max_chars + (64 << 10)),
     )
     app[_SERVICE_KEY] = service
+    app[_WRITE_TIMEOUT_KEY] = write_timeout
+    app[_KEYED] = bool(api_key)
     app.router.add_post("/v1/audio/speech", speech)
     app.router.add_get("/v1/audio/voices", voices)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi_json)
     from .studio import add_routes  # the voice studio's routes and page
 
     add_routes(app, service)
     return app
+
+
+class _MalformedHttpFilter(logging.Filter):
+    """aiohttp logs an unparseable request (a NUL in a header, a bad request line) at
+    ERROR with a traceback, after answering it with 400. It is the client's fault: one
+    INFO line without traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError) and not _raised_in_a_handler(error):
+            reason = str(error.message).strip().splitlines()[0] if error.message else ""
+            record.msg, record.args = "Malformed HTTP request refused (%d): %s", (error.code, reason)
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+def _raised_in_a_handler(error: BaseException) -> bool:
+    """True when ``error`` came out of a request handler (a 500: a bug, logged in full),
+    not out of aiohttp's request parser (a 400)."""
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "_handle_request":
+            return True
+        tb = tb.tb_next
+    return False
+
+
+_MALFORMED_FILTER = _MalformedHttpFilter()
 
 
 def _is_loopback(host: str) -> bool:
@@ -575,13 +753,22 @@ def _is_loopback(host: str) -> bool:
 
 
 async def start_http(
-    service: TtsService, host: str, port: int, api_key: str | None, ingress_peer: str | None = None
+    service: TtsService,
+    host: str,
+    port: int,
+    api_key: str | None,
+    ingress_peer: str | None = None,
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
 ) -> web.AppRunner:
     """Serve the HTTP door on ``host``:``port``; returns the started runner.
 
-    ``runner.cleanup()`` stops it (in-flight responses get 2 s, then are cancelled).
+    ``runner.cleanup()`` stops it (in-flight responses get 2 s, then are cancelled); call
+    ``stop_listening`` first, then ``TtsService.shutdown``, to end them cleanly.
 
     A client that disconnects cancels its request handler, which cancels its generation.
+    ``write_timeout``: see ``create_app``; ``idle_timeout``: seconds a connection with no
+    request in progress is kept open (aiohttp's keep-alive timeout, also for a new one).
 
     Raises:
         OSError: the address cannot be bound.
@@ -593,8 +780,14 @@ async def start_http(
             host,
             port,
         )
+    server_logger = logging.getLogger("aiohttp.server")
+    if _MALFORMED_FILTER not in server_logger.filters:
+        server_logger.addFilter(_MALFORMED_FILTER)
     runner = web.AppRunner(
-        create_app(service, api_key, ingress_peer), handler_cancellation=True, shutdown_timeout=2.0
+        create_app(service, api_key, ingress_peer, write_timeout),
+        handler_cancellation=True,
+        shutdown_timeout=2.0,
+        keepalive_timeout=idle_timeout,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -610,3 +803,9 @@ async def start_http(
         "required" if api_key else "not required",
     )
     return runner
+
+
+async def stop_listening(runner: web.AppRunner) -> None:
+    """Close the HTTP listening sockets: no new connections; open ones carry on."""
+    for site in list(runner.sites):
+        await site.stop()

@@ -33,6 +33,8 @@ _LOGGER = logging.getLogger(__name__)
 #: Default longest text of one request or one text stream, in characters (about ten
 #: minutes of speech). OpenAI's own limit is 4096.
 DEFAULT_MAX_CHARS = 10_000
+#: Default cap on requests open at once over both doors (generating or waiting their turn).
+DEFAULT_MAX_QUEUE = 32
 
 
 class RequestError(Exception):
@@ -65,6 +67,23 @@ class LanguageError(RequestError):
     code = "unsupported-language"
 
 
+class OverloadedError(RequestError):
+    """The server already has ``max_queue`` requests open: refused at once, never queued.
+
+    Attributes:
+        retry_after_s: seconds after which a retry is worth trying (HTTP ``Retry-After``).
+    """
+
+    code = "overloaded"
+    retry_after_s = 2
+
+
+class ServerStoppingError(RequestError):
+    """The server is shutting down: new requests are refused and open streams end with it."""
+
+    code = "server-stopping"
+
+
 @dataclass(frozen=True)
 class SpeechRequest:
     """What a client asked for, in protocol-neutral terms.
@@ -91,7 +110,9 @@ __all__ = [
     "EmptyTextError",
     "GenerationError",
     "LanguageError",
+    "OverloadedError",
     "RequestError",
+    "ServerStoppingError",
     "SpeechRequest",
     "SpeechStream",
     "TextTooLongError",
@@ -114,6 +135,7 @@ class TtsService:
         fixed_frames: generate exactly this many codec frames per segment (benchmarks with
             random weights, which rarely end on their own); None caps by ``frame_budget``.
         anchors: the presets' anchors (None: presets are always designed live).
+        max_queue: most requests open at once (both doors); ``open`` refuses the next one.
     """
 
     def __init__(
@@ -126,6 +148,7 @@ class TtsService:
         seed: int | None = None,
         fixed_frames: int | None = None,
         anchors: Anchors | None = None,
+        max_queue: int = DEFAULT_MAX_QUEUE,
     ) -> None:
         self.catalog = catalog
         self.anchors = anchors
@@ -139,6 +162,9 @@ class TtsService:
         self.default_voice = default_voice
         self.metrics = metrics
         self.max_chars = max_chars
+        self.max_queue = max_queue
+        self._open: set[SpeechStream] = set()  # streams not yet ended (the admission count)
+        self._stopping = False
 
     @property
     def kinds(self) -> frozenset[ModelKind]:
@@ -198,8 +224,17 @@ class TtsService:
                 segment may end at a clause so speech starts sooner. False for a whole text.
 
         Raises:
+            ServerStoppingError: ``shutdown`` was called.
+            OverloadedError: ``max_queue`` requests are open already.
             VoiceNotFoundError, LanguageError: the request cannot be served.
         """
+        if self._stopping:
+            raise ServerStoppingError("The server is shutting down")
+        if len(self._open) >= self.max_queue:
+            raise OverloadedError(
+                f"The server is busy ({len(self._open)} requests open, the limit is "
+                f"{self.max_queue}); retry in a few seconds"
+            )
         voice = self.resolve_voice(request.voice)
         if request.instructions and not request.voice and ModelKind.VOICE_DESIGN in self._engines:
             # A description alone designs a voice: take the VoiceDesign model.
@@ -224,7 +259,21 @@ class TtsService:
         if seed is None:
             seed = random.randrange(2**31)
         job = self._schedulers[kind].open_job(asyncio.get_running_loop())
-        return SpeechStream(self, job, voice, language, instruct, seed, request.door, streamed, reference)
+        stream = SpeechStream(self, job, voice, language, instruct, seed, request.door, streamed, reference)
+        self._open.add(stream)
+        return stream
+
+    @property
+    def open_streams(self) -> int:
+        """Requests open now (generating, queued, or with audio not yet consumed)."""
+        return len(self._open)
+
+    def shutdown(self) -> None:
+        """Refuse new requests and end every open stream: its generation stops within a
+        frame and its iteration raises ``ServerStoppingError`` (must run in the event loop)."""
+        self._stopping = True
+        for stream in list(self._open):
+            stream.interrupt(ServerStoppingError("The server is shutting down"))
 
     async def render_design(self, spec: AnchorSpec) -> np.ndarray:
         """Render one VoiceDesign clip in a single generation (an anchor, or a design
@@ -327,6 +376,7 @@ class SpeechStream:
         self.first_audio_s: float | None = None
         self.samples = 0
         self._outcome: str | None = None
+        self._interrupted: RequestError | None = None
 
     def add_text(self, delta: str) -> None:
         """Feed text (a whole message or an arbitrary delta); complete sentences start now.
@@ -374,11 +424,17 @@ class SpeechStream:
         self._job.cancel()
         self._record("cancelled")
 
+    def interrupt(self, error: RequestError) -> None:
+        """Cancel on the server's behalf: iteration ends by raising ``error``."""
+        self._interrupted = self._interrupted or error
+        self.cancel()
+
     async def __aiter__(self) -> AsyncIterator[np.ndarray]:
         """Audio chunks, float32 [n_samples] at 24 kHz, in text order, as they are decoded.
 
         Raises:
             GenerationError: the model failed; the stream is cancelled.
+            ServerStoppingError: the server shut down before the stream's end.
         """
         try:
             async for chunk in self._job:
@@ -390,6 +446,8 @@ class SpeechStream:
         except GenerationError:
             self._record("error", code="generation-failed")
             raise
+        if self._interrupted is not None:
+            raise self._interrupted
         if not self._job.cancelled.is_set():
             self._record("ok")
 
@@ -397,6 +455,7 @@ class SpeechStream:
         if self._outcome is not None:
             return
         self._outcome = outcome
+        self._service._open.discard(self)
         m = self._service.metrics
         m.requests.labels(self._door, outcome).inc()
         if code:

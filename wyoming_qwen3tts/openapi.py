@@ -1,0 +1,451 @@
+"""The OpenAPI 3.1 description of the HTTP door, served at ``GET /openapi.json``.
+
+It describes what ``http_api`` really accepts and returns (schemathesis checks the live
+server against it in ``tests/test_openapi.py``): every optional request field may also be
+``null`` (the server treats it as absent), unknown fields are ignored, and every error is
+OpenAI's shape. Dynamic parts (the ``input`` length limit, whether the API key is
+required) come from the running server.
+
+Other modules add their routes with ``add_paths``: ``document`` merges every registered
+path item and schema into the description. The voice studio's routes (``studio.py``) are
+described here, in ``_studio_paths``, until that module registers its own.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from . import __version__
+from .encoders import FORMATS
+from .tempo import MAX_SPEED, MIN_SPEED
+
+#: Largest accepted ``seed`` (http_api.MAX_SEED).
+_MAX_SEED = 2**32 - 1
+#: Longest ``instructions`` (http_api.MAX_INSTRUCTIONS_CHARS).
+_MAX_INSTRUCTIONS = 2000
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` or JSON null (the server treats null as absent)."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _json(schema: dict[str, Any], description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def _error(description: str, retry: bool = False) -> dict[str, Any]:
+    headers = {"Retry-After": {"$ref": "#/components/headers/RetryAfter"}} if retry else None
+    return _json(_ERROR, description, headers)
+
+
+_SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "description": "OpenAI's error object.",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type", "param", "code"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string", "examples": ["invalid_request_error", "server_error", "rate_limit_error"]},
+                    "param": {"type": ["string", "null"], "description": "The request field at fault."},
+                    "code": {"type": ["string", "null"], "description": "Stable machine-readable id."},
+                },
+            }
+        },
+    },
+    "Voice": {
+        "type": "object",
+        "required": ["id", "name", "kind", "model", "summary", "languages", "aliases"],
+        "properties": {
+            "id": {"type": "string"},
+            "name": {"type": "string"},
+            "kind": {"type": "string", "enum": ["base", "voice_design", "custom_voice"]},
+            "model": {"type": "string", "description": "The model name that selects this voice's kind."},
+            "summary": {"type": "string"},
+            "languages": {"type": "array", "items": {"type": "string"}, "description": "BCP-47 codes."},
+            "aliases": {"type": "array", "items": {"type": "string"}},
+            "source": {"type": "string", "enum": ["shipped", "user", "clone", "builtin"]},
+            "served": {"type": "string", "enum": ["anchor", "designed-live", "clone", "speaker"]},
+            "anchor": {"type": "string", "enum": ["ready", "pending", "waiting", "failed", "off"]},
+        },
+    },
+    "VoiceList": {
+        "type": "object",
+        "required": ["default", "voices"],
+        "properties": {
+            "default": {"type": "string"},
+            "voices": {"type": "array", "items": {"$ref": "#/components/schemas/Voice"}},
+        },
+    },
+    "ModelList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "object", "created", "owned_by"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "object": {"const": "model"},
+                        "created": {"type": "integer"},
+                        "owned_by": {"type": "string"},
+                    },
+                },
+            },
+        },
+    },
+    "Status": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"type": "string"}},
+    },
+    "Readiness": {
+        "type": "object",
+        "required": ["status", "models"],
+        "properties": {
+            "status": {"type": "string", "enum": ["ready", "not-ready"]},
+            "models": {
+                "type": "object",
+                "additionalProperties": {"type": "string", "enum": ["ready", "loading", "failed"]},
+            },
+        },
+    },
+}
+
+_HEADERS: dict[str, Any] = {
+    "RetryAfter": {
+        "description": "Seconds after which a retry may succeed.",
+        "schema": {"type": "string", "pattern": "^[0-9]+$"},
+    },
+    "SampleRate": {"description": "Sample rate of the audio: 24000.", "schema": {"type": "string"}},
+    "Voice": {"description": "The voice used (percent-encoded).", "schema": {"type": "string"}},
+}
+
+#: Path items added by other modules (``add_paths``).
+_EXTRA_PATHS: dict[str, Any] = {}
+_EXTRA_SCHEMAS: dict[str, Any] = {}
+
+
+def add_paths(paths: dict[str, Any], schemas: dict[str, Any] | None = None) -> None:
+    """Register more path items (OpenAPI ``paths`` entries) and component schemas; later
+    ``document`` calls include them. Operations under ``/v1/`` get the API key
+    requirement and its 401 answer added, as the server's middleware applies them."""
+    _EXTRA_PATHS.update(copy.deepcopy(paths))
+    _EXTRA_SCHEMAS.update(copy.deepcopy(schemas or {}))
+
+
+def _speech_request(max_chars: int) -> dict[str, Any]:
+    string = {"type": "string"}
+    return {
+        "type": "object",
+        "required": ["input"],
+        "description": "OpenAI's speech request, plus extensions. Unknown fields are ignored.",
+        "properties": {
+            "input": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": max_chars,
+                "description": "The text (413 above the limit; 400 when nothing speakable remains).",
+            },
+            "model": _nullable({**string, "description": "tts-1, tts-1-hd, gpt-4o-mini-tts or a qwen3-tts-* name."}),
+            "voice": _nullable(
+                {
+                    "oneOf": [
+                        {**string, "description": "A voice name or alias (GET /v1/audio/voices)."},
+                        {"type": "object", "required": ["id"], "properties": {"id": string}},
+                    ]
+                }
+            ),
+            "instructions": _nullable({**string, "maxLength": _MAX_INSTRUCTIONS}),
+            "response_format": _nullable({"type": "string", "enum": list(FORMATS)}),
+            "stream_format": _nullable({"type": "string", "enum": ["audio", "sse"]}),
+            "speed": _nullable({"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED}),
+            "language": _nullable({**string, "description": "BCP-47 code or Qwen3-TTS language name."}),
+            "seed": _nullable({"type": "integer", "minimum": 0, "maximum": _MAX_SEED}),
+            "reference_voice": _nullable(
+                {**string, "pattern": "\\S", "description": "A clone-library voice id."}
+            ),
+        },
+    }
+
+
+def _speech_operation() -> dict[str, Any]:
+    audio = {"schema": {"type": "string", "format": "binary"}}
+    content = {fmt.content_type: audio for fmt in FORMATS.values()}
+    content["text/event-stream"] = {
+        "schema": {"type": "string", "description": "Server-sent events (stream_format sse)."}
+    }
+    return {
+        "operationId": "createSpeech",
+        "summary": "Speak a text (streamed as it is generated; FLAC as a whole file)",
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SpeechRequest"}}},
+        },
+        "responses": {
+            "200": {
+                "description": "The audio in the requested format.",
+                "headers": {
+                    "X-Sample-Rate": {"$ref": "#/components/headers/SampleRate"},
+                    "X-Voice": {"$ref": "#/components/headers/Voice"},
+                },
+                "content": content,
+            },
+            "400": _error("Malformed body, wrong type or value, nothing speakable."),
+            "404": _error("Unknown voice, reference voice or model."),
+            "413": _error("Input over the server's limit, or a body over its size limit."),
+            "429": _error("Too many requests open: retry after Retry-After seconds.", retry=True),
+            "500": _error("The model failed before any audio."),
+            "503": _error("A model is not ready, or the server is stopping.", retry=True),
+        },
+    }
+
+
+def _get(operation_id: str, summary: str, responses: dict[str, Any]) -> dict[str, Any]:
+    return {"get": {"operationId": operation_id, "summary": summary, "responses": responses}}
+
+
+def _wav(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "headers": {"X-Voice": {"$ref": "#/components/headers/Voice"}},
+        "content": {"audio/wav": {"schema": {"type": "string", "format": "binary"}}},
+    }
+
+
+def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+def _studio_paths() -> dict[str, Any]:
+    """The voice studio's routes (``studio.add_routes``): voice management and design."""
+    voice = {"$ref": "#/components/schemas/Voice"}
+    name = {"in": "path", "required": True, "schema": {"type": "string"}}
+    edits = {
+        "400": _error("Bad name, transcript or clip."),
+        "403": _error("A shipped preset or built-in speaker cannot be changed."),
+        "404": _error("No such voice."),
+        "409": _error("Name taken, the default voice, no voices folder, or the model is off."),
+        "500": _error("The voices folder could not be written."),
+    }
+    return {
+        "/": _get(
+            "studioPage", "The voice studio page (HTML; needs no key)",
+            {"200": {"description": "The page.", "content": {"text/html": {"schema": {"type": "string"}}}}},
+        ),
+        "/v1/audio/voices": {
+            "post": {
+                "operationId": "createCloneVoice",
+                "summary": "A clone voice from an uploaded clip (the first 20 s are used)",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "multipart/form-data": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["name", "file"],
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "file": {"type": "string", "format": "binary", "description": "Any format FFmpeg reads, at most 20 MB."},
+                                    "transcript": {"type": "string"},
+                                },
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "201": _json(voice, "The new voice."),
+                    **edits,
+                    "413": _error("The clip is over 20 MB."),
+                },
+            }
+        },
+        "/v1/audio/voices/{voice}/sample": {
+            "get": {
+                "operationId": "voiceSample",
+                "summary": "The clip a voice speaks from, as WAV",
+                "parameters": [{"name": "voice", **name}],
+                "responses": {
+                    "200": _wav("A clone's reference, or a preset's anchor."),
+                    "404": _error("No such voice, or it speaks from no clip."),
+                    "500": _error("The preset's anchor could not be rendered."),
+                },
+            }
+        },
+        "/v1/audio/voices/{voice}": {
+            "patch": {
+                "operationId": "renameVoice",
+                "summary": "Rename a clone voice or user preset",
+                "parameters": [{"name": "voice", **name}],
+                "requestBody": _json_body(
+                    {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
+                ),
+                "responses": {"200": _json(voice, "The renamed voice."), **edits},
+            },
+            "delete": {
+                "operationId": "deleteVoice",
+                "summary": "Delete a clone voice or user preset",
+                "parameters": [{"name": "voice", **name}],
+                "responses": {
+                    "200": _json(
+                        {"type": "object", "required": ["deleted"], "properties": {"deleted": {"type": "string"}}},
+                        "The deleted voice's name.",
+                    ),
+                    **edits,
+                },
+            },
+        },
+        "/v1/audio/designs": {
+            "post": {
+                "operationId": "createDesign",
+                "summary": "VoiceDesign candidates for a description, each with its own seed",
+                "requestBody": _json_body(
+                    {
+                        "type": "object",
+                        "required": ["description", "language"],
+                        "properties": {
+                            "description": {"type": "string", "maxLength": _MAX_INSTRUCTIONS},
+                            "language": {"type": "string"},
+                            "text": _nullable({"type": "string"}),
+                            "count": {"type": "integer", "minimum": 1, "maximum": 4},
+                            "seed": _nullable({"type": "integer", "minimum": 0, "maximum": _MAX_SEED - 4}),
+                        },
+                    }
+                ),
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["description", "language", "text", "candidates"],
+                            "properties": {
+                                "description": {"type": "string"},
+                                "language": {"type": "string"},
+                                "text": {"type": "string"},
+                                "candidates": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "required": ["id", "seed", "seconds", "sample"],
+                                        "properties": {
+                                            "id": {"type": "string"},
+                                            "seed": {"type": "integer"},
+                                            "seconds": {"type": "number"},
+                                            "sample": {"type": "string"},
+                                        },
+                                    },
+                                },
+                            },
+                        },
+                        "The candidates (keep one with .../keep).",
+                    ),
+                    "400": _error("Missing or bad field."),
+                    "409": _error("The VoiceDesign model is off."),
+                    "500": _error("Designing failed."),
+                },
+            }
+        },
+        "/v1/audio/designs/{candidate}/sample": {
+            "get": {
+                "operationId": "designSample",
+                "summary": "A design candidate's clip, as WAV",
+                "parameters": [{"name": "candidate", **name}],
+                "responses": {"200": _wav("The clip."), "404": _error("No such candidate (they are kept until a restart).")},
+            }
+        },
+        "/v1/audio/designs/{candidate}/keep": {
+            "post": {
+                "operationId": "keepDesign",
+                "summary": "Keep a candidate as a preset whose anchor is its clip",
+                "parameters": [{"name": "candidate", **name}],
+                "requestBody": _json_body(
+                    {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "summary": _nullable({"type": "string"}),
+                            "replace": {"type": "boolean"},
+                        },
+                    }
+                ),
+                "responses": {"201": _json(voice, "The new preset."), **edits},
+            }
+        },
+    }
+
+
+def document(max_chars: int, api_key: bool = False) -> dict[str, Any]:
+    """The OpenAPI 3.1 description of this server.
+
+    Args:
+        max_chars: the server's ``--max-chars`` (``input``'s ``maxLength``).
+        api_key: True when ``/v1/*`` requires ``Authorization: Bearer <key>``.
+    """
+    paths: dict[str, Any] = {
+        "/v1/audio/speech": {"post": _speech_operation()},
+        "/v1/audio/voices": _get(
+            "listVoices", "The voice catalogue",
+            {"200": _json({"$ref": "#/components/schemas/VoiceList"}, "Every voice, by name.")},
+        ),
+        "/v1/models": _get(
+            "listModels", "OpenAI's model list",
+            {"200": _json({"$ref": "#/components/schemas/ModelList"}, "Generic and loaded model names.")},
+        ),
+        "/health": _get(
+            "health", "Liveness",
+            {"200": _json({"$ref": "#/components/schemas/Status"}, "The process serves.")},
+        ),
+        "/ready": _get(
+            "ready", "Readiness: every model warmed up",
+            {
+                "200": _json({"$ref": "#/components/schemas/Readiness"}, "Ready."),
+                "503": _json({"$ref": "#/components/schemas/Readiness"}, "A model is loading or failed."),
+            },
+        ),
+        "/metrics": _get(
+            "metrics", "Prometheus metrics",
+            {"200": {"description": "Text exposition format.", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+        ),
+        "/openapi.json": _get(
+            "openapi", "This description",
+            {"200": _json({"type": "object"}, "OpenAPI 3.1.")},
+        ),
+    }
+    for path, item in _studio_paths().items():
+        paths.setdefault(path, {}).update(item)
+    paths.update(copy.deepcopy(_EXTRA_PATHS))
+    for path, item in paths.items():
+        if not path.startswith("/v1/"):
+            continue
+        for operation in item.values():
+            if api_key:
+                operation["security"] = [{"bearerAuth": []}]
+                operation["responses"].setdefault("401", _error("Missing or wrong API key."))
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "wyoming-qwen3tts",
+            "version": __version__,
+            "description": "OpenAI-compatible text-to-speech for Qwen3-TTS.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": {**copy.deepcopy(_SCHEMAS), "SpeechRequest": _speech_request(max_chars), **copy.deepcopy(_EXTRA_SCHEMAS)},
+            "headers": copy.deepcopy(_HEADERS),
+            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+    return doc
