@@ -143,7 +143,7 @@ def _device(choice: str, engine: str) -> str:
         how = (
             "the batched engine runs eagerly, frame by frame"
             if engine == "batched"
-            else "the qwen_tts reference model; audio arrives a whole sentence at a time"
+            else "the qwen_tts reference model, one request at a time"
         )
         _LOGGER.warning(
             "No CUDA GPU: running on the CPU (%s). This path is SLOW (the 1.7B models take "

@@ -314,7 +314,7 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
 # --- speech -----------------------------------------------------------------------------
 
 
-async def _read_json(request: web.Request) -> Any:
+async def read_json(request: web.Request) -> Any:
     """The body as JSON whose strings are all valid Unicode.
 
     Raises:
@@ -334,7 +334,7 @@ async def _read_json(request: web.Request) -> Any:
 async def speech(request: web.Request) -> web.StreamResponse:
     """``POST /v1/audio/speech``: validate, open a stream, send audio as it is generated."""
     service = request.app[_SERVICE_KEY]
-    params = parse_speech(await _read_json(request), service.max_chars)
+    params = parse_speech(await read_json(request), service.max_chars)
     if not service.is_ready():
         raise ApiError(
             503, "The models are still warming up; retry shortly", "not-ready", kind="server_error"

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
-import json
 import logging
 import random
 import re
@@ -44,7 +43,7 @@ from aiohttp import BodyPartReader, web
 
 from .anchors import AnchorSpec, anchor_text, preset_spec
 from .audio import SAMPLE_RATE
-from .http_api import MAX_INSTRUCTIONS_CHARS, ApiError
+from .http_api import MAX_INSTRUCTIONS_CHARS, ApiError, read_json
 from .http_api import _voice_json as _listed_json
 from .languages import AUTO, QWEN_LANGUAGES, UnsupportedLanguageError, to_qwen
 from .library import (
@@ -141,10 +140,7 @@ def _edits(handler: Handler) -> Handler:
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"The request body is not valid JSON: {err}", "invalid-json") from None
+    body = await read_json(request)
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object", "invalid-json")
     return body

@@ -80,7 +80,7 @@ def load_engine(
         chunk_frames: codec frames per streamed chunk.
         engine: "batched" (the slot pool; CUDA graphs on CUDA, eager elsewhere), "single"
             (faster-qwen3-tts's own single-stream generator, CUDA only), "reference"
-            (qwen_tts, whole segments, the CPU path) or "auto" (see ``pick_engine``).
+            (qwen_tts's own generator, streamed by hooks; the CPU path) or "auto" (see ``pick_engine``).
         max_streams: slots of the batched engine.
         on_join: the batched engine's join-stall observer (seconds).
         dtype: one of ``DTYPES``. float32 on CUDA also turns TF32 off (exact float32), for GPUs
