@@ -183,9 +183,9 @@ def test_join_leave_cancel_queue_and_failure(design: BatchedEngine) -> None:
 def test_eos_ends_a_row_after_min_new_tokens(design: BatchedEngine) -> None:
     """With EOS made the most likely token, a row ends exactly at ``min_new_tokens`` frames
     (EOS is held back until then), read back a step later without stalling the others."""
-    eos = design.step.eos_id
+    eos = torch.tensor([design.step.eos_id], device=design.device)  # made outside any capture
     favour_eos = design.talker.codec_head.register_forward_hook(
-        lambda _module, _args, logits: logits.index_fill(-1, torch.tensor([eos], device=logits.device), 100.0)
+        lambda _module, _args, logits: logits.index_fill(-1, eos, 100.0)
     )
     if design.use_graphs:  # a hook only acts where it is captured
         design.graphs.capture()
