@@ -42,7 +42,7 @@ for stage in "$@"; do
       timeout "${SOAK_S:-300}" python3 -m benchmarks.soak --wyoming-port 10300 --http-port 8890 --pid $server \
         --requests "${SOAK_REQUESTS:-1000}" --concurrency "${SOAK_CONCURRENCY:-8}" --out "$OUT/soak" 2>&1 | tail -25
       t0=$(date +%s); kill -TERM $server; wait $server; echo "server exit $? after SIGTERM in $(( $(date +%s) - t0 )) s"
-      grep -E "ERROR|Traceback" /tmp/soak/server.log | head -5 ;;
+      cp /tmp/soak/server.log "$OUT/soak/server.log"; grep -E "ERROR|Traceback" /tmp/soak/server.log | head -5 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   echo "== $stage: $(( $(date +%s) - start )) s"

@@ -4,6 +4,9 @@ the pool's lifecycle (join, leave, cancel, queue, failure)."""
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from wyoming_qwen3tts.engine import Sampling, Segment
+from wyoming_qwen3tts.engine import Engine, Sampling, Segment, Work, WorkSource
 from wyoming_qwen3tts.engine.batched import BatchedEngine
 from wyoming_qwen3tts.voices import ModelKind, Reference
 
@@ -95,7 +98,7 @@ def test_greedy_codes_equal_the_reference_generator(kind: str, device: str, chec
     if kind == "voice_design":
         engine = load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN, slots=2, device=device)
         segment = Segment(text, "english", frames, 2, seed=3, instruct=INSTRUCT, sampling=greedy)
-        args = dict(text=text, instruct=INSTRUCT, language="english")
+        args: dict[str, Any] = dict(text=text, instruct=INSTRUCT, language="english")
         method = "generate_voice_design"
     elif kind == "custom_voice":
         engine = load_tiny(checkpoints / "custom_voice", ModelKind.CUSTOM_VOICE, slots=2, device=device)
@@ -199,6 +202,128 @@ def test_eos_ends_a_row_after_min_new_tokens(design: BatchedEngine) -> None:
         if design.use_graphs:
             design.graphs.capture()
     assert sink.frames == 3 and len(sink.pcm) == 3 * 1920
+
+
+class _Source:
+    """A closable work source with blocking ``take``, as the engine thread sees the scheduler."""
+
+    def __init__(self) -> None:
+        self.items: queue.Queue[Work] = queue.Queue()
+        self.stop = threading.Event()
+
+    def take(self, wait: float | None) -> Work | None:
+        try:
+            return self.items.get(timeout=0.05 if wait is None else max(wait, 0.001))
+        except queue.Empty:
+            return None
+
+    def closed(self) -> bool:
+        return self.stop.is_set()
+
+
+def _wait(sink: Collect, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not sink.finished:
+        assert time.monotonic() < deadline, "the request hangs"
+        time.sleep(0.01)
+
+
+def test_an_unexpected_engine_error_fails_running_streams_and_serving_goes_on(
+    design: BatchedEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error outside any one row (here in the join-stall report, which once raised on the
+    GPU when a prefill's events were still pending) fails the streams then running, with the
+    error; the engine thread lives on and the next request gets the audio it gets alone."""
+    expected = solo(design, seg("After the failure.", seed=5)).pcm
+    real = design._report_joins
+    calls = {"n": 0}
+
+    def broken() -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
+        real()
+
+    monkeypatch.setattr(design, "_report_joins", broken)
+    source = _Source()
+    thread = threading.Thread(target=design.serve, args=(source,), daemon=True)
+    thread.start()
+    try:
+        victim = Collect()
+        source.items.put(Work(seg("Running when it breaks.", seed=4, frames=40), victim))
+        _wait(victim)
+        assert victim.error is not None and "elapsed time" in str(victim.error)
+        after = Collect()
+        source.items.put(Work(seg("After the failure.", seed=5), after))
+        _wait(after)
+        assert after.error is None and after.frames == FRAMES
+        np.testing.assert_allclose(after.pcm, expected, atol=1e-4)
+    finally:
+        source.stop.set()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+class _Event:
+    """Stands in for a ``torch.cuda.Event`` pair's end: complete or not."""
+
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, end: _Event) -> float:
+        if not (self.done and end.done):
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
+        return 12.0
+
+
+def test_a_join_stall_is_reported_once_its_prefill_has_finished(design: BatchedEngine) -> None:
+    """A prefill enqueued after the step being delivered may still be running on the GPU: its
+    stall is reported by a later delivery, never read early (which raises in torch)."""
+    stalls: list[float] = []
+    saved = design._on_join
+    design._on_join = stalls.append
+    try:
+        start, end = _Event(True), _Event(False)
+        design._joins.append((start, end))  # type: ignore[arg-type]
+        design._report_joins()
+        assert stalls == [] and len(design._joins) == 1
+        start.done = end.done = True
+        design._report_joins()
+        assert stalls == [0.012] and design._joins == []
+    finally:
+        design._on_join = saved
+        design._joins.clear()
+
+
+def test_an_engine_thread_that_dies_fails_later_work_instead_of_hanging() -> None:
+    """If ``serve`` itself raises, the thread logs it, the engine reports ``serve_error``
+    (``/ready`` then says "failed"), and every later segment fails at once."""
+
+    class Broken(Engine):
+        def speakers(self) -> list[str]:
+            return []
+
+        def warmup(self, segment: Segment) -> None:
+            pass
+
+        def serve(self, source: WorkSource) -> None:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    engine = Broken(ModelKind.BASE, 1, 1)
+    source = _Source()
+    engine.start(source)
+    try:
+        sink = Collect()
+        source.items.put(Work(seg("Anyone there?"), sink))
+        _wait(sink, 10)
+        assert isinstance(engine.serve_error, RuntimeError)
+        assert sink.error is not None and "base engine stopped" in str(sink.error)
+    finally:
+        source.stop.set()
+        engine.join(10)
 
 
 @pytest.mark.gpu

@@ -179,7 +179,11 @@ class TtsService:
     def model_states(self) -> dict[str, str]:
         """Each loaded model's state: "ready", "loading" or "failed" (for ``/ready``)."""
         return {
-            kind.value: "failed" if e.warm_error is not None else "ready" if e.ready.is_set() else "loading"
+            kind.value: "failed"
+            if e.warm_error is not None or e.serve_error is not None
+            else "ready"
+            if e.ready.is_set()
+            else "loading"
             for kind, e in self._engines.items()
         }
 

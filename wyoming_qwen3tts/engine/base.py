@@ -8,6 +8,7 @@ calls the sink from that thread. The engine knows nothing of clients, protocols 
 
 from __future__ import annotations
 
+import logging
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ import numpy as np
 
 from ..voices import ModelKind
 from .segment import Segment
+
+_LOGGER = logging.getLogger(__name__)
 
 
 class ModelMismatchError(ValueError):
@@ -66,6 +69,8 @@ class Engine(ABC):
         chunk_frames: codec frames per delivered chunk (1920 samples each).
         capacity: segments generated at the same time (slots).
         ready: set once warm-up ended; ``warm_error`` says whether it failed.
+        serve_error: set if the engine thread stopped on an unexpected error; from then
+            on every segment it is given fails at once (see ``start``).
         backend: one line naming the back end, for ``describe`` and logs.
     """
 
@@ -77,6 +82,7 @@ class Engine(ABC):
         self.capacity = capacity
         self.ready = threading.Event()
         self.warm_error: BaseException | None = None
+        self.serve_error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
     @abstractmethod
@@ -108,9 +114,22 @@ class Engine(ABC):
     def start(self, source: WorkSource) -> None:
         """Start the engine thread, serving ``source`` until it closes."""
         self._thread = threading.Thread(
-            target=self.serve, args=(source,), name=f"engine-{self.kind.value}", daemon=True
+            target=self._serve_guarded, args=(source,), name=f"engine-{self.kind.value}", daemon=True
         )
         self._thread.start()
+
+    def _serve_guarded(self, source: WorkSource) -> None:
+        """``serve``, and if it ever raises, fail every later segment instead of hanging it."""
+        try:
+            self.serve(source)
+        except BaseException as err:  # noqa: BLE001 - the thread must not die silently
+            _LOGGER.exception("The %s engine stopped on an unexpected error", self.kind.value)
+            self.serve_error = err
+            error = RuntimeError(f"The {self.kind.value} engine stopped: {err}")
+            while not source.closed():
+                work = source.take(wait=0.5)
+                if work is not None:
+                    work.sink.failed(error)
 
     def join(self, timeout: float) -> None:
         """Wait for the engine thread to end (after its source closed)."""

@@ -216,10 +216,15 @@ class BatchedEngine(Engine):
                         if not row.finished:
                             row.finished = True
                             row.work.sink.failed(err)
-            if pending is not None:
-                self._deliver(pending)
-            pending = launched
-            self._retire()
+            try:
+                if pending is not None:
+                    self._deliver(pending)
+                pending = launched
+                self._retire()
+            except Exception as err:  # noqa: BLE001 - fail what runs, keep serving the rest
+                _LOGGER.exception("Batched engine error; failing %d stream(s)", len(self._rows))
+                self._fail_all(err)
+                pending = None
         for row in self._rows:  # stopping: end what is running
             if not row.finished:
                 row.finished = True
@@ -365,15 +370,32 @@ class BatchedEngine(Engine):
             tensor[dst].copy_(tensor[src])
         self.decoder.move_row(src, dst)
 
+    def _fail_all(self, error: BaseException) -> None:
+        """End every row with ``error`` and free all slots (after an unexpected error)."""
+        if self.use_graphs:
+            torch.cuda.synchronize(self.device)
+        for row in self._rows:
+            if not row.finished:
+                row.finished = True
+                try:
+                    row.work.sink.failed(error)
+                except Exception:  # noqa: BLE001 - one broken sink must not stop the others
+                    _LOGGER.exception("Reporting a failure to a stream failed")
+        self._rows.clear()
+        self._joins.clear()
+
     def _report_joins(self) -> None:
-        if not self._joins:
-            return
-        for start, end in self._joins:
+        """Report the stall of each admission whose prefill has finished on the GPU.
+
+        A prefill recorded after the step being delivered may still run: it stays queued
+        until a later delivery finds its end event complete.
+        """
+        while self._joins and self._joins[0][1].query():
+            start, end = self._joins.pop(0)
             stall = start.elapsed_time(end) / 1000.0
             _LOGGER.debug("Join stall %.1f ms", stall * 1000)
             if self._on_join is not None:
                 self._on_join(stall)
-        self._joins.clear()
 
     def _capture(self) -> None:
         """Host buffers, and on CUDA one graph per (batch, length) bucket."""
