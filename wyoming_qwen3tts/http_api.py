@@ -45,6 +45,7 @@ from .encoders import FORMATS, StreamEncoder, open_encoder
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
 from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from . import openapi
+from .http_common import MAX_INSTRUCTIONS_CHARS, MODEL_OF_KIND, ApiError, error_body, read_json, voice_json
 from .service import (
     EmptyTextError,
     GenerationError,
@@ -60,7 +61,7 @@ from .service import (
     check_text,
 )
 from .tempo import MAX_SPEED, MIN_SPEED, Tempo
-from .voices import ModelKind, Voice
+from .voices import ModelKind
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -73,14 +74,7 @@ KIND_MODELS: dict[str, ModelKind] = {
     "qwen3-tts-voice-design": ModelKind.VOICE_DESIGN,
     "qwen3-tts-custom-voice": ModelKind.CUSTOM_VOICE,
 }
-_MODEL_OF_KIND = {
-    ModelKind.BASE: "qwen3-tts-clone",
-    ModelKind.VOICE_DESIGN: "qwen3-tts-voice-design",
-    ModelKind.CUSTOM_VOICE: "qwen3-tts-custom-voice",
-}
 STREAM_FORMATS = ("audio", "sse")
-#: Longest ``instructions`` (VoiceDesign description), in characters: it sits in the prompt.
-MAX_INSTRUCTIONS_CHARS = 2000
 #: Largest accepted seed (torch seeds are 64-bit; this keeps them portable).
 MAX_SEED = 2**32 - 1
 _OPEN_PATHS = ("/health", "/ready", "/metrics", "/openapi.json")
@@ -89,39 +83,6 @@ _SERVICE_KEY = web.AppKey("service", TtsService)
 _WRITE_TIMEOUT_KEY = web.AppKey("write_timeout", float)
 _KEYED = web.AppKey("keyed", bool)
 _CREATED = int(time.time())
-
-
-class ApiError(RequestError):
-    """An HTTP-level refusal, sent as OpenAI's error JSON.
-
-    Args:
-        status: HTTP status code.
-        message: human-readable reason.
-        code: stable machine-readable id (also the metrics ``code`` label).
-        param: the request field at fault, or None.
-        kind: OpenAI's error ``type``.
-        retry_after: seconds for the ``Retry-After`` header (429, 503), or None.
-    """
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        code: str,
-        param: str | None = None,
-        kind: str = "invalid_request_error",
-        retry_after: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.code, self.param, self.kind = status, code, param, kind
-        self.retry_after = retry_after
-
-
-def _error_body(
-    message: str, code: str, param: str | None = None, kind: str = "invalid_request_error"
-) -> dict[str, Any]:
-    """OpenAI's error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def _as_api_error(err: RequestError) -> ApiError:
@@ -283,7 +244,7 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
     """
     kind = params.kind
     if kind is not None and kind not in service.kinds:
-        message = f"The model {_MODEL_OF_KIND[kind]!r} is not loaded on this server"
+        message = f"The model {MODEL_OF_KIND[kind]!r} is not loaded on this server"
         raise ApiError(404, message, "model_not_found", "model")
     param = "reference_voice" if params.clone else "voice"
     if params.voice is not None:
@@ -295,8 +256,8 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
             raise _invalid(param, f"{voice.name!r} is a {voice.kind.value} voice, not a clone")
         if kind is not None and voice.kind is not kind:
             message = (
-                f"Voice {voice.name!r} is spoken by {_MODEL_OF_KIND[voice.kind]!r}, "
-                f"not {_MODEL_OF_KIND[kind]!r}"
+                f"Voice {voice.name!r} is spoken by {MODEL_OF_KIND[voice.kind]!r}, "
+                f"not {MODEL_OF_KIND[kind]!r}"
             )
             raise _invalid(param, message, "voice-model-mismatch")
         return voice.name
@@ -307,28 +268,11 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
         return default.name
     names = sorted(v.name for v in service.catalog.voices() if v.kind is kind)
     if not names:
-        raise _invalid("voice", f"The model {_MODEL_OF_KIND[kind]!r} has no voices")
+        raise _invalid("voice", f"The model {MODEL_OF_KIND[kind]!r} has no voices")
     return names[0]
 
 
 # --- speech -----------------------------------------------------------------------------
-
-
-async def read_json(request: web.Request) -> Any:
-    """The body as JSON whose strings are all valid Unicode.
-
-    Raises:
-        ApiError: 400 invalid-json (not JSON, too deeply nested, an integer of over 4300
-            digits, or lone surrogates, which no reply or tokenizer could encode).
-    """
-    try:
-        body = json.loads(await request.read())
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeError, int digits
-        reason = "has invalid Unicode" if isinstance(err, UnicodeError) else "is not valid JSON"
-        detail = "nested too deeply" if isinstance(err, RecursionError) else str(err)[:200]
-        raise ApiError(400, f"The request body {reason}: {detail}", "invalid-json") from None
-    return body
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
@@ -488,9 +432,9 @@ async def _stream_body(
                 request.transport.close()
             return response
         if stopping:
-            error = _error_body(f"{err}; the audio is incomplete", "server-stopping", kind="server_error")
+            error = error_body(f"{err}; the audio is incomplete", "server-stopping", kind="server_error")
         else:
-            error = _error_body(
+            error = error_body(
                 f"Speech generation failed: {err}", "generation-failed", kind="server_error"
             )
         with contextlib.suppress(ConnectionError):
@@ -542,18 +486,6 @@ async def _send_event(
 # --- catalogue, models, probes ----------------------------------------------------------
 
 
-def _voice_json(voice: Voice) -> dict[str, Any]:
-    return {
-        "id": voice.name,
-        "name": voice.name,
-        "kind": voice.kind.value,
-        "model": _MODEL_OF_KIND[voice.kind],
-        "summary": voice.summary,
-        "languages": list(voice.languages),
-        "aliases": list(voice.aliases),
-    }
-
-
 async def voices(request: web.Request) -> web.Response:
     """``GET /v1/audio/voices``: ``{"default": name, "voices": [voice, ...]}``, by name.
 
@@ -566,7 +498,7 @@ async def voices(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "default": service.default_voice,
-            "voices": [{**_voice_json(v), **service.voice_info(v)} for v in listed],  # studio
+            "voices": [{**voice_json(v), **service.voice_info(v)} for v in listed],  # studio
         }
     )
 
@@ -652,7 +584,7 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
                 api.code,
                 api,
             )
-            body = _error_body(str(api), api.code, api.param, api.kind)
+            body = error_body(str(api), api.code, api.param, api.kind)
             headers = {"WWW-Authenticate": "Bearer"} if api.status == 401 else {}
             if api.retry_after is not None:
                 headers["Retry-After"] = str(api.retry_after)
@@ -662,19 +594,19 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
                 raise
             code = _HTTP_CODES.get(err.status, "http-error")
             keep = {k: v for k, v in err.headers.items() if k in ("Allow",)}  # 405 names methods
-            return web.json_response(_error_body(err.reason, code), status=err.status, headers=keep)
+            return web.json_response(error_body(err.reason, code), status=err.status, headers=keep)
         except HttpProcessingError as err:
             # The body turned out malformed while a handler read it (a multipart part's
             # headers, a cut chunked body): the client's fault, found late.
             reason = str(err.message).strip().splitlines()[0] if err.message else "malformed"
             _LOGGER.info("HTTP %s %s refused (400 invalid-body): %s", request.method, request.path, reason)
-            body = _error_body(f"The request body is malformed: {reason}", "invalid-body")
+            body = error_body(f"The request body is malformed: {reason}", "invalid-body")
             return web.json_response(body, status=400)
         except ConnectionError:
             raise
         except Exception:  # noqa: BLE001 - a bug: logged in full, answered in OpenAI's shape
             _LOGGER.exception("HTTP %s %s failed", request.method, request.path)
-            body = _error_body("Internal server error (logged)", "internal-error", kind="server_error")
+            body = error_body("Internal server error (logged)", "internal-error", kind="server_error")
             return web.json_response(body, status=500)
 
     return handle

@@ -22,7 +22,7 @@ from .tempo import MAX_SPEED, MIN_SPEED
 
 #: Largest accepted ``seed`` (http_api.MAX_SEED).
 _MAX_SEED = 2**32 - 1
-#: Longest ``instructions`` (http_api.MAX_INSTRUCTIONS_CHARS).
+#: Longest ``instructions`` (http_common.MAX_INSTRUCTIONS_CHARS).
 _MAX_INSTRUCTIONS = 2000
 
 _ERROR = {"$ref": "#/components/schemas/Error"}

@@ -43,8 +43,8 @@ from aiohttp import BodyPartReader, web
 
 from .anchors import AnchorSpec, anchor_text, preset_spec
 from .audio import SAMPLE_RATE
-from .http_api import MAX_INSTRUCTIONS_CHARS, ApiError, read_json
-from .http_api import _voice_json as _listed_json
+from .http_common import MAX_INSTRUCTIONS_CHARS, ApiError, read_json
+from .http_common import voice_json as _listed_json
 from .languages import AUTO, QWEN_LANGUAGES, UnsupportedLanguageError, to_qwen
 from .library import (
     MAX_UPLOAD_BYTES,
@@ -275,7 +275,7 @@ async def rename(request: web.Request) -> web.Response:
 @_edits
 async def delete(request: web.Request) -> web.Response:
     """``DELETE /v1/audio/voices/{id}``: ``{"deleted": name}``."""
-    service, library = request.app[_SERVICE_KEY], request.app[_LIBRARY_KEY]
+    library = request.app[_LIBRARY_KEY]
     voice = library.delete(request.match_info["voice"])
     _LOGGER.info("Voice studio: %s voice %s deleted", voice.source.value, voice.name)
     return web.json_response({"deleted": voice.name})

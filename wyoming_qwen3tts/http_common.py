@@ -1,0 +1,84 @@
+"""What the HTTP routes share (the speech API and the voice studio): OpenAI's error object,
+JSON request bodies, and a voice as ``GET /v1/audio/voices`` lists it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from .service import RequestError
+from .voices import ModelKind, Voice
+
+#: The model name that speaks each kind (``GET /v1/models``, a voice's ``model``).
+MODEL_OF_KIND = {
+    ModelKind.BASE: "qwen3-tts-clone",
+    ModelKind.VOICE_DESIGN: "qwen3-tts-voice-design",
+    ModelKind.CUSTOM_VOICE: "qwen3-tts-custom-voice",
+}
+#: Longest ``instructions`` (VoiceDesign description), in characters: it sits in the prompt.
+MAX_INSTRUCTIONS_CHARS = 2000
+
+
+class ApiError(RequestError):
+    """An HTTP-level refusal, sent as OpenAI's error JSON.
+
+    Args:
+        status: HTTP status code.
+        message: human-readable reason.
+        code: stable machine-readable id (also the metrics ``code`` label).
+        param: the request field at fault, or None.
+        kind: OpenAI's error ``type``.
+        retry_after: seconds for the ``Retry-After`` header (429, 503), or None.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.param, self.kind = status, code, param, kind
+        self.retry_after = retry_after
+
+
+def error_body(
+    message: str, code: str, param: str | None = None, kind: str = "invalid_request_error"
+) -> dict[str, Any]:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def voice_json(voice: Voice) -> dict[str, Any]:
+    """A voice as ``GET /v1/audio/voices`` lists it (the studio adds its own fields)."""
+    return {
+        "id": voice.name,
+        "name": voice.name,
+        "kind": voice.kind.value,
+        "model": MODEL_OF_KIND[voice.kind],
+        "summary": voice.summary,
+        "languages": list(voice.languages),
+        "aliases": list(voice.aliases),
+    }
+
+
+async def read_json(request: web.Request) -> Any:
+    """The body as JSON whose strings are all valid Unicode.
+
+    Raises:
+        ApiError: 400 invalid-json (not JSON, too deeply nested, an integer of over 4300
+            digits, or lone surrogates, which no reply or tokenizer could encode).
+    """
+    try:
+        body = json.loads(await request.read())
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeError, int digits
+        reason = "has invalid Unicode" if isinstance(err, UnicodeError) else "is not valid JSON"
+        detail = "nested too deeply" if isinstance(err, RecursionError) else str(err)[:200]
+        raise ApiError(400, f"The request body {reason}: {detail}", "invalid-json") from None
+    return body
