@@ -13,9 +13,9 @@ changing what it computes:
   call (``_TalkerDone``) before qwen_tts decodes the whole sentence again.
 
 Generation runs on a helper thread; the engine thread decodes the frames as they come with
-the codec's own decoder, a window at a time (``CONTEXT_FRAMES`` of left context, the
-decoder's attention window, so each window's samples equal those of a whole-sentence
-decode to within float rounding) and yields them.
+the batched engine's incremental decoder (``codec.StreamingDecoder``, one row, over the
+codec's own modules), so each frame is decoded once and the samples equal those of a
+whole-sentence decode to within float rounding, and yields them.
 """
 
 from __future__ import annotations
@@ -28,19 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from ..audio import SAMPLES_PER_FRAME
 from ..voices import ModelKind
 from .base import Work, WorkSource
+from .codec import StreamingDecoder
 from .segment import Segment
 from .serial import SerialEngine
 
 _LOGGER = logging.getLogger(__name__)
 
-#: Left context of each incremental decode, in codec frames: the codec decoder's
-#: sliding attention window (``sliding_window`` = 72 in Qwen3-TTS-Tokenizer-12Hz's
-#: config) plus its causal convolutions' few frames. With it, a window's new samples match
-#: a whole-sentence decode to within float rounding (about 1e-5 here).
-CONTEXT_FRAMES = 80
 #: Chunks grow from ``chunk_frames`` by doubling up to this many frames: the first audio
 #: comes after ``chunk_frames`` frames, and a long sentence costs few decoder calls (each
 #: has a fixed cost that, on the CPU, is worth several frames of generation).
@@ -108,6 +103,7 @@ class ReferenceEngine(SerialEngine):
         self._run: _Run | None = None
         self._cancelled: Callable[[], bool] = _never
         self._install_hooks(qwen.model.talker)
+        self._decoder = StreamingDecoder(qwen.model.speech_tokenizer.model.decoder, 1)
 
     def serve(self, source: WorkSource) -> None:
         super().serve(_TrackingSource(source, self))
@@ -193,7 +189,7 @@ class ReferenceEngine(SerialEngine):
         Raises:
             ValueError / RuntimeError: from qwen_tts, for inputs it cannot take.
         """
-        context = self._context_codes(segment)
+        self._start_decoder(segment)
         run = _Run(segment, self._cancelled)
         helper = threading.Thread(target=self._generate, args=(run,), name="qwen-tts-generate", daemon=True)
         helper.start()
@@ -209,8 +205,7 @@ class ReferenceEngine(SerialEngine):
                     raise item
                 frames.append(item)
                 if len(frames) - sent >= size:
-                    chunk = self._decode(context, frames, sent)
-                    yield chunk
+                    yield self._decode(frames[sent:])
                     sent, size = len(frames), min(2 * size, max(MAX_CHUNK_FRAMES, self.chunk_frames))
             if run.stopped():
                 _LOGGER.info(
@@ -219,34 +214,31 @@ class ReferenceEngine(SerialEngine):
                 )
                 return
             if len(frames) > sent:
-                yield self._decode(context, frames, sent)
+                yield self._decode(frames[sent:])
         finally:
             run.stop.set()
             helper.join()
 
-    def _context_codes(self, segment: Segment) -> Any:
-        """An ICL clone's reference codes (int64 [n, 16]): the decoder's context for the
-        first frames, as qwen_tts decodes them; None for other voices."""
-        if self.kind is not ModelKind.BASE or segment.reference is None:
-            return None
-        items = self.prompts.get(segment.reference)
-        return getattr(items[0], "ref_code", None)
-
-    def _decode(self, context: Any, frames: list[Any], start: int) -> np.ndarray:
-        """Samples of ``frames[start:]``: float32 [(len(frames) - start) * 1920].
-
-        Decodes them with up to ``CONTEXT_FRAMES`` frames before them (the reference codes
-        of an ICL clone come first) and keeps only the new frames' samples.
-        """
+    def _start_decoder(self, segment: Segment) -> None:
+        """Forget the last segment's decoder state; an ICL clone's reference codes (int64
+        [n, 16]) then become the decoder's past, as qwen_tts decodes them before the new
+        frames."""
         import torch
 
-        codes = torch.stack(frames[max(0, start - CONTEXT_FRAMES) :])
-        lead = min(start, CONTEXT_FRAMES)
-        if context is not None and lead < CONTEXT_FRAMES:
-            extra = context[-(CONTEXT_FRAMES - lead) :].to(codes.device)
-            codes = torch.cat([extra, codes])
-            lead += len(extra)
+        self._decoder.reset(0)
+        if self.kind is not ModelKind.BASE or segment.reference is None:
+            return
+        items = self.prompts.get(segment.reference)
+        context = getattr(items[0], "ref_code", None)
+        if context is not None:
+            with torch.inference_mode():
+                self._decoder.step(context.to(self._decoder.device).T[None])
+
+    def _decode(self, frames: list[Any]) -> np.ndarray:
+        """Samples of the next ``frames`` (each int64 [16]): float32 [len(frames) * 1920]."""
+        import torch
+
+        codes = torch.stack(frames).to(self._decoder.device).T[None]
         with torch.inference_mode():
-            wavs, _sr = self._qwen.model.speech_tokenizer.decode([{"audio_codes": codes}])
-        audio = np.asarray(wavs[0], dtype=np.float32).reshape(-1)
-        return audio[lead * SAMPLES_PER_FRAME :]
+            pcm = self._decoder.step(codes)
+        return pcm[0].float().numpy()
