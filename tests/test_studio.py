@@ -475,3 +475,37 @@ async def test_a_new_description_gets_a_new_anchor(studio: Server, folders: tupl
     assert {m["instruct"] for m in meta if m["preset"] == "aria"} >= {"A deep, rough male voice."}
     aria = (await voices_of(studio))["aria"]
     assert aria["source"] == "user" and "alloy" in aria["aliases"] and aria["served"] == "anchor"
+
+
+async def test_on_the_cpu_a_kept_design_keeps_the_clip_heard_and_no_anchor_is_rendered(
+    checkpoints: Path, tmp_path: Path
+) -> None:
+    """The CPU default, ``--anchors auto`` (``kept``), as the README's try-it server runs:
+    no anchor is rendered (each would take minutes there), shipped presets are designed
+    live and have no sample, but a design kept in the studio keeps the candidate's clip as
+    its anchor and is spoken by the Base model from it."""
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    srv = start_server(checkpoints, voices, tmp_path / "server.log",
+                       extra=["--no-zeroconf", "--custom-voice-model", "none", "--api-key", KEY])
+    try:
+        listed = await voices_of(srv)
+        assert listed["aria"]["served"] == "designed-live" and listed["aria"]["anchor"] == "off"
+        status, body = await call(srv, "GET", "/v1/audio/voices/aria/sample")
+        assert status == 404 and json.loads(body)["error"]["code"] == "no-sample"
+        request = {"description": "A bright young voice.", "language": "en", "text": "Hello there.", "count": 1, "seed": 7}
+        status, body = await call(srv, "POST", "/v1/audio/designs", json=request)
+        assert status == 200, body
+        candidate = json.loads(body)["candidates"][0]
+        status, heard = await call(srv, "GET", "/" + candidate["sample"])
+        assert status == 200
+        status, body = await call(srv, "POST", f"/v1/audio/designs/{candidate['id']}/keep", json={"name": "bright"})
+        assert status == 201, body
+        assert json.loads(body)["served"] == "anchor"
+        assert await call(srv, "GET", "/v1/audio/voices/bright/sample") == (200, heard)
+        assert frames_ok(len(await speech(srv, "bright")) // 2)
+        log = srv.output()
+        assert "voice bright (anchor)" in log and "Rendering the anchor" not in log
+        assert "none rendered (--anchors auto: one anchor takes minutes on the CPU)" in log
+    finally:
+        stop_server(srv)

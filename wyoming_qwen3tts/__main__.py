@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-key", help="Bearer key required by the HTTP endpoint")
     parser.add_argument("--local-files-only", action="store_true", help="Never download; use only local files")
     # Voice studio (anchors.py, studio.py)
-    parser.add_argument("--anchors", choices=["auto", "all", "used", "off"], default="auto", help="Preset anchors: all (every VoiceDesign preset rendered once in the background, then cloned by the Base model), used (the default voice and presets once used), off (presets designed live for every sentence); auto: all with CUDA, off on the CPU")
+    parser.add_argument("--anchors", choices=["auto", "all", "used", "kept", "off"], default="auto", help="Preset anchors: all (every VoiceDesign preset rendered once in the background, then cloned by the Base model), used (the default voice and presets once used), kept (none rendered: only designs kept in the voice studio, with the clip you heard), off (presets designed live for every sentence); auto: all with CUDA, kept on the CPU")
     parser.add_argument("--ingress-peer", default=HA_INGRESS_PEER if os.environ.get("SUPERVISOR_TOKEN") else None, help="Address of Home Assistant's ingress proxy: its requests (with X-Ingress-Path) need no API key (default: 172.30.32.2 inside a Home Assistant add-on, else none)")
     # Limits (hardening): admission, stalled and idle clients.
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, help="Most requests open at once (both doors); more are refused at once (Wyoming error, HTTP 429)")
@@ -215,13 +215,16 @@ async def _anchors(
         import torch
 
         cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-        choice = "all" if cuda else "off"
+        choice = "all" if cuda else "kept"
     if choice == "off":
-        _LOGGER.info(
-            "Preset anchors are off (--anchors %s): presets are designed live for every sentence%s",
-            args.anchors, " (auto on the CPU: one anchor takes minutes there)" if args.anchors == "auto" else "",
-        )
+        _LOGGER.info("Preset anchors are off (--anchors off): presets are designed live for every sentence")
         return None
+    if choice == "kept":
+        _LOGGER.info(
+            "Preset anchors: none rendered (--anchors %s%s); presets are designed live, except "
+            "designs kept in the voice studio, which keep the clip you heard",
+            args.anchors, ": one anchor takes minutes on the CPU" if args.anchors == "auto" else "",
+        )
     try:
         checkpoint = await asyncio.to_thread(
             resolve_checkpoint, args.design_model, Path(args.data_dir) / "models", True

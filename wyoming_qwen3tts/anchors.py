@@ -66,6 +66,7 @@ class AnchorMode(str, enum.Enum):
 
     ALL = "all"  # every preset, in the background after start-up
     USED = "used"  # the default voice, and each preset once it is spoken or auditioned
+    KEPT = "kept"  # none rendered (the CPU: minutes each); kept designs and stored ones used
     OFF = "off"  # none: presets are designed live for every sentence
 
 
@@ -247,7 +248,7 @@ class Anchors:
     Args:
         store: the anchors folder.
         catalog: the voice catalogue (its VoiceDesign presets get anchors).
-        mode: ``AnchorMode.ALL`` or ``USED`` (``OFF`` means no ``Anchors`` at all).
+        mode: ``AnchorMode.ALL``, ``USED`` or ``KEPT`` (``OFF`` means no ``Anchors`` at all).
         checkpoint: the VoiceDesign checkpoint folder (for ``model_identity``).
         default_voice: rendered first.
         clone_loaded: whether the Base model is loaded (else anchors only give samples).
@@ -289,7 +290,7 @@ class Anchors:
         renders it in the background)."""
         spec = self.spec(voice)
         reference = self.store.load(spec) if spec else None
-        if reference is None and voice.kind is ModelKind.VOICE_DESIGN:
+        if reference is None and voice.kind is ModelKind.VOICE_DESIGN and self.mode is not AnchorMode.KEPT:
             self.want(voice.name)
         return reference
 
@@ -300,6 +301,8 @@ class Anchors:
             return AnchorState.READY
         if spec is not None and spec.key in self._failed:
             return AnchorState.FAILED
+        if self.mode is AnchorMode.KEPT:
+            return AnchorState.OFF
         if self.mode is AnchorMode.USED and voice.name not in self._wanted:
             return AnchorState.WAITING
         return AnchorState.PENDING
@@ -340,6 +343,7 @@ class Anchors:
 
         Raises:
             RuntimeError: rendering failed (the message says why).
+            LookupError: mode ``KEPT`` and the preset has no stored anchor.
         """
         await self.wait_identity()
         spec = self.spec(voice)
@@ -349,6 +353,11 @@ class Anchors:
             return reference
         if spec.key in self._failed:
             raise RuntimeError(self._failed[spec.key])
+        if self.mode is AnchorMode.KEPT:
+            raise LookupError(
+                f"{voice.name!r} is designed live for every sentence (--anchors kept renders no "
+                "anchors; only designs kept in the studio have one): it has no clip"
+            )
         future: asyncio.Future[Reference] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(spec.key, []).append(future)
         self.want(voice.name, urgent=True)
@@ -413,6 +422,8 @@ class Anchors:
     def _next_missing(self) -> Voice | None:
         """The next preset whose anchor is missing (wanted ones first), or None."""
         presets = {v.name: v for v in self.catalog.voices() if v.kind is ModelKind.VOICE_DESIGN}
+        if self.mode is AnchorMode.KEPT:
+            return None
         order = [n for n in self._wanted if n in presets]
         if self.mode is AnchorMode.ALL:
             order += sorted(n for n in presets if n not in order)

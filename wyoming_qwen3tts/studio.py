@@ -196,6 +196,8 @@ async def sample(request: web.Request) -> web.Response:
             raise ApiError(404, message, "no-sample", "voice")
         try:
             reference = await service.anchors.wait(voice)
+        except LookupError as err:
+            raise ApiError(404, str(err), "no-sample", "voice") from None
         except RuntimeError as err:
             raise ApiError(500, str(err), "anchor-failed", kind="server_error") from None
         return _wav_response(reference.audio, reference.sample_rate, voice.name)

@@ -121,7 +121,7 @@ function servedCell(voice) {
     }
     if (voice.served === "designed-live") {
         const why = {pending: "anchor on its way", waiting: "anchor when used", failed: "anchor failed",
-            off: "anchors off", ready: "Base model off"}[voice.anchor] || "";
+            off: "no anchor", ready: "Base model off"}[voice.anchor] || "";
         return el("span", {className: "served-live", textContent: "designed live",
             title: "Designed afresh from its description for each sentence"},
             why ? [el("span", {className: "sub", textContent: why})] : []);
