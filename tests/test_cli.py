@@ -23,6 +23,8 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         (["--chunk-size", "0"], "--chunk-size must be at least 1"),
         (["--fixed-frames", "-3"], "--fixed-frames must be at least 1"),
         (["--max-chars", "0"], "--max-chars must be at least 1"),
+        (["--seed", "1180591620717411303424"], "--seed must be 0..4294967295"),
+        (["--seed", "-1"], "--seed must be 0..4294967295"),
         (["--uri", "http://127.0.0.1:1234"], "--uri http://127.0.0.1:1234"),
         (["--clone-model", "none", "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu"], "No model enabled"),
         (["--clone-model", "./no-such-folder", "--design-model", "none", "--device", "cpu"], "does not exist"),
@@ -45,3 +47,23 @@ def test_port_in_use_fails_before_loading(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "Loading" not in result.stderr
+
+
+def test_unwritable_folders_fail_before_loading(tmp_path: Path) -> None:
+    """A read-only data or voices folder is refused at once, not after minutes of loading."""
+    import os
+
+    if os.geteuid() == 0:  # root writes anywhere: a file where the folder should be instead
+        blocked = tmp_path / "blocked"
+        blocked.write_text("not a folder")
+        target = blocked / "data"
+    else:
+        blocked = tmp_path / "blocked"
+        blocked.mkdir(mode=0o500)
+        target = blocked
+    for flag in ("--data-dir", "--voices-dir"):
+        args = ["--data-dir", str(tmp_path / "ok"), flag, str(target)] if flag == "--voices-dir" else [flag, str(target)]
+        result = run_cli(*args, cwd=tmp_path)
+        assert result.returncode != 0
+        assert f"{flag} {target}: cannot write there" in result.stderr, result.stderr[-2000:]
+        assert "Loading" not in result.stderr and "Traceback" not in result.stderr

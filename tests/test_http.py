@@ -346,6 +346,10 @@ async def test_catalogue_models_and_probes(server: Server) -> None:
     } <= ids
     assert all(m["object"] == "model" for m in listed["data"])
     assert {m.id for m in client_for(server).models.list()} == ids
+    assert client_for(server).models.retrieve("tts-1").id == "tts-1"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client_for(server).models.retrieve("whisper-1")
+    assert missing.value.code == "model_not_found"
 
     assert (await get(server, "/health"))[0] == 200
     status, _, body = await get(server, "/ready")
@@ -430,6 +434,14 @@ async def test_errors_are_counted_and_unknown_routes_are_json(server: Server) ->
     assert status == 404 and json.loads(data)["error"]["code"] == "not-found"
     status, _, data = await get(server, "/v1/audio/speech")
     assert status == 405 and "error" in json.loads(data)
+    # Refusals aiohttp makes (wrong method, a body over the limit) are counted too.
+    exposition = await scrape(server)
+    assert metric(exposition, "tts_errors_total", door="http", code="method-not-allowed") >= 1
+    too_big = metric(exposition, "tts_errors_total", door="http", code="body-too-large")
+    status, _, data = await post(server, b"x" * (200 << 20 >> 4))  # 12.5 MiB
+    error = json.loads(data)["error"]
+    assert status == 413 and error["code"] == "body-too-large" and "limit of" in error["message"]
+    assert metric(await scrape(server), "tts_errors_total", door="http", code="body-too-large") == too_big + 1
 
 
 def test_openai_client_raises_typed_errors(server: Server) -> None:

@@ -323,10 +323,15 @@ async def test_rename_and_delete(studio: Server, folders: tuple[Path, Path]) -> 
         status, data = await call(studio, "DELETE", f"/v1/audio/voices/{name}")
         assert (status, json.loads(data)["error"]["code"]) == (status_code, code), name
 
-    status, body = await call(studio, "DELETE", "/v1/audio/voices/renamed%20voice")
-    assert status == 200 and json.loads(body) == {"deleted": "renamed voice"}
-    assert not [p for p in folders[0].iterdir() if p.stem == "renamed voice"]
-    assert "renamed voice" not in await wyoming_voices(studio)
+    # A change of case only is a rename, not a clash with itself.
+    status, body = await call(studio, "PATCH", "/v1/audio/voices/renamed%20voice", json={"name": "Renamed Voice"})
+    assert status == 200 and json.loads(body)["name"] == "Renamed Voice", body
+    assert (folders[0] / "Renamed Voice.wav").is_file() and not (folders[0] / "renamed voice.wav").exists()
+
+    status, body = await call(studio, "DELETE", "/v1/audio/voices/Renamed%20Voice")
+    assert status == 200 and json.loads(body) == {"deleted": "Renamed Voice"}
+    assert not [p for p in folders[0].iterdir() if p.stem.casefold() == "renamed voice"]
+    assert "Renamed Voice" not in await wyoming_voices(studio)
 
 
 async def test_deleting_a_voice_in_use_lets_the_request_finish(studio: Server) -> None:

@@ -1,4 +1,4 @@
-"""Command line: load the models, capture the graphs, then serve Wyoming (and HTTP)."""
+"""Command line: load the models (on CUDA, capture their graphs), then serve Wyoming (and HTTP)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +27,7 @@ from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, Segment, load_engine, pick_engine, resolve_checkpoint
 from .metrics import Metrics
 from .handler import DEFAULT_MAX_CONNECTIONS
-from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT
+from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED
 from .quiet import quiet_dependencies
 from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, TtsService
 from .studio import HA_INGRESS_PEER
@@ -51,11 +52,20 @@ DEFAULT_VOICE = "aria"
 SHUTDOWN_GRACE_S = 2.0
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default only where it says something (not None, "" or False) and the
+    help text does not already name it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, "", False) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The CLI; flag names are stable (docs, the add-on and tests use them)."""
-    parser = argparse.ArgumentParser(
-        prog="wyoming-qwen3tts", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog="wyoming-qwen3tts", description=__doc__, formatter_class=_HelpFormatter)
     parser.add_argument("--uri", default="tcp://0.0.0.0:10200", help="Wyoming listen URI (tcp:// or unix://)")
     parser.add_argument("--data-dir", default="data", help="Models download here (DIR/models)")
     parser.add_argument("--voices-dir", help="Clone library and presets.toml (default DATA_DIR/voices)")
@@ -105,6 +115,11 @@ def check_args(args: argparse.Namespace) -> None:
     for flag, seconds in (("--idle-timeout", args.idle_timeout), ("--write-timeout", args.write_timeout)):
         if not seconds > 0:
             raise SystemExit(f"{flag} must be more than 0 seconds, got {seconds}")
+    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
+        raise SystemExit(f"--seed must be 0..{MAX_SEED}, got {args.seed}")
+    for flag, folder in (("--data-dir", args.data_dir), ("--voices-dir", args.voices_dir)):
+        if folder is not None:
+            _check_writable(flag, Path(folder))
     if not 0 <= args.http_port <= 65535:
         raise SystemExit(f"--http-port must be 0..65535, got {args.http_port}")
     try:
@@ -121,6 +136,20 @@ def check_args(args: argparse.Namespace) -> None:
                 probe.bind((host, port))
             except OSError as err:
                 raise SystemExit(f"{flag}: cannot listen on {host}:{port}: {err.strerror}") from None
+
+
+def _check_writable(flag: str, folder: Path) -> None:
+    """Create ``folder`` if missing and check that files can be written there.
+
+    Raises:
+        SystemExit: it cannot be created or written (read-only mount, permissions).
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        raise SystemExit(f"{flag} {folder}: cannot write there: {err.strerror or err}") from None
 
 
 def _device(choice: str, engine: str) -> str:

@@ -42,7 +42,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .encoders import FORMATS, StreamEncoder, open_encoder
-from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
+from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED, limit_send_buffer
 from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from . import openapi
 from .http_common import MAX_INSTRUCTIONS_CHARS, MODEL_OF_KIND, ApiError, error_body, read_json, voice_json
@@ -75,13 +75,12 @@ KIND_MODELS: dict[str, ModelKind] = {
     "qwen3-tts-custom-voice": ModelKind.CUSTOM_VOICE,
 }
 STREAM_FORMATS = ("audio", "sse")
-#: Largest accepted seed (torch seeds are 64-bit; this keeps them portable).
-MAX_SEED = 2**32 - 1
 _OPEN_PATHS = ("/health", "/ready", "/metrics", "/openapi.json")
 _HTTP_CODES = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large"}
 _SERVICE_KEY = web.AppKey("service", TtsService)
 _WRITE_TIMEOUT_KEY = web.AppKey("write_timeout", float)
 _KEYED = web.AppKey("keyed", bool)
+_BODY_LIMIT_KEY = web.AppKey("body_limit", int)
 _CREATED = int(time.time())
 
 
@@ -503,15 +502,28 @@ async def voices(request: web.Request) -> web.Response:
     )
 
 
+def _model_list(service: TtsService) -> list[dict[str, Any]]:
+    """OpenAI's model objects: the generic names and the loaded kinds' names."""
+    names = list(GENERIC_MODELS) + [name for name, kind in KIND_MODELS.items() if kind in service.kinds]
+    return [{"id": n, "object": "model", "created": _CREATED, "owned_by": "wyoming-qwen3tts"} for n in names]
+
+
 async def models(request: web.Request) -> web.Response:
     """``GET /v1/models``: OpenAI's list; the generic names and the loaded kinds' names."""
-    loaded = request.app[_SERVICE_KEY].kinds
-    names = list(GENERIC_MODELS) + [name for name, kind in KIND_MODELS.items() if kind in loaded]
-    data = [
-        {"id": n, "object": "model", "created": _CREATED, "owned_by": "wyoming-qwen3tts"}
-        for n in names
-    ]
-    return web.json_response({"object": "list", "data": data})
+    return web.json_response({"object": "list", "data": _model_list(request.app[_SERVICE_KEY])})
+
+
+async def model(request: web.Request) -> web.Response:
+    """``GET /v1/models/{model}``: one model of the list (OpenAI's ``models.retrieve``).
+
+    Raises:
+        ApiError: 404 ``model_not_found``.
+    """
+    wanted = request.match_info["model"]
+    for item in _model_list(request.app[_SERVICE_KEY]):
+        if item["id"] == wanted:
+            return web.json_response(item)
+    raise ApiError(404, f"The model {wanted!r} does not exist; see GET /v1/models", "model_not_found", "model")
 
 
 async def health(request: web.Request) -> web.Response:
@@ -593,20 +605,30 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
             if err.status < 400:
                 raise
             code = _HTTP_CODES.get(err.status, "http-error")
+            message = err.reason
+            if err.status == 413:
+                limit = request.app[_BODY_LIMIT_KEY]
+                message = f"The request body is over the server's limit of {limit} bytes ({limit / (1 << 20):.1f} MiB)"
+            if counted:
+                service.count_error("http", ApiError(err.status, message, code))
             keep = {k: v for k, v in err.headers.items() if k in ("Allow",)}  # 405 names methods
-            return web.json_response(error_body(err.reason, code), status=err.status, headers=keep)
+            return web.json_response(error_body(message, code), status=err.status, headers=keep)
         except HttpProcessingError as err:
             # The body turned out malformed while a handler read it (a multipart part's
             # headers, a cut chunked body): the client's fault, found late.
             reason = str(err.message).strip().splitlines()[0] if err.message else "malformed"
             _LOGGER.info("HTTP %s %s refused (400 invalid-body): %s", request.method, request.path, reason)
             body = error_body(f"The request body is malformed: {reason}", "invalid-body")
+            if counted:
+                service.count_error("http", ApiError(400, reason, "invalid-body"))
             return web.json_response(body, status=400)
         except ConnectionError:
             raise
         except Exception:  # noqa: BLE001 - a bug: logged in full, answered in OpenAI's shape
             _LOGGER.exception("HTTP %s %s failed", request.method, request.path)
             body = error_body("Internal server error (logged)", "internal-error", kind="server_error")
+            if counted:
+                service.count_error("http", ApiError(500, "internal error", "internal-error"))
             return web.json_response(body, status=500)
 
     return handle
@@ -626,16 +648,16 @@ def create_app(
         ingress_peer: address of Home Assistant's ingress proxy; its requests need no key.
         write_timeout: seconds a response write may wait for the client to read.
     """
-    app = web.Application(
-        middlewares=[_middleware(service, api_key, ingress_peer)],
-        client_max_size=max(1 << 20, 8 * service.max_chars + (64 << 10)),
-    )
+    body_limit = max(1 << 20, 8 * service.max_chars + (64 << 10))
+    app = web.Application(middlewares=[_middleware(service, api_key, ingress_peer)], client_max_size=body_limit)
+    app[_BODY_LIMIT_KEY] = body_limit
     app[_SERVICE_KEY] = service
     app[_WRITE_TIMEOUT_KEY] = write_timeout
     app[_KEYED] = bool(api_key)
     app.router.add_post("/v1/audio/speech", speech)
     app.router.add_get("/v1/audio/voices", voices)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model}", model)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)

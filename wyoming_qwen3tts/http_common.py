@@ -29,7 +29,8 @@ class ApiError(RequestError):
         message: human-readable reason.
         code: stable machine-readable id (also the metrics ``code`` label).
         param: the request field at fault, or None.
-        kind: OpenAI's error ``type``.
+        kind: OpenAI's error ``type``; by default ``server_error`` for a 5xx status, else
+            ``invalid_request_error``.
         retry_after: seconds for the ``Retry-After`` header (429, 503), or None.
     """
 
@@ -39,11 +40,12 @@ class ApiError(RequestError):
         message: str,
         code: str,
         param: str | None = None,
-        kind: str = "invalid_request_error",
+        kind: str | None = None,
         retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.code, self.param, self.kind = status, code, param, kind
+        self.status, self.code, self.param = status, code, param
+        self.kind = kind or ("server_error" if status >= 500 else "invalid_request_error")
         self.retry_after = retry_after
 
 

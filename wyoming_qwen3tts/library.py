@@ -223,12 +223,14 @@ class VoiceLibrary:
 
     # --- checks -----------------------------------------------------------------------
 
-    def check_free(self, name: object, replace_shipped: bool = False) -> str:
+    def check_free(self, name: object, replace_shipped: bool = False, renaming: Voice | None = None) -> str:
         """A valid name that no voice, alias, file or running upload uses yet.
 
         Args:
             replace_shipped: allow the name of a shipped preset that has no user override
                 yet (the new preset overrides it).
+            renaming: the voice being renamed: its own name and files do not count (a
+                change of case only is allowed).
 
         Raises:
             VoiceEditError: 400 ``invalid-name``, 409 ``name-taken`` / ``name-busy``.
@@ -239,6 +241,8 @@ class VoiceLibrary:
             message = f"Another change to a voice named {name!r} is in progress; try again"
             raise VoiceEditError(409, "name-busy", message, "name")
         taken = self.catalog.find(name)
+        if renaming is not None and taken is not None and taken.name == renaming.name:
+            taken = None
         shipped = {n.casefold() for n in self.catalog.shipped}
         if taken is not None:
             overridable = (
@@ -255,6 +259,8 @@ class VoiceLibrary:
             raise VoiceEditError(409, "name-taken", message, "name")
         if self.catalog.voices_dir is not None and self.catalog.voices_dir.is_dir():
             for path in self.catalog.voices_dir.iterdir():
+                if renaming is not None and path.stem == renaming.name:
+                    continue
                 if path.stem.casefold() == key and path.suffix.lower() in AUDIO_SUFFIXES:
                     message = f"A file {path.name!r} already exists in the voices folder"
                     raise VoiceEditError(409, "name-taken", message, "name")
@@ -374,7 +380,9 @@ class VoiceLibrary:
                 500 ``write-failed``.
         """
         voice = self.editable(old)
-        new_name = self.check_free(new, replace_shipped=voice.source is VoiceSource.USER)
+        new_name = self.check_free(new, replace_shipped=voice.source is VoiceSource.USER, renaming=voice)
+        if new_name == voice.name:
+            return voice
         if voice.source is VoiceSource.CLONE:
             folder = self.folder
             moves = [

@@ -31,3 +31,7 @@ def limit_send_buffer(sock: socket.socket | None, size: int = SEND_BUFFER_BYTES)
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+
+#: Largest seed a request or ``--seed`` may give (torch seeds are 64-bit; 32 bits keep
+#: them portable across clients and JSON parsers).
+MAX_SEED = 2**32 - 1

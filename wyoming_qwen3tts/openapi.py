@@ -18,10 +18,9 @@ from typing import Any
 
 from . import __version__
 from .encoders import FORMATS
+from .limits import MAX_SEED
 from .tempo import MAX_SPEED, MIN_SPEED
 
-#: Largest accepted ``seed`` (http_api.MAX_SEED).
-_MAX_SEED = 2**32 - 1
 #: Longest ``instructions`` (http_common.MAX_INSTRUCTIONS_CHARS).
 _MAX_INSTRUCTIONS = 2000
 
@@ -87,6 +86,16 @@ _SCHEMAS: dict[str, Any] = {
             "voices": {"type": "array", "items": {"$ref": "#/components/schemas/Voice"}},
         },
     },
+    "Model": {
+        "type": "object",
+        "required": ["id", "object", "created", "owned_by"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "model"},
+            "created": {"type": "integer"},
+            "owned_by": {"type": "string"},
+        },
+    },
     "ModelList": {
         "type": "object",
         "required": ["object", "data"],
@@ -94,16 +103,7 @@ _SCHEMAS: dict[str, Any] = {
             "object": {"const": "list"},
             "data": {
                 "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["id", "object", "created", "owned_by"],
-                    "properties": {
-                        "id": {"type": "string"},
-                        "object": {"const": "model"},
-                        "created": {"type": "integer"},
-                        "owned_by": {"type": "string"},
-                    },
-                },
+                "items": {"$ref": "#/components/schemas/Model"},
             },
         },
     },
@@ -174,7 +174,7 @@ def _speech_request(max_chars: int) -> dict[str, Any]:
             "stream_format": _nullable({"type": "string", "enum": ["audio", "sse"]}),
             "speed": _nullable({"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED}),
             "language": _nullable({**string, "description": "BCP-47 code or Qwen3-TTS language name."}),
-            "seed": _nullable({"type": "integer", "minimum": 0, "maximum": _MAX_SEED}),
+            "seed": _nullable({"type": "integer", "minimum": 0, "maximum": MAX_SEED}),
             "reference_voice": _nullable(
                 {**string, "pattern": "\\S", "description": "A clone-library voice id."}
             ),
@@ -321,7 +321,7 @@ def _studio_paths() -> dict[str, Any]:
                             "language": {"type": "string"},
                             "text": _nullable({"type": "string"}),
                             "count": {"type": "integer", "minimum": 1, "maximum": 4},
-                            "seed": _nullable({"type": "integer", "minimum": 0, "maximum": _MAX_SEED - 4}),
+                            "seed": _nullable({"type": "integer", "minimum": 0, "maximum": MAX_SEED - 4}),
                         },
                     }
                 ),
@@ -404,6 +404,17 @@ def document(max_chars: int, api_key: bool = False) -> dict[str, Any]:
             "listModels", "OpenAI's model list",
             {"200": _json({"$ref": "#/components/schemas/ModelList"}, "Generic and loaded model names.")},
         ),
+        "/v1/models/{model}": {
+            "get": {
+                "operationId": "retrieveModel",
+                "summary": "One model of OpenAI's model list",
+                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {
+                    "200": _json({"$ref": "#/components/schemas/Model"}, "The model."),
+                    "404": _error("No such model on this server."),
+                },
+            }
+        },
         "/health": _get(
             "health", "Liveness",
             {"200": _json({"$ref": "#/components/schemas/Status"}, "The process serves.")},

@@ -43,7 +43,7 @@ async function api(path, options) {
         let body = null;
         try { body = await response.json(); } catch (e) { /* not JSON */ }
         const error = new ApiError(response.status, body);
-        if (response.status === 401) askForKey();
+        if (response.status === 401) askForKey(localStorage.getItem(KEY_STORAGE) !== null);
         throw error;
     }
     return response;
@@ -74,10 +74,11 @@ function fail(error) {
     say(error && error.message ? error.message : String(error), "error");
 }
 
-function askForKey() {
+function askForKey(rejected) {
     $("key-form").hidden = false;
     $("key-forget").hidden = true;
-    say("This server asks for an API key: enter it at the top right.", "error");
+    say(rejected ? "The server refused that API key: enter the right one at the top right."
+        : "This server asks for an API key: enter it at the top right.", "error");
     $("key-input").focus();
 }
 
@@ -142,7 +143,7 @@ async function loadVoices() {
         return;
     }
     if (localStorage.getItem(KEY_STORAGE)) $("key-forget").hidden = false;
-    state.voices = listing.voices;
+    state.voices = listing.voices.slice().sort((a, b) => a.name.localeCompare(b.name, undefined, {sensitivity: "base"}));
     state.defaultVoice = listing.default;
     renderVoices();
 }
@@ -175,7 +176,7 @@ function renderVoices() {
         row.dataset.voice = voice.name;
         body.append(row);
     }
-    $("voice-count").textContent = state.voices.length + " voices";
+    $("voice-count").textContent = state.voices.length + (state.voices.length === 1 ? " voice" : " voices");
     const select = $("try-voice");
     const chosen = select.value || state.defaultVoice;
     select.replaceChildren(...state.voices.map((v) => el("option", {value: v.name, textContent: v.name})));
@@ -431,7 +432,7 @@ $("design-run").addEventListener("click", async () => {
         const text = $("design-text").value.trim();
         if (text) body.text = text;
         const result = await apiJson("v1/audio/designs", "POST", body);
-        $("design-status").textContent = `${result.candidates.length} candidates`;
+        $("design-status").textContent = `${result.candidates.length} candidate${result.candidates.length === 1 ? "" : "s"}`;
         result.candidates.forEach((candidate, index) => $("candidates").append(candidateCard(candidate, index, result)));
     } catch (error) {
         $("design-status").textContent = "";
