@@ -117,9 +117,9 @@ def check_args(args: argparse.Namespace) -> None:
             raise SystemExit(f"{flag} must be more than 0 seconds, got {seconds}")
     if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
         raise SystemExit(f"--seed must be 0..{MAX_SEED}, got {args.seed}")
-    for flag, folder in (("--data-dir", args.data_dir), ("--voices-dir", args.voices_dir)):
-        if folder is not None:
-            _check_writable(flag, Path(folder))
+    _check_writable("--data-dir", Path(args.data_dir))
+    if args.voices_dir is not None:
+        _check_writable("--voices-dir", Path(args.voices_dir), required=False)
     if not 0 <= args.http_port <= 65535:
         raise SystemExit(f"--http-port must be 0..65535, got {args.http_port}")
     try:
@@ -138,18 +138,28 @@ def check_args(args: argparse.Namespace) -> None:
                 raise SystemExit(f"{flag}: cannot listen on {host}:{port}: {err.strerror}") from None
 
 
-def _check_writable(flag: str, folder: Path) -> None:
+def _check_writable(flag: str, folder: Path, required: bool = True) -> None:
     """Create ``folder`` if missing and check that files can be written there.
 
+    Args:
+        required: whether an existing read-only folder is an error; if not (a voices folder
+            mounted read-only on purpose) it is served as it is, with a warning that the
+            voice studio cannot save there.
+
     Raises:
-        SystemExit: it cannot be created or written (read-only mount, permissions).
+        SystemExit: it cannot be created, or (``required``) written.
     """
     try:
         folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise SystemExit(f"{flag} {folder}: cannot write there: {err.strerror or err}") from None
+    try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
             pass
     except OSError as err:
-        raise SystemExit(f"{flag} {folder}: cannot write there: {err.strerror or err}") from None
+        if required:
+            raise SystemExit(f"{flag} {folder}: cannot write there: {err.strerror or err}") from None
+        _LOGGER.warning("%s %s is read-only (%s): voices are served, the voice studio cannot save there", flag, folder, err.strerror or err)
 
 
 def _device(choice: str, engine: str) -> str:
