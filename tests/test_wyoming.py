@@ -110,6 +110,20 @@ async def test_custom_voice_speaker_and_language(server: Server) -> None:
     check_audio_events(events, expected_frames("Guten Tag."))
 
 
+async def test_a_language_without_a_voice_picks_a_native_voice(server: Server) -> None:
+    """No voice name but a language (other clients than Home Assistant send this): the
+    language's own preset speaks, not the English default voice speaking Korean."""
+    before = server.output().count("request ok: voice minjun")
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        await client.write_event(Event("synthesize", {"text": "안녕하세요.", "voice": {"language": "ko"}}))
+        events = await read_until(client, "audio-stop")
+    check_audio_events(events, expected_frames("안녕하세요."))
+    deadline = asyncio.get_running_loop().time() + 30
+    while server.output().count("request ok: voice minjun") == before:
+        assert asyncio.get_running_loop().time() < deadline, server.output()[-2000:]
+        await asyncio.sleep(0.05)
+
+
 async def test_streamed_text_split_inside_words_is_spoken_once(server: Server) -> None:
     deltas = ["Hel", "lo the", "re. It is 22", ".5 degr", "ees out", "side! Have a ni", "ce day"]
     async with AsyncTcpClient("127.0.0.1", server.port) as client:

@@ -22,7 +22,7 @@ import numpy as np
 from .anchors import ANCHOR_MAX_FRAMES, Anchors, AnchorSpec, AnchorState
 from .audio import SAMPLE_RATE
 from .engine import Engine, Segment
-from .languages import UnsupportedLanguageError, to_qwen
+from .languages import AUTO, UnsupportedLanguageError, to_qwen
 from .metrics import Metrics
 from .scheduler import GenerationError, Job, Scheduler
 from .text import Segmenter, clean_text, frame_budget
@@ -215,6 +215,20 @@ class TtsService:
         except UnknownVoiceError as err:
             raise VoiceNotFoundError(str(err)) from None
 
+    def _native_voice(self, default: Voice, language: str) -> Voice:
+        """For a request that names a language but no voice: the default voice if that is
+        its own language (or it has none), else the first voice, presets first, whose own
+        language it is; the default voice when none is.
+
+        Args:
+            language: Qwen3-TTS language name ("korean", ...; "auto" keeps the default).
+        """
+        if language == AUTO or default.language in (language, AUTO):
+            return default
+        natives = [v for v in self.catalog.voices() if v.language == language]
+        natives.sort(key=lambda v: v.kind is not ModelKind.VOICE_DESIGN)  # stable: catalogue order
+        return natives[0] if natives else default
+
     def open(self, request: SpeechRequest, streamed: bool = True) -> SpeechStream:
         """Validate a request and open its stream (must run in the event loop).
 
@@ -248,6 +262,8 @@ class TtsService:
             language = to_qwen(request.language) if request.language else voice.language
         except UnsupportedLanguageError as err:
             raise LanguageError(str(err)) from None
+        if request.language and not request.voice and not request.instructions:
+            voice = self._native_voice(voice, language)
         kind, instruct, reference = voice.kind, voice.instruct, voice.reference
         if request.instructions and voice.kind is not ModelKind.BASE:
             instruct = request.instructions.strip()  # a one-off design: always live
