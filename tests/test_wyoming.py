@@ -237,22 +237,28 @@ async def test_bad_request_gets_error_and_connection_stays_usable(server: Server
 
 
 async def test_malformed_lines_and_unknown_events(server: Server) -> None:
+    logged = server.output().count("INFO wyoming_qwen3tts.handler: Refused request: Malformed")
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
         writer.write(b"this is not json\n")
+        writer.write(b"[" * 3000 + b"]" * 3000 + b"\n")  # valid JSON, too deep for the parser
         writer.write(json.dumps({"no_type": 1}).encode() + b"\n")
         writer.write(json.dumps({"type": "select-program", "data": {"name": "x"}}).encode() + b"\n")
         writer.write(json.dumps({"type": "totally-unknown"}).encode() + b"\n")
         writer.write(json.dumps({"type": "describe"}).encode() + b"\n")
         await writer.drain()
-        types = []
+        types, texts = [], []
         while "info" not in types:
             header = json.loads(await asyncio.wait_for(reader.readline(), _GUARD_S))
             types.append(header["type"])
-            for key in ("data_length", "payload_length"):
-                if header.get(key):
-                    await reader.readexactly(header[key])
-        assert types == ["error", "error", "info"]  # unknown types ignored, bad lines answered
+            data = json.loads(await reader.readexactly(header["data_length"])) if header.get("data_length") else {}
+            texts.append(data.get("text", ""))
+            if header.get("payload_length"):
+                await reader.readexactly(header["payload_length"])
+        assert types == ["error", "error", "error", "info"]  # unknown types ignored, bad lines answered
+        assert "nested too deeply" in texts[1]
+        # Junk is answered every time but logged at INFO once per connection.
+        assert server.output().count("INFO wyoming_qwen3tts.handler: Refused request: Malformed") == logged + 1
     finally:
         writer.close()
 

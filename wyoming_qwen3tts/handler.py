@@ -132,6 +132,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         self._tail: asyncio.Task[None] | None = None  # last audio task: replies stay in order
         self._write_lock = asyncio.Lock()
         self._closing = False
+        self._malformed_seen = 0  # malformed events on this connection (only the first is logged at INFO)
         #: ``time.monotonic()`` of the last event read or write completed.
         self.last_active = time.monotonic()
 
@@ -174,8 +175,12 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             self.writer.close()
 
     async def _malformed(self, err: MalformedEventError) -> None:
+        """Answer a malformed event with ``error``. The first of a connection is logged at
+        INFO, later ones at DEBUG, so a client that keeps sending junk cannot fill the log
+        (every one is still counted in ``tts_errors_total``)."""
         self._service.count_error("wyoming", err)
-        await self._error(str(err), err.code)
+        self._malformed_seen += 1
+        await self._error(str(err), err.code, logging.INFO if self._malformed_seen == 1 else logging.DEBUG)
 
     async def handle_event(self, event: Event) -> bool:
         """Dispatch one event; always keeps the connection (returns True)."""
@@ -314,8 +319,8 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         finally:
             self._streams.discard(stream)
 
-    async def _error(self, text: str, code: str) -> None:
-        _LOGGER.info("Refused request: %s", text)
+    async def _error(self, text: str, code: str, level: int = logging.INFO) -> None:
+        _LOGGER.log(level, "Refused request: %s", text)
         await self._write_quietly(Error(text=text, code=code).event())
 
     async def _write_quietly(self, event: Event) -> None:

@@ -55,7 +55,11 @@ def _json_object(raw: bytes, what: str) -> dict[str, Any]:
         # Lone surrogates ("\\ud800") parse but cannot be encoded back into a reply.
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeError, int digits
-        reason = "invalid Unicode" if isinstance(err, UnicodeError) else "not valid JSON"
+        reason = (
+            "invalid Unicode" if isinstance(err, UnicodeError)
+            else "JSON nested too deeply" if isinstance(err, RecursionError)
+            else "not valid JSON"
+        )
         raise MalformedEventError(f"Malformed event: {what} is {reason}", resync=True) from None
     if not isinstance(value, dict):
         raise MalformedEventError(f"Malformed event: {what} is not a JSON object", resync=True)
