@@ -8,9 +8,12 @@ One thread per model runs this loop:
    sampled, and its codec decoder state is reset (or, for an ICL clone, set to the state after
    the reference codes, computed once per reference).
 2. **Step.** Replay the captured graph of the smallest (batch, length) bucket that holds the
-   active rows: talker + code predictor + codec decoder for every row at once
-   (``step.FrameStep``, ``codec.StreamingDecoder``). The frame's PCM and EOS flags are copied
-   to pinned host memory asynchronously.
+   active rows: talker + code predictor for every row at once (``step.FrameStep``). On CUDA
+   the frame's codes are then decoded by a second graph, per batch bucket, on its own CUDA
+   stream (``codec.StreamingDecoder``), so that decoding frame ``t`` overlaps the talker and
+   predictor of frame ``t + 1``. The frame's PCM and EOS flags are copied to pinned host
+   memory asynchronously. Work on the main stream that touches the decoder's state
+   (admission, compaction) first waits for the decode in flight.
 3. **Deliver.** While that step runs, read the previous step's PCM and flags (no ``.item()``
    in the step), hand each row's audio to its sink every ``chunk_frames`` frames, and retire
    rows that hit EOS, their frame cap or the end of the cache, or whose client left. A
@@ -82,6 +85,8 @@ class BatchedEngine(Engine):
             are always included).
         on_join: called with each admission's prefill time in seconds (the stall it causes
             the running rows), for metrics.
+        overlap_decode: on CUDA, decode on a side stream, overlapping the next step (see the
+            module docstring); False decodes in line, after the step, on one stream.
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
@@ -98,6 +103,7 @@ class BatchedEngine(Engine):
         batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
         length_buckets: tuple[int, ...] = (256, 1024),
         on_join: Callable[[float], None] | None = None,
+        overlap_decode: bool = True,
     ) -> None:
         super().__init__(kind, chunk_frames, capacity=max_streams)
         qwen = tts.model
@@ -126,12 +132,17 @@ class BatchedEngine(Engine):
         self.prefill = Prefill(self.talker, self.state, self.step, self.decoder)
         self.samples_per_frame = self.decoder.samples_per_frame
         self._pcm = torch.zeros(max_streams, self.samples_per_frame, dtype=torch.float32, device=self.device)
-        self.graphs = StepGraphs(
-            self._body,
-            lambda: [*self.state.tensors(), *self.decoder.state()],
-            buckets(max_streams, batch_buckets),
-            buckets(max_len, length_buckets),
-        )
+        #: The step's codes, clamped into the codebook (int64 [slots, 16]), and the decoder's
+        #: copy of them (the next step may overwrite the first while a decode reads the second).
+        self._codes = torch.zeros(max_streams, 16, dtype=torch.int64, device=self.device)
+        self._codes_dec = torch.zeros_like(self._codes)
+        batches = buckets(max_streams, batch_buckets)
+        self.graphs = StepGraphs(self._step_body, self.state.tensors, batches, buckets(max_len, length_buckets))
+        self.decode_graphs = StepGraphs(self._decode_body, self.decoder.state, batches, [1])
+        self.overlap = self.use_graphs and overlap_decode
+        self._side = torch.cuda.Stream(self.device) if self.overlap else None
+        self._copied: torch.cuda.Event | None = None  # the last decode has taken its codes
+        self._decoded: torch.cuda.Event | None = None  # the last decode has finished
         self._host: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._flip = 0
         self._rows: list[_Row] = []
@@ -261,6 +272,7 @@ class BatchedEngine(Engine):
                 timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                 timing[0].record()
             try:
+                self._decoder_quiet()
                 lengths = self.prefill.run(len(self._rows), [(w.segment, p) for w, p in batch])
             except Exception as err:  # noqa: BLE001 - fail these requests only
                 _LOGGER.exception("Prefill failed for %d request(s)", len(batch))
@@ -276,11 +288,27 @@ class BatchedEngine(Engine):
 
     # --- stepping -----------------------------------------------------------------------------
 
-    def _body(self, b: int, length: int) -> None:
+    def _step_body(self, b: int, length: int) -> None:
+        """Talker + predictor for rows [0, b); the codes go to ``_codes`` (graph-captured)."""
         codes = self.step.run(b, length)
         # A row whose token was EOS runs one more (discarded) step; keep its ids in range.
-        codes = codes.clamp(max=self.decoder.codebook_size - 1)
-        self._pcm[:b].copy_(self.decoder.step(codes[:, :, None]))
+        self._codes[:b].copy_(codes.clamp(max=self.decoder.codebook_size - 1))
+
+    def _decode_body(self, b: int, _length: int) -> None:
+        """Decode ``_codes_dec`` of rows [0, b) into ``_pcm`` (graph-captured)."""
+        self._pcm[:b].copy_(self.decoder.step(self._codes_dec[:b, :, None]))
+
+    def _body(self, b: int, length: int) -> None:
+        """One whole frame, step then decode, in line (eager; ``benchmarks/profile_step``)."""
+        self._step_body(b, length)
+        self._codes_dec[:b].copy_(self._codes[:b])
+        self._decode_body(b, 1)
+
+    def _decoder_quiet(self) -> None:
+        """Make the main stream wait for the decode in flight (before it touches the
+        decoder's state: admission resets rows, compaction moves them)."""
+        if self._decoded is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._decoded)
 
     def _bucket(self) -> tuple[int, int]:
         # a row's next position is prompt + frames delivered + (at most) one step in flight
@@ -295,16 +323,36 @@ class BatchedEngine(Engine):
     @torch.inference_mode()
     def _launch(self) -> _Launched:
         """Start one step for the active rows; its outputs are read by ``_deliver``."""
-        self.graphs.run(*self._bucket())
+        b, length = self._bucket()
         pcm, eos = self._host[self._flip]
         self._flip ^= 1
         n = len(self._rows)
-        pcm[:n].copy_(self._pcm[:n], non_blocking=True)
-        eos[:n].copy_(self.state.eos[:n], non_blocking=True)
-        done = None
-        if self.use_graphs:
+        if self._side is None:  # in line, one stream
+            self.graphs.run(b, length)
+            self._codes_dec[:b].copy_(self._codes[:b])
+            self.decode_graphs.run(b, 1)
+            pcm[:n].copy_(self._pcm[:n], non_blocking=True)
+            eos[:n].copy_(self.state.eos[:n], non_blocking=True)
+            done = None
+            if self.use_graphs:
+                done = torch.cuda.Event()
+                done.record()
+            return _Launched(list(self._rows), pcm[:n], eos[:n], done)
+        main = torch.cuda.current_stream(self.device)
+        if self._copied is not None:
+            main.wait_event(self._copied)  # the last decode has its codes: they may change now
+        self.graphs.run(b, length)
+        self._side.wait_stream(main)
+        with torch.cuda.stream(self._side):
+            self._codes_dec[:b].copy_(self._codes[:b])
+            eos[:n].copy_(self.state.eos[:n], non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+            self.decode_graphs.run(b, 1)
+            pcm[:n].copy_(self._pcm[:n], non_blocking=True)
             done = torch.cuda.Event()
             done.record()
+        self._copied, self._decoded = copied, done
         return _Launched(list(self._rows), pcm[:n], eos[:n], done)
 
     def _deliver(self, launched: _Launched) -> None:
@@ -366,6 +414,7 @@ class BatchedEngine(Engine):
 
     @torch.inference_mode()
     def _move(self, src: int, dst: int) -> None:
+        self._decoder_quiet()
         for tensor in self.state.tensors():
             tensor[dst].copy_(tensor[src])
         self.decoder.move_row(src, dst)
@@ -398,13 +447,16 @@ class BatchedEngine(Engine):
                 self._on_join(stall)
 
     def _capture(self) -> None:
-        """Host buffers, and on CUDA one graph per (batch, length) bucket."""
+        """Host buffers, and on CUDA one step graph per (batch, length) bucket and one
+        decode graph per batch bucket."""
         self._host = [self._host_buffers() for _ in range(2)]
         if not self.use_graphs:
             return
-        seconds = self.graphs.capture()
+        seconds = self.graphs.capture() + self.decode_graphs.capture()
         _LOGGER.info(
-            "%s: captured %d graphs (batch %s x length %s) in %.1f s; %d slots of %.0f MB",
-            self.kind.value, len(self.graphs), self.graphs.batch_sizes, self.graphs.lengths, seconds,
+            "%s: captured %d step graphs (batch %s x length %s) and %d decode graphs in %.1f s; "
+            "decoding %s; %d slots of %.0f MB",
+            self.kind.value, len(self.graphs), self.graphs.batch_sizes, self.graphs.lengths,
+            len(self.decode_graphs), seconds, "on its own stream" if self.overlap else "in line",
             self.capacity, self.slot_bytes() / 1e6,
         )
