@@ -241,7 +241,7 @@ async def test_malformed_lines_and_unknown_events(server: Server) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
         writer.write(b"this is not json\n")
-        writer.write(b"[" * 3000 + b"]" * 3000 + b"\n")  # valid JSON, too deep for the parser
+        writer.write(b"[" * 32000 + b"]" * 32000 + b"\n")  # valid JSON, deeper than the parser goes
         writer.write(json.dumps({"no_type": 1}).encode() + b"\n")
         writer.write(json.dumps({"type": "select-program", "data": {"name": "x"}}).encode() + b"\n")
         writer.write(json.dumps({"type": "totally-unknown"}).encode() + b"\n")
@@ -256,7 +256,8 @@ async def test_malformed_lines_and_unknown_events(server: Server) -> None:
             if header.get("payload_length"):
                 await reader.readexactly(header["payload_length"])
         assert types == ["error", "error", "error", "info"]  # unknown types ignored, bad lines answered
-        assert "nested too deeply" in texts[1]
+        # (A Python whose parser does go that deep sees an array, which is no event either.)
+        assert "nested too deeply" in texts[1] or "not a JSON object" in texts[1], texts[1]
         # Junk is answered every time but logged at INFO once per connection.
         assert server.output().count("INFO wyoming_qwen3tts.handler: Refused request: Malformed") == logged + 1
     finally:
