@@ -50,6 +50,9 @@ def tiny_dir(tmp_path_factory) -> Path:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == [str(out / t) for t in ckpt.MODEL_TYPES]
+    # Dependencies' banners (flash-attn, SoX) stay out of a first run's output, as in the server's.
+    assert "SoX" not in proc.stderr and "sox: not found" not in proc.stderr, proc.stderr[-2000:]
+    assert "flash" not in proc.stderr.lower(), proc.stderr[-2000:]
     return out
 
 

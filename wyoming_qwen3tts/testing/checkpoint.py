@@ -865,7 +865,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=SIZES, default="tiny", help="default: tiny")
     parser.add_argument("--all", type=Path, metavar="DIR", help="write all three types under DIR")
     parser.add_argument("--seed", type=int, default=0, help="default: 0")
+    parser.add_argument("--debug", action="store_true", help="show the dependencies' banners and warnings")
     args = parser.parse_args(argv)
+    if not args.debug:  # qwen_tts's flash-attn and SoX banners, as the server hides them
+        from ..quiet import quiet_dependencies
+
+        quiet_dependencies()
 
     start = time.monotonic()
     if args.all is not None:
