@@ -225,6 +225,8 @@ async def test_upload_creates_a_voice_spoken_at_once_over_both_doors(studio: Ser
         (upload("../escape", encoded(tone(2.0), "wav")), 400, "invalid-name"),
         (upload("a/b", encoded(tone(2.0), "wav")), 400, "invalid-name"),
         (upload("a\\b", encoded(tone(2.0), "wav")), 400, "invalid-name"),
+        (upload("Con", encoded(tone(2.0), "wav")), 400, "invalid-name"),
+        (upload("lpt1.old", encoded(tone(2.0), "wav")), 400, "invalid-name"),
         (upload("..", encoded(tone(2.0), "wav")), 400, "invalid-name"),
         (upload(".hidden", encoded(tone(2.0), "wav")), 400, "invalid-name"),
         (upload("clone", encoded(tone(2.0), "wav")), 409, "name-taken"),

@@ -63,6 +63,8 @@ def test_clone_library_modes_bad_files_and_live_refresh(tmp_path: Path) -> None:
     (tmp_path / "corrupt.wav").write_bytes(b"RIFF-not-really")
     write_voice(tmp_path, "tooshort")
     sf.write(tmp_path / "tooshort.wav", np.zeros(100, dtype=np.float32), 24000)
+    write_voice(tmp_path, "hush")  # silent, as an upload would be refused for: skipped
+    sf.write(tmp_path / "hush.wav", np.full(48000, 0.001, dtype=np.float32), 24000)
     catalog = VoiceCatalog(tmp_path, ALL)
     clones = {v.name: v for v in catalog.voices() if v.kind is ModelKind.BASE}
     assert set(clones) == {"icl", "xvec"}
@@ -128,7 +130,7 @@ def test_dangling_links_long_clips_and_alias_rules(tmp_path: Path) -> None:
         ("", "empty"), ("   ", "empty"), (None, "empty"), ("x" * 49, "49 characters"),
         ("a/b", "path separator"), ("a\\b", "path separator"), ("..", "'..'"), ("a..b", "'..'"),
         (".hidden", "may hold only"), ("tab\there", "may hold only"), ("semi;colon", "may hold only"),
-        ("trailing.", "may hold only"),
+        ("trailing.", "may hold only"), ("con", "device name"), ("NUL.txt", "device name"), ("com3", "device name"),
     ],
 )
 def test_bad_names_are_named(name: object, reason: str) -> None:

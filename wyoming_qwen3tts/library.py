@@ -30,6 +30,7 @@ from .audio import SAMPLE_RATE
 from .voices import (
     AUDIO_SUFFIXES,
     MAX_REFERENCE_SECONDS,
+    SILENCE_PEAK,
     ModelKind,
     Voice,
     VoiceCatalog,
@@ -40,13 +41,14 @@ from .voices import (
 MAX_UPLOAD_BYTES = 20 * 1000 * 1000
 #: Shortest clip that can be cloned, in seconds.
 MIN_CLIP_SECONDS = 1.0
-#: A clip whose loudest sample stays below this (float, full scale 1.0; -40 dBFS) is silent.
-SILENCE_PEAK = 0.01
 #: Longest voice name, in characters.
 MAX_NAME_CHARS = 48
 #: Longest transcript of a clone clip, in characters (20 s of fast speech is about 400).
 MAX_TRANSCRIPT_CHARS = 1000
 _NAME_RE = re.compile(r"[\w][\w .'-]*")
+#: Device names Windows reserves (with any extension): such files cannot be opened over
+#: Samba from Windows, which the add-on's docs suggest for managing the voices folder.
+_WINDOWS_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
 
 
 class VoiceEditError(Exception):
@@ -84,6 +86,9 @@ def check_name(name: object) -> str:
         raise VoiceEditError(400, "invalid-name", f"The voice name {name!r} holds a path separator", "name")
     if ".." in name:
         raise VoiceEditError(400, "invalid-name", f"The voice name {name!r} holds '..'", "name")
+    if name.split(".")[0].strip().upper() in _WINDOWS_RESERVED:
+        message = f"The voice name {name!r} is a device name on Windows; its files could not be opened there"
+        raise VoiceEditError(400, "invalid-name", message, "name")
     if not _NAME_RE.fullmatch(name) or name.endswith("."):
         message = (
             f"The voice name {name!r} may hold only letters, digits, spaces and _ - . ' "

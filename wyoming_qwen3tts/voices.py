@@ -36,6 +36,9 @@ _LOGGER = logging.getLogger(__name__)
 #: Longest reference clip used for cloning, in seconds. Longer clips are cut: the reference's
 #: codec frames (12.5 per second) sit in the prompt and share the static KV cache.
 MAX_REFERENCE_SECONDS = 20.0
+#: A clone clip whose loudest sample stays below this (full scale 1.0; -40 dBFS) is silent:
+#: refused as an upload (``library``) and skipped in the voices folder.
+SILENCE_PEAK = 0.01
 
 AUDIO_SUFFIXES = (".wav", ".flac")
 #: Name of the user's presets file in the voices folder.
@@ -325,6 +328,9 @@ class VoiceCatalog:
                 continue
             try:
                 reference = Reference.load(path)
+                peak = float(np.abs(reference.audio).max())
+                if peak < SILENCE_PEAK:  # as uploads are refused: it would clone silence
+                    raise ValueError(f"the clip is silent (peak {peak:.4f} of full scale)")
             except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, never fatal
                 _LOGGER.error("Skipping clone voice %s: %s", path, err)
                 continue
