@@ -102,6 +102,13 @@ def test_user_presets_add_and_override_and_bad_entries_are_skipped(tmp_path: Pat
     assert "broken" not in names and "nodesc" not in names
     (tmp_path / "bad.toml").write_text("this is [not toml")
     assert load_presets([tmp_path / "bad.toml"]) == {}
+    # A client asking for a voice that a broken entry or file hides is told why.
+    with pytest.raises(UnknownVoiceError, match=r"Skipping preset 'broken' in .*presets.toml.*1 more"):
+        catalog.get("broken")
+    (tmp_path / "presets.toml").write_text('[captain]\nlanguage = "en"\ninstruct = "A captain."\n[oops')
+    catalog.refresh()
+    with pytest.raises(UnknownVoiceError, match=r"Skipping presets file .*presets.toml"):
+        catalog.get("captain")
 
 
 def test_dangling_links_long_clips_and_alias_rules(tmp_path: Path) -> None:

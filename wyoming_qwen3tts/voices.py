@@ -166,6 +166,7 @@ def load_presets(
     paths: list[Path],
     source: VoiceSource = VoiceSource.SHIPPED,
     base: Mapping[str, Voice] | None = None,
+    errors: list[str] | None = None,
 ) -> dict[str, Voice]:
     """Read VoiceDesign presets from TOML files; later files override earlier ones.
 
@@ -174,6 +175,7 @@ def load_presets(
         source: recorded on every voice read.
         base: presets these files override: an override without ``aliases`` keeps the
             names clients already use.
+        errors: if given, each problem's message is appended to it too.
 
     A malformed entry is skipped with a log line naming it; a malformed file likewise.
     """
@@ -184,17 +186,23 @@ def load_presets(
         try:
             data = tomllib.loads(path.read_text("utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-            _LOGGER.error("Skipping presets file %s: %s", path, err)
+            _report(errors, f"Skipping presets file {path}: {err}")
             continue
         for name, entry in data.items():
             try:
                 earlier = presets.get(name) or (base or {}).get(name)
                 presets[name] = _preset(name, entry, source, earlier)
             except KeyError as err:
-                _LOGGER.error("Skipping preset %r in %s: missing key %s", name, path, err)
+                _report(errors, f"Skipping preset {name!r} in {path}: missing key {err}")
             except (TypeError, ValueError, AttributeError, UnsupportedLanguageError) as err:
-                _LOGGER.error("Skipping preset %r in %s: %s", name, path, err)
+                _report(errors, f"Skipping preset {name!r} in {path}: {err}")
     return presets
+
+
+def _report(errors: list[str] | None, message: str) -> None:
+    _LOGGER.error("%s", message)
+    if errors is not None:
+        errors.append(message)
 
 
 def _preset(name: str, entry: Any, source: VoiceSource, earlier: Voice | None) -> Voice:
@@ -272,6 +280,7 @@ class VoiceCatalog:
                 )
         self._user_presets: dict[str, Voice] = {}
         self._presets_signature: tuple[int, int] | None = None
+        self._presets_problems: list[str] = []  # why parts of the user presets file were skipped
         self._clones: dict[str, Voice] = {}
         self._signature: tuple[tuple[str, int, int], ...] | None = None
         self.refresh()
@@ -299,7 +308,9 @@ class VoiceCatalog:
         if signature == self._presets_signature and not force:
             return
         self._presets_signature = signature
-        self._user_presets = load_presets([path], VoiceSource.USER, self.shipped) if signature else {}
+        problems: list[str] = []
+        self._user_presets = load_presets([path], VoiceSource.USER, self.shipped, problems) if signature else {}
+        self._presets_problems = problems
         if signature:
             _LOGGER.info("User presets %s: %d voice(s)", path, len(self._user_presets))
 
@@ -379,4 +390,6 @@ class VoiceCatalog:
                 return voice
         names = sorted(v.name for v in voices)
         shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
-        raise UnknownVoiceError(f"Unknown voice {name!r}; available: {shown}")
+        problems = self._presets_problems
+        hint = f". Note: {problems[0]}" + (f" (and {len(problems) - 1} more, see the log)" if len(problems) > 1 else "") if problems else ""
+        raise UnknownVoiceError(f"Unknown voice {name!r}; available: {shown}{hint}")
