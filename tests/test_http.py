@@ -347,6 +347,7 @@ async def test_catalogue_models_and_probes(server: Server) -> None:
     assert all(m["object"] == "model" for m in listed["data"])
     assert {m.id for m in client_for(server).models.list()} == ids
     assert client_for(server).models.retrieve("tts-1").id == "tts-1"
+    assert client_for(server).models.retrieve("TTS-1").id == "tts-1"  # as the speech route reads it
     with pytest.raises(openai.NotFoundError) as missing:
         client_for(server).models.retrieve("whisper-1")
     assert missing.value.code == "model_not_found"

@@ -494,8 +494,10 @@ async def test_on_the_cpu_a_kept_design_keeps_the_clip_heard_and_no_anchor_is_re
     voices = tmp_path / "voices"
     voices.mkdir()
     srv = start_server(checkpoints, voices, tmp_path / "server.log",
-                       extra=["--no-zeroconf", "--custom-voice-model", "none", "--api-key", KEY])
+                       extra=["--no-zeroconf", "--custom-voice-model", "none", "--api-key", KEY, "--voice", "ALLOY"])
     try:
+        status, body = await call(srv, "GET", "/v1/audio/voices")
+        assert json.loads(body)["default"] == "aria"  # --voice by alias, any case: the voice's own name
         listed = await voices_of(srv)
         assert listed["aria"]["served"] == "designed-live" and listed["aria"]["anchor"] == "off"
         status, body = await call(srv, "GET", "/v1/audio/voices/aria/sample")

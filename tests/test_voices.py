@@ -267,3 +267,27 @@ def test_model_identity_uses_hub_blob_names_and_content(tmp_path: Path) -> None:
     (copy / "config.json").write_text("{}")
     (copy / "model.safetensors").symlink_to(blob)
     assert model_identity(hub) == model_identity(copy)
+
+
+def test_names_differing_only_in_case_are_one_voice(tmp_path: Path) -> None:
+    """Names are case-insensitive everywhere: a user preset ``James`` overrides the shipped
+    ``james`` (keeping its aliases), a clone ``Ryan.wav`` shadows the speaker ``ryan``, and a
+    rename onto another voice's name in any case is refused with nothing changed."""
+    write_voice(tmp_path, "Ryan")
+    library = _library(tmp_path)
+    james = library.add_preset(library.check_free("James", replace_shipped=True), instruct="A captain.",
+                               language="en", summary="Captain", seed=3, anchor_text="Ahoy.")
+    catalog = library.catalog
+    spelled = [v.name for v in catalog.voices() if v.name.casefold() in ("james", "ryan")]
+    assert sorted(spelled) == ["James", "Ryan"]
+    assert catalog.get("james") == james and catalog.get("onyx").name == "James"  # the alias follows
+    assert catalog.get("ryan").kind is ModelKind.BASE  # the clone shadows the built-in speaker
+    assert library.rename("James", "JAMES").name == "JAMES"  # a change of case only
+    library.add_preset("storyteller", instruct="A storyteller.", language="en", summary="Stories", seed=4, anchor_text="Once.")
+    before = (tmp_path / "presets.toml").read_text()
+    for target in ("ARIA", "jAmEs"):
+        with pytest.raises(VoiceEditError) as caught:
+            library.rename("storyteller", target)
+        assert caught.value.code == "name-taken", target
+    assert (tmp_path / "presets.toml").read_text() == before
+    assert [v.name for v in catalog.voices() if v.name.casefold() == "aria"] == ["aria"]

@@ -68,11 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wyoming-qwen3tts", description=__doc__, formatter_class=_HelpFormatter)
     parser.add_argument("--uri", default="tcp://0.0.0.0:10200", help="Wyoming listen URI (tcp:// or unix://)")
     parser.add_argument("--data-dir", default="data", help="Models download here (DIR/models)")
-    parser.add_argument("--voices-dir", help="Clone library and presets.toml (default DATA_DIR/voices)")
+    parser.add_argument("--voices-dir", help="Clone library and presets.toml (default: DATA_DIR/voices)")
     parser.add_argument("--clone-model", default=DEFAULT_MODELS[ModelKind.BASE], help="Base model: hub id, folder or none")
     parser.add_argument("--design-model", default=DEFAULT_MODELS[ModelKind.VOICE_DESIGN], help="VoiceDesign model: hub id, folder or none")
     parser.add_argument("--custom-voice-model", default=DEFAULT_MODELS[ModelKind.CUSTOM_VOICE], help="CustomVoice model: hub id, folder or none")
-    parser.add_argument("--voice", help=f"Default voice (default {DEFAULT_VOICE!r} if available, else the first)")
+    parser.add_argument("--voice", help=f"Default voice (default: {DEFAULT_VOICE!r} if available, else the first by name)")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA when available")
     parser.add_argument("--chunk-size", type=int, default=1, help="Codec frames per audio chunk (80 ms each); 1 starts soonest and, on the batched engine, costs no speed")
     parser.add_argument("--engine", choices=ENGINES, default="auto", help="auto: batched on CUDA, reference on the CPU")
@@ -298,7 +298,7 @@ async def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"No voices: add a clone voice to {voices_dir} or enable the VoiceDesign model")
     default_voice = args.voice or (DEFAULT_VOICE if DEFAULT_VOICE in names else sorted(names)[0])
     try:
-        catalog.get(default_voice)
+        default_voice = catalog.get(default_voice).name  # the catalogue's spelling (or an alias's voice)
     except KeyError as err:
         raise SystemExit(f"--voice: {err}") from None
     anchors = await _anchors(args, engines, catalog, default_voice)  # voice studio

@@ -355,8 +355,9 @@ class Anchors:
             raise RuntimeError(self._failed[spec.key])
         if self.mode is AnchorMode.KEPT:
             raise LookupError(
-                f"{voice.name!r} is designed live for every sentence (--anchors kept renders no "
-                "anchors; only designs kept in the studio have one): it has no clip"
+                f"{voice.name!r} is designed live for every sentence: anchors are 'kept' here "
+                "(--anchors kept, or auto on the CPU), so only designs kept in the voice studio "
+                "have a clip"
             )
         future: asyncio.Future[Reference] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(spec.key, []).append(future)
@@ -472,8 +473,11 @@ class Anchors:
         how = "served by the Base model as clones of their anchors" if self.clone_loaded else (
             "anchors give their samples only: the Base model is off, so presets are designed live"
         )
+        live = "designed live (none are rendered in this mode)" if self.mode is AnchorMode.KEPT else (
+            "designed live until rendered"
+        )
         _LOGGER.info(
-            "Preset anchors (%s, VoiceDesign model %s) in %s: %d ready (%s); designed live until "
-            "rendered: %s", self.mode.value, self.identity, self.store.folder, len(ready), how,
+            "Preset anchors (%s, VoiceDesign model %s) in %s: %d ready (%s); %s: %s",
+            self.mode.value, self.identity, self.store.folder, len(ready), how, live,
             ", ".join(missing) or "none",
         )

@@ -521,7 +521,7 @@ async def model(request: web.Request) -> web.Response:
     """
     wanted = request.match_info["model"]
     for item in _model_list(request.app[_SERVICE_KEY]):
-        if item["id"] == wanted:
+        if item["id"].lower() == wanted.strip().lower():  # as /v1/audio/speech reads ``model``
             return web.json_response(item)
     raise ApiError(404, f"The model {wanted!r} does not exist; see GET /v1/models", "model_not_found", "model")
 

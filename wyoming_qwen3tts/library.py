@@ -385,7 +385,10 @@ class VoiceLibrary:
                 500 ``write-failed``.
         """
         voice = self.editable(old)
-        new_name = self.check_free(new, replace_shipped=voice.source is VoiceSource.USER, renaming=voice)
+        # A user preset that overrides a shipped one may change its name's case; a rename
+        # onto another shipped preset's name is refused (keep a design with replace for that).
+        case_only = isinstance(new, str) and new.strip().casefold() == voice.name.casefold()
+        new_name = self.check_free(new, replace_shipped=voice.source is VoiceSource.USER and case_only, renaming=voice)
         if new_name == voice.name:
             return voice
         if voice.source is VoiceSource.CLONE:

@@ -180,6 +180,7 @@ def load_presets(
     A malformed entry is skipped with a log line naming it; a malformed file likewise.
     """
     presets: dict[str, Voice] = {}
+    folded = {key.casefold(): voice for key, voice in (base or {}).items()}  # names are case-insensitive
     for path in paths:
         if not path.is_file():
             continue
@@ -190,7 +191,7 @@ def load_presets(
             continue
         for name, entry in data.items():
             try:
-                earlier = presets.get(name) or (base or {}).get(name)
+                earlier = presets.get(name) or folded.get(name.casefold())
                 presets[name] = _preset(name, entry, source, earlier)
             except KeyError as err:
                 _report(errors, f"Skipping preset {name!r} in {path}: missing key {err}")
@@ -358,13 +359,17 @@ class VoiceCatalog:
         _LOGGER.info("Clone library %s: %d voice(s)", self.voices_dir, len(clones))
 
     def voices(self) -> list[Voice]:
-        """Every available voice; clone ids shadow presets and speakers of the same name."""
+        """Every available voice. Names are case-insensitive: a user preset overrides the
+        shipped one of the same name in any case, and clone ids shadow presets and
+        speakers of the same name."""
         merged: dict[str, Voice] = {}
+        sources: list[Mapping[str, Voice]] = []
         if ModelKind.VOICE_DESIGN in self.kinds:
-            merged.update(self.shipped)
-            merged.update(self._user_presets)
-        merged.update(self._speakers)
-        merged.update(self._clones)
+            sources += [self.shipped, self._user_presets]
+        sources += [self._speakers, self._clones]
+        for source in sources:
+            for voice in source.values():
+                merged[voice.name.casefold()] = voice  # a later source wins, in the earlier's place
         return list(merged.values())
 
     def find(self, name: str) -> Voice | None:
