@@ -46,6 +46,7 @@ from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED, limit
 from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from . import openapi
 from .http_common import MAX_INSTRUCTIONS_CHARS, MODEL_OF_KIND, ApiError, error_body, read_json, voice_json
+from .studio import add_routes, from_ingress, is_page  # the page is open, ingress is authenticated
 from .service import (
     EmptyTextError,
     GenerationError,
@@ -557,8 +558,6 @@ async def openapi_json(request: web.Request) -> web.Response:
 
 
 def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | None = None) -> Any:
-    from .studio import from_ingress, is_page  # studio: the page is open, ingress is authenticated
-
     expected = api_key.encode() if api_key else None
 
     @web.middleware
@@ -662,9 +661,7 @@ def create_app(
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi_json)
-    from .studio import add_routes  # the voice studio's routes and page
-
-    add_routes(app, service)
+    add_routes(app, service)  # the voice studio's routes and page
     return app
 
 
