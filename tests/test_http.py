@@ -255,6 +255,61 @@ async def test_flac_is_a_complete_file(server: Server, extra: dict[str, Any]) ->
         assert sum(frame.samples for frame in container.decode(stream)) == len(audio)
 
 
+# --- drop-in for the serving engines' clients (vLLM-Omni, sglang-omni, nari-qwen3-tts) ----
+
+
+@pytest.mark.parametrize(
+    ("model", "voice"),
+    [
+        ("Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice", "ryan"),
+        ("qwen3-tts-12hz-0.6b-customvoice", "Ryan"),
+        ("Qwen3-TTS-12Hz-1.7B-Base", "clone"),
+        ("/models/Qwen3-TTS-12Hz-1.7B-VoiceDesign", "alloy"),
+        ("models--Qwen--Qwen3-TTS-12Hz-1.7B-Base", "clone"),
+    ],
+)
+def test_hub_ids_and_folder_names_are_model_names(server: Server, pcm_samples: int, model: str, voice: str) -> None:
+    """The openai SDK as vLLM-Omni's docs use it: the checkpoint's hub id as ``model``;
+    raw PCM streamed, with its rate in ``x-sample-rate``."""
+    with client_for(server).audio.speech.with_streaming_response.create(
+        model=model, voice=voice, input=TEXT, response_format="pcm",
+        extra_body={"stream": False, "non_streaming_mode": True},
+    ) as response:
+        assert response.headers["x-sample-rate"] == "24000"
+        assert response.headers["content-type"] == FORMATS["pcm"].content_type
+        data = b"".join(response.iter_bytes())
+    assert_frames(len(data) // 2)
+
+
+def test_hub_id_of_the_wrong_kind_is_refused(server: Server) -> None:
+    with pytest.raises(openai.BadRequestError) as wrong:
+        client_for(server).audio.speech.create(
+            model="Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice", voice="clone", input=TEXT, response_format="pcm"
+        )
+    assert wrong.value.code == "voice-model-mismatch"
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client_for(server).audio.speech.create(model="Qwen/Qwen3-TTS-12Hz-1.7B-Talker", voice="ryan", input=TEXT)
+    assert unknown.value.code == "model_not_found"
+    assert client_for(server).models.retrieve("Qwen/Qwen3-TTS-12Hz-1.7B-Base").id == "Qwen/Qwen3-TTS-12Hz-1.7B-Base"
+
+
+async def test_vllm_omni_stream_fields(server: Server, pcm_samples: int) -> None:
+    """``stream: true`` without ``stream_format`` is SSE (vLLM-Omni); ``stream_format: audio``
+    is raw bytes whatever ``stream`` says; a non-boolean ``stream`` is a 400."""
+    body = {"input": TEXT, "voice": "ryan", "response_format": "pcm", "seed": 3}
+    status, headers, data = await post(server, {**body, "stream": True})
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in data.decode().splitlines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "speech.audio.done"
+    sse_pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    status, headers, raw = await post(server, {**body, "stream": True, "stream_format": "audio"})
+    assert status == 200 and headers["X-Sample-Rate"] == "24000" and raw == sse_pcm
+    for field, value in (("stream", "yes"), ("non_streaming_mode", 1)):
+        status, _, error = await post(server, {**body, field: value})
+        assert status == 400, error
+        assert json.loads(error)["error"]["param"] == field
+
+
 @pytest.mark.parametrize("fmt", ["pcm", "mp3"])
 def test_sse_events_carry_the_audio(server: Server, pcm_samples: int, fmt: str) -> None:
     with client_for(server).audio.speech.with_streaming_response.create(

@@ -30,6 +30,7 @@ import ipaddress
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -76,6 +77,12 @@ KIND_MODELS: dict[str, ModelKind] = {
     "qwen3-tts-custom-voice": ModelKind.CUSTOM_VOICE,
 }
 STREAM_FORMATS = ("audio", "sse")
+#: The checkpoints' own names, as clients written for vLLM-Omni, sglang-omni or nari-qwen3-tts
+#: send them in ``model``: the hub id (``Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice``), the bare
+#: folder name (``Qwen3-TTS-12Hz-0.6B-Base``) or the Hugging Face cache folder
+#: (``models--Qwen--Qwen3-TTS-12Hz-1.7B-Base``). Any size; the suffix names the kind.
+_HUB_MODEL = re.compile(r"^(?:qwen/|models--qwen--)?qwen3-tts-12hz-[0-9.]+b-(base|voicedesign|customvoice)$")
+_HUB_KINDS = {"base": ModelKind.BASE, "voicedesign": ModelKind.VOICE_DESIGN, "customvoice": ModelKind.CUSTOM_VOICE}
 _OPEN_PATHS = ("/health", "/ready", "/metrics", "/openapi.json")
 _HTTP_CODES = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large"}
 _SERVICE_KEY = web.AppKey("service", TtsService)
@@ -168,14 +175,42 @@ def _choice(body: dict[str, Any], name: str, choices: list[str], default: str) -
     return default if value is None else value
 
 
+def model_kind(name: str) -> ModelKind | None:
+    """The kind a ``model`` name selects: None for OpenAI's generic names (the voice decides).
+
+    Accepts our names (``KIND_MODELS``) and the checkpoints' hub ids and folder names
+    (``_HUB_MODEL``), case-insensitively, ignoring surrounding spaces and a trailing ``/``.
+
+    Raises:
+        ApiError: 404 ``model_not_found`` for any other name.
+    """
+    key = name.strip().rstrip("/").lower()
+    if key in GENERIC_MODELS:
+        return None
+    if key in KIND_MODELS:
+        return KIND_MODELS[key]
+    hub = _HUB_MODEL.match(key) or _HUB_MODEL.match(key.rsplit("/", 1)[-1])  # or a folder's path
+    if hub is not None:
+        return _HUB_KINDS[hub.group(1)]
+    raise ApiError(404, f"The model {name!r} does not exist; see GET /v1/models", "model_not_found", "model")
+
+
 def _model_kind(body: dict[str, Any]) -> ModelKind | None:
     model = _field(body, "model", str, "a string")
-    if model is None or model.lower() in GENERIC_MODELS:
-        return None
-    if model.lower() not in KIND_MODELS:
-        message = f"The model {model!r} does not exist; see GET /v1/models"
-        raise ApiError(404, message, "model_not_found", "model")
-    return KIND_MODELS[model.lower()]
+    return None if model is None else model_kind(model)
+
+
+def _stream_format(body: dict[str, Any]) -> str:
+    """``stream_format``, or as vLLM-Omni reads it when absent: ``stream: true`` selects SSE,
+    ``stream: false`` (or absent) the raw audio bytes, sent as they are generated.
+
+    Raises:
+        ApiError: 400 for a wrong type or value of either field.
+    """
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _invalid("stream", "'stream' must be a boolean", "invalid-type")
+    return _choice(body, "stream_format", list(STREAM_FORMATS), "sse" if stream else "audio")
 
 
 def _voice(body: dict[str, Any]) -> str | None:
@@ -221,6 +256,11 @@ def parse_speech(body: Any, max_chars: int) -> SpeechParams:
     seed = _field(body, "seed", int, "an integer")
     if seed is not None and not 0 <= seed <= MAX_SEED:
         raise _invalid("seed", f"'seed' must be from 0 to {MAX_SEED}")
+    # vLLM-Omni's prompt-layout override: accepted for drop-in clients; the engine always
+    # builds the model's non-streaming prompt (whole text in the prefill), the layout that
+    # keeps long clone text aligned, so either value gives the same prompt.
+    if body.get("non_streaming_mode") is not None and not isinstance(body["non_streaming_mode"], bool):
+        raise _invalid("non_streaming_mode", "'non_streaming_mode' must be a boolean", "invalid-type")
     return SpeechParams(
         text=text,
         kind=kind,
@@ -228,7 +268,7 @@ def parse_speech(body: Any, max_chars: int) -> SpeechParams:
         clone=reference is not None,
         instructions=instructions,
         response_format=_choice(body, "response_format", list(FORMATS), "mp3"),
-        stream_format=_choice(body, "stream_format", list(STREAM_FORMATS), "audio"),
+        stream_format=_stream_format(body),
         speed=speed,
         language=_text(body, "language"),
         seed=seed,
@@ -521,9 +561,12 @@ async def model(request: web.Request) -> web.Response:
         ApiError: 404 ``model_not_found``.
     """
     wanted = request.match_info["model"]
-    for item in _model_list(request.app[_SERVICE_KEY]):
+    service = request.app[_SERVICE_KEY]
+    for item in _model_list(service):
         if item["id"].lower() == wanted.strip().lower():  # as /v1/audio/speech reads ``model``
             return web.json_response(item)
+    if _HUB_MODEL.match(wanted.strip().lower()) and model_kind(wanted) in service.kinds:
+        return web.json_response({"id": wanted.strip(), "object": "model", "created": _CREATED, "owned_by": "wyoming-qwen3tts"})
     raise ApiError(404, f"The model {wanted!r} does not exist; see GET /v1/models", "model_not_found", "model")
 
 
@@ -656,7 +699,7 @@ def create_app(
     app.router.add_post("/v1/audio/speech", speech)
     app.router.add_get("/v1/audio/voices", voices)
     app.router.add_get("/v1/models", models)
-    app.router.add_get("/v1/models/{model}", model)
+    app.router.add_get("/v1/models/{model:.+}", model)  # hub ids have a "/"
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)

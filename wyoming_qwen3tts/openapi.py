@@ -160,7 +160,7 @@ def _speech_request(max_chars: int) -> dict[str, Any]:
                 "maxLength": max_chars,
                 "description": "The text (413 above the limit; 400 when nothing speakable remains).",
             },
-            "model": _nullable({**string, "description": "tts-1, tts-1-hd, gpt-4o-mini-tts or a qwen3-tts-* name."}),
+            "model": _nullable({**string, "description": "tts-1, tts-1-hd, gpt-4o-mini-tts, a qwen3-tts-* name, or a checkpoint's hub id or folder name (Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice)."}),
             "voice": _nullable(
                 {
                     "oneOf": [
@@ -172,6 +172,8 @@ def _speech_request(max_chars: int) -> dict[str, Any]:
             "instructions": _nullable({**string, "maxLength": _MAX_INSTRUCTIONS}),
             "response_format": _nullable({"type": "string", "enum": list(FORMATS)}),
             "stream_format": _nullable({"type": "string", "enum": ["audio", "sse"]}),
+            "stream": _nullable({"type": "boolean", "description": "vLLM-Omni's: without stream_format, true selects sse."}),
+            "non_streaming_mode": _nullable({"type": "boolean", "description": "vLLM-Omni's prompt-layout override; accepted, the engine's prompt is the same either way."}),
             "speed": _nullable({"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED}),
             "language": _nullable({**string, "description": "BCP-47 code or Qwen3-TTS language name."}),
             "seed": _nullable({"type": "integer", "minimum": 0, "maximum": MAX_SEED}),
