@@ -7,6 +7,8 @@
 #   profile  python -m benchmarks.profile_step
 #   bench    python -m benchmarks.bench
 #   soak     a real server on the full-size checkpoints, python -m benchmarks.soak against it
+#   poisson  a real server (all three full-size models, --max-streams 32, --fixed-frames 75),
+#            python -m benchmarks.poisson against it (POISSON_ARGS: its flags, e.g. --rates 10)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -43,6 +45,27 @@ for stage in "$@"; do
         --requests "${SOAK_REQUESTS:-1000}" --concurrency "${SOAK_CONCURRENCY:-8}" --out "$OUT/soak" 2>&1 | tail -25
       t0=$(date +%s); kill -TERM $server; wait $server; echo "server exit $? after SIGTERM in $(( $(date +%s) - t0 )) s"
       cp /tmp/soak/server.log "$OUT/soak/server.log"; grep -E "ERROR|Traceback" /tmp/soak/server.log | head -5 ;;
+    poisson)
+      for kind in voice_design base custom_voice; do  # wait for (or build) the checkpoints
+        python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > /dev/null &
+      done
+      wait
+      mkdir -p /tmp/poisson/voices "$OUT/poisson"
+      python3 -c "import numpy as np, soundfile as sf; t = np.arange(72000) / 24000; sf.write('/tmp/poisson/voices/clone.wav', (0.2 * np.sin(2 * np.pi * 190 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))).astype('float32'), 24000)"
+      echo "This is a short reference recording for the benchmark." > /tmp/poisson/voices/clone.txt
+      python3 -m wyoming_qwen3tts --uri tcp://127.0.0.1:10300 --http-host 127.0.0.1 --http-port 8890 \
+        --data-dir /tmp/poisson/data --voices-dir /tmp/poisson/voices --clone-model .ckpt/full/base \
+        --design-model .ckpt/full/voice_design --custom-voice-model .ckpt/full/custom_voice --device cuda \
+        --no-zeroconf --local-files-only --max-streams 32 --fixed-frames 75 --seed 17 --anchors used \
+        ${POISSON_SERVER_ARGS:---max-queue 64} > /tmp/poisson/server.log 2>&1 &
+      server=$!
+      for _ in $(seq 360); do grep -q "Ready: Wyoming" /tmp/poisson/server.log && break; sleep 0.5; done
+      grep -E "captured|slots of" /tmp/poisson/server.log | head -6
+      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-')
+      timeout "${POISSON_S:-540}" python3 -m benchmarks.poisson --wyoming-port 10300 --http-port 8890 --gpu "$gpu" \
+        --out "$OUT/poisson" ${POISSON_ARGS:---http-voices custom_voice} 2>&1 | tee "$OUT/poisson/poisson.log" | tail -40
+      kill -TERM $server; wait $server
+      cp /tmp/poisson/server.log "$OUT/poisson/server.log"; grep -E "ERROR|Traceback" /tmp/poisson/server.log | head -5 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   echo "== $stage: $(( $(date +%s) - start )) s"
