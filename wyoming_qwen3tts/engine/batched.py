@@ -2,9 +2,12 @@
 
 One thread per model runs this loop:
 
-1. **Admit.** While slots are free, take segments from the work source (round-robin between
-   clients), build their prompts and prefill them together in one forward pass of the
-   talker. Each new row's keys and values are copied into its slot, its first token is
+1. **Admit.** The planner (``planner.Planner``) says how many waiting segments to take
+   (round-robin between clients) before this step: everything that fits when nothing runs,
+   else at most one prefill's worth (``prefill.MAX_JOIN`` rows), held back a step or two
+   while a running stream is about to run out of buffered audio. Their prompts are prefilled
+   together: one replay of the graph captured for (rows, token bucket), which writes each new
+   row's keys and values straight into its slot (``prefill.Prefill``); its first token is
    sampled, and its codec decoder state is reset (or, for an ICL clone, set to the state after
    the reference codes, computed once per reference).
 2. **Step.** Replay the captured graph of the smallest (batch, length) bucket that holds the
@@ -37,6 +40,7 @@ from ..voices import ModelKind
 from .base import Engine, ModelMismatchError, Work, WorkSource
 from .codec import StreamingDecoder
 from .graphs import StepGraphs, buckets
+from .planner import Planner, StreamClock
 from .prefill import Prefill
 from .prompt import Prompt, PromptBuilder
 from .prompts import ClonePrompts
@@ -57,7 +61,12 @@ class _Row:
     pcm: list[np.ndarray] = field(default_factory=list)
     finished: bool = False
     admitted: float = field(default_factory=time.monotonic)
-    first_audio: float | None = None
+    first_audio: float | None = None  # seconds from admission to the first chunk
+
+    def clock(self) -> StreamClock:
+        """Frames its client has (sent in chunks) and when the first chunk went out."""
+        sent = self.frames - len(self.pcm)
+        return StreamClock(sent, None if self.first_audio is None else self.admitted + self.first_audio)
 
 
 @dataclass
@@ -130,6 +139,7 @@ class BatchedEngine(Engine):
         self.step = FrameStep(self.talker, self.state, pad)
         self.decoder = StreamingDecoder(model.speech_tokenizer.model.decoder, max_streams)
         self.prefill = Prefill(self.talker, self.state, self.step, self.decoder)
+        self.planner = Planner(self.prefill.max_rows)
         self.samples_per_frame = self.decoder.samples_per_frame
         self._pcm = torch.zeros(max_streams, self.samples_per_frame, dtype=torch.float32, device=self.device)
         #: The step's codes, clamped into the codebook (int64 [slots, 16]), and the decoder's
@@ -245,12 +255,26 @@ class BatchedEngine(Engine):
     # --- admission ----------------------------------------------------------------------------
 
     def _admit(self, source: WorkSource, block: bool) -> None:
-        """Take work while slots are free and prefill it in one batch."""
+        """Take as much work as the planner allows and prefill it, ``max_join`` rows a replay."""
+        now = time.monotonic()
+        take = self.planner.admissions(self.capacity - len(self._rows), [r.clock() for r in self._rows], now)
+        while take > 0:
+            taken = self._admit_some(source, block, min(take, self.prefill.max_rows))
+            if taken < self.prefill.max_rows:
+                return  # the source is empty (or slots are)
+            take -= taken
+            block = False
+
+    def _admit_some(self, source: WorkSource, block: bool, most: int) -> int:
+        """Take up to ``most`` segments and prefill them in one replay; returns how many it
+        took (started or failed)."""
         batch: list[tuple[Work, Prompt]] = []
-        while len(self._rows) + len(batch) < self.capacity:
+        taken = 0
+        while taken < most and len(self._rows) + len(batch) < self.capacity:
             work = source.take(wait=None if block and not batch else 0)
             if work is None:
                 break
+            taken += 1
             if work.sink.cancelled():
                 work.sink.done(0)
                 continue
@@ -278,13 +302,14 @@ class BatchedEngine(Engine):
                 _LOGGER.exception("Prefill failed for %d request(s)", len(batch))
                 for work, _prompt in batch:
                     work.sink.failed(err)
-                return
+                return taken
             if timing is not None:
                 timing[1].record()
                 self._joins.append(timing)
             for (work, _prompt), length in zip(batch, lengths, strict=True):
                 self._rows.append(_Row(work, max(1, work.segment.max_new_tokens), length))
             _LOGGER.debug("Admitted %d stream(s): prompts of %s positions", len(batch), lengths)
+        return taken
 
     # --- stepping -----------------------------------------------------------------------------
 
@@ -453,10 +478,12 @@ class BatchedEngine(Engine):
         if not self.use_graphs:
             return
         seconds = self.graphs.capture() + self.decode_graphs.capture()
+        prefill_s = self.prefill.capture()
         _LOGGER.info(
             "%s: captured %d step graphs (batch %s x length %s) and %d decode graphs in %.1f s; "
-            "decoding %s; %d slots of %.0f MB",
+            "%d prefill graphs (rows 1-%d x tokens %s) in %.1f s; decoding %s; %d slots of %.0f MB",
             self.kind.value, len(self.graphs), self.graphs.batch_sizes, self.graphs.lengths,
-            len(self.decode_graphs), seconds, "on its own stream" if self.overlap else "in line",
+            len(self.decode_graphs), seconds, len(self.prefill.graphs), self.prefill.max_rows,
+            self.prefill.token_buckets, prefill_s, "on its own stream" if self.overlap else "in line",
             self.capacity, self.slot_bytes() / 1e6,
         )

@@ -1,39 +1,63 @@
-"""Admitting streams into the pool: one batched talker forward, then each row's slot state."""
+"""Admitting streams into the pool: one talker forward over the new prompts, replayed from a
+CUDA graph captured per (rows, token bucket), writing each row's keys and values straight into
+its slot; then each row's slot state.
+
+A join is what running streams wait for, so it must be one short graph replay: the prompts
+(ICL clone prompts of 80-200 positions, x-vector clone, VoiceDesign and CustomVoice prompts)
+are right-padded to the smallest token bucket that holds the longest, the rows are the exact
+number joining (1..``MAX_JOIN``: no padding rows, so no row ever writes a slot it does not
+own), and every (rows, bucket) graph is captured at start. The forward is our own, built from
+the talker's loaded weights (``layers.FusedLayer``, as the frame step), and masks padding:
+a row's queries attend only to its own prompt, causally, and a padded position's key and value
+never reach the cache (the slot keeps what it had there). A prompt longer than the largest
+bucket falls back to the talker's own forward, eagerly (logged at DEBUG, counted in
+``Prefill.eager_fallbacks``).
+"""
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import OrderedDict
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from .codec import StreamingDecoder
+from .graphs import StepGraphs
+from .layers import FusedLayer, attention_mask, rope_tables
 from .prompt import Prompt
 from .segment import Segment
 from .step import FrameStep, SlotState
 
+_LOGGER = logging.getLogger(__name__)
+
 #: Decoder states after an ICL reference's codes, kept per reference (each a few MB).
 PREFIX_CACHE_SIZE = 16
+#: Most rows one prefill replay admits (nari-qwen3-tts captures its prefill for batches 1-8).
+MAX_JOIN = 8
+#: Token buckets of the prefill graphs (positions). ICL clone prompts are 80-200 positions
+#: (a 3 s reference is ~40 codec frames plus both transcripts; a 10 s anchor ~130), VoiceDesign
+#: prompts carry the description (up to ``MAX_INSTRUCTIONS_CHARS``, rarely over 200 tokens).
+TOKEN_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512)
 
 
 class Prefill:
     """Start new segments in slots ``[start, start + n)``.
 
-    The prompts are left-padded into one batch and run through the talker's own forward
-    (``Qwen3TTSTalkerForConditionalGeneration.forward``, as faster-qwen3-tts prefills); each
-    row's keys and values are copied to positions ``[0, P)`` of its slot, its first token is
-    sampled, and its codec decoder state is reset or, for an ICL clone, set to the state after
-    the reference codes (computed once per reference and cached), so the reference is never
-    decoded again.
-
     Args:
-        talker: the loaded talker.
+        talker: the loaded talker (its layers already wrapped by ``step.talker_layers``).
         state, step: the pool's slot tensors and frame step.
         decoder: the pool's codec decoder.
+        token_buckets: prompt lengths (positions) captured; clipped to the cache length.
+        max_rows: most rows per replay (also capped by the pool size).
     """
 
-    def __init__(self, talker: Any, state: SlotState, step: FrameStep, decoder: StreamingDecoder) -> None:
+    def __init__(
+        self, talker: Any, state: SlotState, step: FrameStep, decoder: StreamingDecoder,
+        token_buckets: tuple[int, ...] = TOKEN_BUCKETS, max_rows: int = MAX_JOIN,
+    ) -> None:
         self.talker = talker
         self.state = state
         self.step = step
@@ -41,16 +65,130 @@ class Prefill:
         self.device = state.token.device
         self._scratch = StreamingDecoder(decoder.decoder, 1)
         self._prefixes: OrderedDict[str, list[torch.Tensor]] = OrderedDict()
+        self.max_rows = max(1, min(max_rows, state.slots))
+        self.token_buckets = sorted({min(t, state.max_len) for t in token_buckets})
+        self.eager_fallbacks = 0
+        model = talker.model
+        dtype = state.keys[0].dtype
+        hidden = int(talker.config.hidden_size)
+        longest = self.token_buckets[-1]
+        #: Static inputs: right-padded prompt embeddings, lengths, and each row's slot.
+        self._embeds = torch.zeros(self.max_rows, longest, hidden, dtype=dtype, device=self.device)
+        self._lengths = torch.zeros(self.max_rows, dtype=torch.int64, device=self.device)
+        self._slots = torch.arange(self.max_rows, dtype=torch.int64, device=self.device)
+        #: Static outputs: each row's last hidden state (after the final norm) and its logits.
+        self._hidden = torch.zeros(self.max_rows, hidden, dtype=dtype, device=self.device)
+        self._logits = torch.zeros(self.max_rows, int(talker.config.vocab_size), dtype=torch.float32, device=self.device)
+        # Rotary tables of positions [0, longest), the same for every row (text prompts: the
+        # three mrope sections share the position, as ``get_rope_index`` gives for text).
+        with torch.inference_mode():
+            ids = torch.arange(longest, device=self.device).view(1, 1, -1).expand(3, 1, -1)
+            cos, sin = model.rotary_emb(self._embeds[:1], ids)
+            self._cos, self._sin = rope_tables(cos[0], sin[0])  # [1, longest, head_dim]
+        self._layers: list[FusedLayer] = step.talker_layers
+        self.graphs = StepGraphs(
+            self._body, lambda: [], list(range(1, self.max_rows + 1)), self.token_buckets
+        )
+
+    # --- the captured forward ---------------------------------------------------------------
+
+    def _body(self, rows: int, length: int) -> None:
+        """The talker over ``_embeds[:rows, :length]`` (graph-captured per (rows, length)):
+        writes each row's keys/values of its own positions into its slot, and its last hidden
+        state and logits into ``_hidden`` / ``_logits``."""
+        s, model = self.state, self.talker.model
+        h = self._embeds[:rows, :length]
+        lengths, slots = self._lengths[:rows], self._slots[:rows]
+        at = torch.arange(length, device=self.device)
+        valid = at[None, :] < lengths[:, None]  # [rows, length]
+        allowed = (at[None, :, None] >= at[None, None, :]) & valid[:, None, :]  # query, key
+        mask = attention_mask(allowed, self._layers[0].group, h.dtype)
+        keep = valid[:, None, :, None]
+        cos, sin = self._cos[:, :length], self._sin[:, :length]
+        for i, layer in enumerate(self._layers):
+
+            def kv(k: torch.Tensor, v: torch.Tensor, i: int = i) -> tuple[torch.Tensor, torch.Tensor]:
+                for store, new in ((s.keys[i], k), (s.values[i], v)):
+                    region = store[:, :, :length]
+                    region[slots] = torch.where(keep, new, region[slots])
+                return k, v
+
+            h = layer(h, cos, sin, kv, mask)
+        last = h[torch.arange(rows, device=self.device), (lengths - 1).clamp(min=0)]
+        last = F.rms_norm(last, (last.shape[-1],), model.norm.weight, model.norm.variance_epsilon)
+        self._hidden[:rows].copy_(last)
+        self._logits[:rows].copy_(self.talker.codec_head(last).float())
+
+    def capture(self) -> float:
+        """Capture every (rows, token bucket) graph (CUDA only); returns the seconds it took.
+        The capture runs the body with zero lengths, so no slot is written."""
+        self._lengths.zero_()
+        return self.graphs.capture()
+
+    # --- admission --------------------------------------------------------------------------
+
+    def bucket(self, longest: int) -> int | None:
+        """The token bucket for a longest prompt of ``longest`` positions; None: too long."""
+        return next((t for t in self.token_buckets if t >= longest), None)
 
     @torch.inference_mode()
     def run(self, start: int, batch: list[tuple[Segment, Prompt]]) -> list[int]:
-        """Prefill ``batch`` into slots ``start, start + 1, ...``; returns each prompt's length.
+        """Prefill ``batch`` (at most ``max_rows``) into slots ``start, start + 1, ...``;
+        returns each prompt's length (positions).
 
         Raises:
+            ValueError: more rows than ``max_rows``.
             RuntimeError: from the model (e.g. out of memory); no slot is then in use.
         """
-        s = self.state
+        if len(batch) > self.max_rows:
+            raise ValueError(f"{len(batch)} rows in one prefill; at most {self.max_rows}")
         lengths = [p.embeds.shape[0] for _, p in batch]
+        rows = len(batch)
+        length = self.bucket(max(lengths))
+        if length is None:
+            self.eager_fallbacks += 1
+            _LOGGER.debug("Prefill of %s positions is over the largest bucket %d: eager", lengths, self.token_buckets[-1])
+            hidden, logits = self._eager(start, batch, lengths)
+        else:
+            for i, (_, prompt) in enumerate(batch):
+                self._embeds[i, : lengths[i]].copy_(prompt.embeds)
+            self._lengths[:rows].copy_(torch.tensor(lengths), non_blocking=True)
+            self._slots[:rows] = torch.arange(start, start + rows, device=self.device)
+            self.graphs.run(rows, length)
+            hidden, logits = self._hidden[:rows], self._logits[:rows]
+        self._start_rows(start, batch, lengths, hidden, logits)
+        return lengths
+
+    def _start_rows(
+        self, start: int, batch: list[tuple[Segment, Prompt]], lengths: list[int],
+        hidden: torch.Tensor, logits: torch.Tensor,
+    ) -> None:
+        """Each new row's slot state (position, seed, sampling...), decoder state and first token."""
+        s = self.state
+        rows = torch.arange(start, start + len(batch), device=self.device)
+
+        def put(tensor: torch.Tensor, values: list[Any]) -> None:
+            tensor[rows] = torch.tensor(values, dtype=tensor.dtype).to(self.device, non_blocking=True)
+
+        segments = [segment for segment, _ in batch]
+        put(s.position, lengths)
+        s.frame[rows] = 0
+        put(s.seed, [seg.seed if seg.seed is not None else random.randrange(2**62) for seg in segments])
+        put(s.min_new_tokens, [max(1, seg.min_new_tokens) for seg in segments])  # a segment has >= 1 frame
+        for i, segment in enumerate(segments):
+            s.set_sampling(start + i, segment.sampling)
+        s.seen[rows] = False
+        s.past_hidden[rows] = hidden
+        for i, (_, prompt) in enumerate(batch):
+            self._start_decoder(start + i, prompt)
+        s.token[rows] = self.step.first_token(logits, rows)
+
+    def _eager(
+        self, start: int, batch: list[tuple[Segment, Prompt]], lengths: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The talker's own forward, left-padded (for prompts over the largest bucket): copies
+        each row's keys/values into its slot; returns (last hidden [n, hidden], logits f32)."""
+        s = self.state
         longest = max(lengths)
         first = batch[0][1]
         embeds = torch.zeros(len(batch), longest, first.embeds.shape[-1], dtype=first.embeds.dtype, device=self.device)
@@ -64,22 +202,11 @@ class Prefill:
             return_dict=True, trailing_text_hidden=pad, tts_pad_embed=pad, generation_step=None,
             past_hidden=None, past_key_values=None,
         )
-        for i, ((segment, prompt), length) in enumerate(zip(batch, lengths, strict=True)):
-            slot = start + i
+        for i, length in enumerate(lengths):
             for layer, cache in enumerate(out.past_key_values.layers):
-                s.keys[layer][slot, :, :length] = cache.keys[i, :, longest - length :]
-                s.values[layer][slot, :, :length] = cache.values[i, :, longest - length :]
-            s.position[slot] = length
-            s.frame[slot] = 0
-            s.seed[slot] = segment.seed if segment.seed is not None else random.randrange(2**62)
-            s.min_new_tokens[slot] = max(1, segment.min_new_tokens)  # a segment has >= 1 frame
-            s.set_sampling(slot, segment.sampling)
-            s.seen[slot] = False
-            s.past_hidden[slot] = out.past_hidden[i, -1]
-            self._start_decoder(slot, prompt)
-        rows = torch.arange(start, start + len(batch), device=self.device)
-        s.token[rows] = self.step.first_token(out.logits[:, -1].float(), rows)
-        return lengths
+                s.keys[layer][start + i, :, :length] = cache.keys[i, :, longest - length :]
+                s.values[layer][start + i, :, :length] = cache.values[i, :, longest - length :]
+        return out.past_hidden[:, -1], out.logits[:, -1].float()
 
     def _start_decoder(self, slot: int, prompt: Prompt) -> None:
         if prompt.ref_codes is None or prompt.ref_key is None:

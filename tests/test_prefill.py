@@ -1,0 +1,133 @@
+"""The graph-shaped prefill (``engine/prefill.py``) on the real tiny VoiceDesign model, float32,
+eager on the CPU (the same body is captured per (rows, token bucket) on CUDA): it matches the
+talker's own forward, leaves padded positions out of the cache, and joins under the planner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from wyoming_qwen3tts.engine import Segment
+from wyoming_qwen3tts.engine.batched import BatchedEngine
+from wyoming_qwen3tts.engine.planner import Planner
+from wyoming_qwen3tts.voices import ModelKind
+
+from .engine_driver import Collect, load_tiny, run
+
+INSTRUCT = "A calm, low voice."
+
+
+@pytest.fixture(scope="module")
+def design(checkpoints: Path) -> BatchedEngine:
+    return load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN)
+
+
+def seg(text: str, seed: int = 1, frames: int = 8, **kw: Any) -> Segment:
+    kw.setdefault("instruct", INSTRUCT)
+    return Segment(text, "english", max_new_tokens=frames, min_new_tokens=frames, seed=seed, **kw)
+
+
+def test_bucketed_prefill_equals_the_talkers_own_forward(design: BatchedEngine) -> None:
+    """Three prompts of different lengths, right-padded to one bucket: every row's keys and
+    values of its own positions, last hidden state and logits equal those of the library's
+    left-padded forward; positions past a prompt keep what the slot held."""
+    prefill, s = design.prefill, design.state
+    batch = [(x, design.builder.build(x)) for x in (
+        seg("Short."), seg("A somewhat longer sentence than that.", instruct="A bright, fast voice with a lilt."),
+        seg("Middle length, this one."),
+    )]
+    lengths = [p.embeds.shape[0] for _, p in batch]
+    assert len(set(lengths)) == 3 and prefill.bucket(max(lengths)) is not None
+    with torch.inference_mode():
+        for t in s.keys + s.values:
+            t.fill_(7.0)
+        hidden, logits = prefill._eager(0, batch, lengths)  # the library's forward into slots 0-2
+        expected = [(k[:3].clone(), v[:3].clone()) for k, v in zip(s.keys, s.values, strict=True)]
+        hidden, logits = hidden.clone(), logits.clone()
+        for t in s.keys + s.values:
+            t.fill_(7.0)
+        assert prefill.run(0, batch) == lengths
+    assert prefill.eager_fallbacks == 0
+    torch.testing.assert_close(prefill._hidden[:3], hidden, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(prefill._logits[:3], logits, atol=1e-4, rtol=1e-5)
+    for (keys, values), k, v in zip(expected, s.keys, s.values, strict=True):
+        for row, length in enumerate(lengths):
+            torch.testing.assert_close(k[row, :, :length], keys[row, :, :length], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(v[row, :, :length], values[row, :, :length], atol=1e-5, rtol=1e-5)
+            assert bool((k[row, :, length:] == 7.0).all()) and bool((v[row, :, length:] == 7.0).all())
+        assert bool((k[3:] == 7.0).all())  # a slot no row owns is untouched
+
+
+def test_a_prompt_over_the_largest_bucket_falls_back_to_eager_with_the_same_audio(design: BatchedEngine) -> None:
+    segment = seg("Falls back, same audio.", seed=4)
+    bucketed = Collect()
+    run(design, {0: [(segment, bucketed)]})
+    buckets = design.prefill.token_buckets
+    design.prefill.token_buckets = [8]  # shorter than any prompt here
+    try:
+        eager = Collect()
+        run(design, {0: [(segment, eager)]})
+    finally:
+        design.prefill.token_buckets = buckets
+    assert design.prefill.eager_fallbacks >= 1
+    np.testing.assert_allclose(eager.pcm, bucketed.pcm, atol=1e-4)
+
+
+def test_a_burst_joins_one_replay_per_step_and_each_gets_its_own_audio(design: BatchedEngine) -> None:
+    """Four slots, a planner of two rows a replay: one request runs, three arrive at once;
+    two join at the next step, the third a step later; each gets what it gets alone."""
+    segments = [seg(f"Burst request {i}.", seed=20 + i) for i in range(4)]
+    alone = []
+    for segment in segments:
+        sink = Collect()
+        run(design, {0: [(segment, sink)]})
+        alone.append(sink.pcm)
+    sizes: list[int] = []
+    real = design.prefill.run
+
+    def spy(start: int, batch: list[Any]) -> list[int]:
+        sizes.append(len(batch))
+        return real(start, batch)
+
+    saved = design.planner
+    design.planner = Planner(max_join=2, guard_ms=-1e9)
+    design.prefill.run = spy  # type: ignore[method-assign]
+    try:
+        sinks = [Collect() for _ in segments]
+        run(design, {0: [(segments[0], sinks[0])], 1: [(x, k) for x, k in zip(segments[1:], sinks[1:], strict=True)]})
+    finally:
+        design.planner = saved
+        del design.prefill.run
+    assert sizes == [1, 2, 1]
+    for sink, pcm in zip(sinks, alone, strict=True):
+        assert sink.error is None
+        np.testing.assert_allclose(sink.pcm, pcm, atol=1e-4)
+
+
+def test_a_failed_prefill_fails_only_its_rows(design: BatchedEngine) -> None:
+    runner, expected = seg("Keeps running.", seed=8, frames=10), Collect()
+    run(design, {0: [(runner, expected)]})
+    real = design.prefill.graphs.run
+    calls = {"n": 0}
+
+    def broken(rows: int, length: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("prefill broke")
+        real(rows, length)
+
+    design.prefill.graphs.run = broken  # type: ignore[method-assign, assignment]
+    try:
+        kept, lost, cancelled = Collect(), Collect(), Collect()
+        cancelled.cancel = True  # left before its prefill: never started
+        run(design, {0: [(runner, kept)], 2: [(seg("Fails.", seed=9), lost), (seg("Gone.", seed=10), cancelled)]})
+    finally:
+        del design.prefill.graphs.run
+    assert lost.error is not None and "prefill broke" in str(lost.error)
+    assert cancelled.frames == 0 and cancelled.error is None
+    assert kept.error is None
+    np.testing.assert_allclose(kept.pcm, expected.pcm, atol=1e-4)
