@@ -43,10 +43,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 
-#: 24 kHz 16-bit mono: the raw PCM both doors send.
+#: 24 kHz 16-bit mono: the raw PCM both doors send; a codec frame is 1920 samples (80 ms).
 SAMPLE_RATE = 24000
 BYTES_PER_SAMPLE = 2
+SAMPLES_PER_FRAME = 1920
 #: One sentence per request (Seed-TTS-like English prompts), drawn in turn.
 SENTENCES = [
     "The kitchen lights are now switched off for the night.",
@@ -86,6 +88,13 @@ class Outcome:
     late_s: float = 0.0  # the longest wait for a late chunk
     error: str = ""
     chunks: list[tuple[float, int]] = field(default_factory=list, repr=False)
+    head: bytearray = field(default_factory=bytearray, repr=False)  # the first 4 frames' PCM
+    frame_db: list[float] = field(default_factory=list)  # RMS (dBFS) of frames 1-4
+
+    def keep(self, pcm: bytes) -> None:
+        """Keep the start of the audio, for the silent-first-frames check."""
+        if len(self.head) < 4 * SAMPLES_PER_FRAME * BYTES_PER_SAMPLE:
+            self.head += pcm
 
     def account(self) -> None:
         """Playback from the first chunk's arrival, each chunk played on arrival or when the
@@ -102,6 +111,11 @@ class Outcome:
             play_until += samples / SAMPLE_RATE
             self.samples += samples
         self.chunks.clear()
+        audio = np.frombuffer(bytes(self.head[: len(self.head) // 2 * 2]), "<i2").astype(np.float64) / 32768
+        for i in range(min(4, len(audio) // SAMPLES_PER_FRAME)):
+            frame = audio[i * SAMPLES_PER_FRAME : (i + 1) * SAMPLES_PER_FRAME]
+            self.frame_db.append(round(20 * math.log10(max(float(np.sqrt(np.mean(frame**2))), 1e-6)), 1))
+        self.head = bytearray()
 
 
 @dataclass
@@ -125,6 +139,9 @@ class Row:
     audio_s_mean: float | None = None
     joins: int = 0
     seconds: float = 0.0
+    #: Median loudness of codec frames 1, 2, 3, 4 of each reply, dBFS: does a reply (an ICL
+    #: continuation above all) start with silent frames?
+    first_frames_db: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
@@ -149,6 +166,7 @@ async def wyoming_request(host: str, port: int, text: str, voice: str, out: Outc
             if AudioChunk.is_type(event.type):
                 chunk = AudioChunk.from_event(event)
                 out.chunks.append((time.perf_counter() - start, len(chunk.audio) // BYTES_PER_SAMPLE))
+                out.keep(chunk.audio)
             elif AudioStop.is_type(event.type):
                 out.done = time.perf_counter() - start
                 return
@@ -176,6 +194,7 @@ async def http_request(
             samples, carry = divmod(carry, BYTES_PER_SAMPLE)
             if samples:
                 out.chunks.append((time.perf_counter() - start, samples))
+            out.keep(data)
         out.done = time.perf_counter() - start
 
 
@@ -279,6 +298,10 @@ async def run_row(args: argparse.Namespace, door: str, voice: str, rate: float, 
         ttfa_max_ms=_round(max(ttfa, default=None)),
         audio_s_mean=_round(sum(o.samples for o in ok) / len(ok) / SAMPLE_RATE if ok else None, 2),
         joins=joins, seconds=round(elapsed, 1),
+        first_frames_db=[
+            float(np.median([o.frame_db[i] for o in ok if len(o.frame_db) > i]))
+            for i in range(4) if any(len(o.frame_db) > i for o in ok)
+        ],
         errors=sorted({o.error for o in measured if o.error})[:5],
     )
 
@@ -390,6 +413,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
                     f"{door:8} {voice:12} {rate:5g}/s n={row.n:4} TTFA p50/p95/p99 {row.ttfa_p50_ms}/{row.ttfa_p95_ms}/"
                     f"{row.ttfa_p99_ms} ms refused {row.refused} failed {row.failed} underruns {row.underruns} "
                     f"({row.underrun_requests} req) join stall p95 {row.join_stall_p95_ms} ms ({row.joins} joins) "
+                    f"frames 1-4 {row.first_frames_db} dBFS "
                     f"{row.errors[:1]}",
                     flush=True,
                 )

@@ -152,7 +152,7 @@ class Prefill:
         else:
             for i, (_, prompt) in enumerate(batch):
                 self._embeds[i, : lengths[i]].copy_(prompt.embeds)
-            self._lengths[:rows].copy_(torch.tensor(lengths), non_blocking=True)
+            self._lengths[:rows].copy_(self._to_device(lengths)[0])
             self._slots[:rows] = torch.arange(start, start + rows, device=self.device)
             self.graphs.run(rows, length)
             hidden, logits = self._hidden[:rows], self._logits[:rows]
@@ -166,15 +166,16 @@ class Prefill:
         """Each new row's slot state (position, seed, sampling...), decoder state and first token."""
         s = self.state
         rows = torch.arange(start, start + len(batch), device=self.device)
-
-        def put(tensor: torch.Tensor, values: list[Any]) -> None:
-            tensor[rows] = torch.tensor(values, dtype=tensor.dtype).to(self.device, non_blocking=True)
-
         segments = [segment for segment, _ in batch]
-        put(s.position, lengths)
+        position, seed, min_new = self._to_device(
+            lengths,
+            [seg.seed if seg.seed is not None else random.randrange(2**62) for seg in segments],
+            [max(1, seg.min_new_tokens) for seg in segments],  # a segment has >= 1 frame
+        )
+        s.position[rows] = position
+        s.seed[rows] = seed
+        s.min_new_tokens[rows] = min_new
         s.frame[rows] = 0
-        put(s.seed, [seg.seed if seg.seed is not None else random.randrange(2**62) for seg in segments])
-        put(s.min_new_tokens, [max(1, seg.min_new_tokens) for seg in segments])  # a segment has >= 1 frame
         for i, segment in enumerate(segments):
             s.set_sampling(start + i, segment.sampling)
         s.seen[rows] = False
@@ -182,6 +183,15 @@ class Prefill:
         for i, (_, prompt) in enumerate(batch):
             self._start_decoder(start + i, prompt)
         s.token[rows] = self.step.first_token(logits, rows)
+
+    def _to_device(self, *values: list[int]) -> torch.Tensor:
+        """Integer lists as one int64 [len(values), n] tensor on the device, copied from pinned
+        memory without waiting for the GPU (a pageable copy would wait for the step in flight);
+        the caching host allocator keeps the pinned block until the copy has run."""
+        host = torch.tensor(values, dtype=torch.int64)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        return host.to(self.device, non_blocking=True)
 
     def _eager(
         self, start: int, batch: list[tuple[Segment, Prompt]], lengths: list[int]
