@@ -2,7 +2,8 @@
 # Run a stage on the lent GPU machine (no network there: wheels travel in .whl, see
 # ../shared/gpu/fetch-wheels.sh). Usage: benchmarks/gpu.sh STAGE...  (output under $OUT)
 #   tests    pytest -m gpu (tiny checkpoints, CUDA)
-#   ckpt     build the full-size random VoiceDesign and Base checkpoints (in parallel)
+#   ckpt     build the full-size random VoiceDesign and Base checkpoints (in parallel;
+#            CKPT_KINDS="voice_design base custom_voice" adds CustomVoice, as poisson needs)
 #   ckptbg   the same in the background (later stages wait on the builder's lock)
 #   profile  python -m benchmarks.profile_step
 #   bench    python -m benchmarks.bench
@@ -20,12 +21,12 @@ for stage in "$@"; do
   case "$stage" in
     tests) timeout "${TESTS_S:-330}" python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 ${TESTS:-} 2>&1 | tee "$OUT/gpu-tests.log" | tail -40 ;;
     ckpt)
-      for kind in voice_design base; do
+      for kind in ${CKPT_KINDS:-voice_design base}; do
         python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > "/tmp/ckpt-$kind.log" 2>&1 &
       done
       wait; tail -2 /tmp/ckpt-*.log ;;
     ckptbg)
-      for kind in voice_design base; do
+      for kind in ${CKPT_KINDS:-voice_design base}; do
         nohup python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > "/tmp/ckpt-$kind.log" 2>&1 &
       done ;;
     profile) timeout "${PROFILE_S:-240}" python3 -m benchmarks.profile_step --out "$OUT" 2>&1 | tee "$OUT/profile.log" | tail -45 ;;

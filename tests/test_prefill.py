@@ -26,15 +26,32 @@ def design(checkpoints: Path) -> BatchedEngine:
     return load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN)
 
 
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def either(request: pytest.FixtureRequest, checkpoints: Path, design: BatchedEngine) -> BatchedEngine:
+    """The CPU engine, or on CUDA one whose prefill graphs were all captured at start."""
+    if request.param == "cpu":
+        return design
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    request.addfinalizer(lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", saved))
+    engine = load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN, device="cuda")
+    assert len(engine.prefill.graphs) == engine.prefill.max_rows * len(engine.prefill.token_buckets)
+    return engine
+
+
 def seg(text: str, seed: int = 1, frames: int = 8, **kw: Any) -> Segment:
     kw.setdefault("instruct", INSTRUCT)
     return Segment(text, "english", max_new_tokens=frames, min_new_tokens=frames, seed=seed, **kw)
 
 
-def test_bucketed_prefill_equals_the_talkers_own_forward(design: BatchedEngine) -> None:
+def test_bucketed_prefill_equals_the_talkers_own_forward(either: BatchedEngine) -> None:
     """Three prompts of different lengths, right-padded to one bucket: every row's keys and
     values of its own positions, last hidden state and logits equal those of the library's
-    left-padded forward; positions past a prompt keep what the slot held."""
+    left-padded forward; positions past a prompt keep what the slot held (on CUDA: a replay
+    of the graph captured for (3 rows, the bucket))."""
+    design = either
     prefill, s = design.prefill, design.state
     batch = [(x, design.builder.build(x)) for x in (
         seg("Short."), seg("A somewhat longer sentence than that.", instruct="A bright, fast voice with a lilt."),
@@ -51,6 +68,8 @@ def test_bucketed_prefill_equals_the_talkers_own_forward(design: BatchedEngine) 
         for t in s.keys + s.values:
             t.fill_(7.0)
         assert prefill.run(0, batch) == lengths
+    if design.use_graphs:
+        torch.cuda.synchronize()
     assert prefill.eager_fallbacks == 0
     torch.testing.assert_close(prefill._hidden[:3], hidden, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(prefill._logits[:3], logits, atol=1e-4, rtol=1e-5)
