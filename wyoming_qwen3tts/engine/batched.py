@@ -296,8 +296,7 @@ class BatchedEngine(Engine):
                 timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                 timing[0].record()
             try:
-                self._decoder_quiet()
-                lengths = self.prefill.run(len(self._rows), [(w.segment, p) for w, p in batch])
+                lengths = self.prefill.run(len(self._rows), [(w.segment, p) for w, p in batch], self._decoder_quiet)
             except Exception as err:  # noqa: BLE001 - fail these requests only
                 _LOGGER.exception("Prefill failed for %d request(s)", len(batch))
                 for work, _prompt in batch:

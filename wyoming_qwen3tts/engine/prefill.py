@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -132,9 +133,13 @@ class Prefill:
         return next((t for t in self.token_buckets if t >= longest), None)
 
     @torch.inference_mode()
-    def run(self, start: int, batch: list[tuple[Segment, Prompt]]) -> list[int]:
+    def run(
+        self, start: int, batch: list[tuple[Segment, Prompt]], quiet: Callable[[], None] | None = None
+    ) -> list[int]:
         """Prefill ``batch`` (at most ``max_rows``) into slots ``start, start + 1, ...``;
-        returns each prompt's length (positions).
+        returns each prompt's length (positions). ``quiet`` is called before the codec
+        decoder's state is touched (the engine makes the main stream wait there for a decode
+        in flight on its side stream, which the talker's replay may overlap).
 
         Raises:
             ValueError: more rows than ``max_rows``.
@@ -156,12 +161,12 @@ class Prefill:
             self._slots[:rows] = torch.arange(start, start + rows, device=self.device)
             self.graphs.run(rows, length)
             hidden, logits = self._hidden[:rows], self._logits[:rows]
-        self._start_rows(start, batch, lengths, hidden, logits)
+        self._start_rows(start, batch, lengths, hidden, logits, quiet)
         return lengths
 
     def _start_rows(
         self, start: int, batch: list[tuple[Segment, Prompt]], lengths: list[int],
-        hidden: torch.Tensor, logits: torch.Tensor,
+        hidden: torch.Tensor, logits: torch.Tensor, quiet: Callable[[], None] | None = None,
     ) -> None:
         """Each new row's slot state (position, seed, sampling...), decoder state and first token."""
         s = self.state
@@ -180,6 +185,8 @@ class Prefill:
             s.set_sampling(start + i, segment.sampling)
         s.seen[rows] = False
         s.past_hidden[rows] = hidden
+        if quiet is not None:
+            quiet()
         for i, (_, prompt) in enumerate(batch):
             self._start_decoder(start + i, prompt)
         s.token[rows] = self.step.first_token(logits, rows)
