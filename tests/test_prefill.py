@@ -108,9 +108,9 @@ def test_a_burst_joins_one_replay_per_step_and_each_gets_its_own_audio(design: B
     sizes: list[int] = []
     real = design.prefill.run
 
-    def spy(start: int, batch: list[Any]) -> list[int]:
+    def spy(start: int, batch: list[Any], quiet: Any = None) -> list[int]:
         sizes.append(len(batch))
-        return real(start, batch)
+        return real(start, batch, quiet)
 
     saved = design.planner
     design.planner = Planner(max_join=2, guard_ms=-1e9)
