@@ -299,7 +299,7 @@ async def run_row(args: argparse.Namespace, door: str, voice: str, rate: float, 
         audio_s_mean=_round(sum(o.samples for o in ok) / len(ok) / SAMPLE_RATE if ok else None, 2),
         joins=joins, seconds=round(elapsed, 1),
         first_frames_db=[
-            float(np.median([o.frame_db[i] for o in ok if len(o.frame_db) > i]))
+            round(float(np.median([o.frame_db[i] for o in ok if len(o.frame_db) > i])), 1)
             for i in range(4) if any(len(o.frame_db) > i for o in ok)
         ],
         errors=sorted({o.error for o in measured if o.error})[:5],

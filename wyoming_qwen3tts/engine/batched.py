@@ -93,7 +93,8 @@ class BatchedEngine(Engine):
         batch_buckets, length_buckets: graph shapes captured (the pool size and ``max_len``
             are always included).
         on_join: called with each admission's prefill time in seconds (the stall it causes
-            the running rows), for metrics.
+            the running rows), for metrics: GPU time between events on CUDA, wall time when
+            eager.
         overlap_decode: on CUDA, decode on a side stream, overlapping the next step (see the
             module docstring); False decodes in line, after the step, on one stream.
 
@@ -295,6 +296,7 @@ class BatchedEngine(Engine):
             if self.use_graphs:
                 timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                 timing[0].record()
+            started = time.perf_counter()
             try:
                 lengths = self.prefill.run(len(self._rows), [(w.segment, p) for w, p in batch], self._decoder_quiet)
             except Exception as err:  # noqa: BLE001 - fail these requests only
@@ -305,6 +307,8 @@ class BatchedEngine(Engine):
             if timing is not None:
                 timing[1].record()
                 self._joins.append(timing)
+            elif self._on_join is not None:  # eager: the prefill has run, the rows waited for it
+                self._on_join(time.perf_counter() - started)
             for (work, _prompt), length in zip(batch, lengths, strict=True):
                 self._rows.append(_Row(work, max(1, work.segment.max_new_tokens), length))
             _LOGGER.debug("Admitted %d stream(s): prompts of %s positions", len(batch), lengths)
