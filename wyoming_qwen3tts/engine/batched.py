@@ -2,7 +2,11 @@
 
 One thread per model runs this loop:
 
-1. **Admit.** The planner (``planner.Planner``) says how many waiting segments to take
+0. **Prepare** (``stages.intake.PromptWorker``, a thread of its own, on CUDA a stream of its
+   own): while the engine steps, waiting segments are taken from the source (as many as there
+   are free slots) and their prompts built: tokens, embeddings, a clone reference's codes and
+   the codec decoder's state after them. The engine thread never waits for that host work.
+1. **Admit.** The planner (``planner.Planner``) says how many prepared segments to take
    (round-robin between clients) before this step: everything that fits when nothing runs,
    else at most one prefill's worth (``prefill.MAX_JOIN`` rows), held back a step or two
    while a running stream is about to run out of buffered audio. Their prompts are prefilled
@@ -45,7 +49,10 @@ from .prefill import Prefill
 from .prompt import Prompt, PromptBuilder
 from .prompts import ClonePrompts
 from .segment import Segment
+from .stages.intake import Inline, PromptWorker, hold
 from .step import FrameStep, SlotState
+
+Intake = PromptWorker | Inline
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -92,11 +99,14 @@ class BatchedEngine(Engine):
         graphs: capture CUDA graphs (True on CUDA; False runs eagerly, e.g. on the CPU).
         batch_buckets, length_buckets: graph shapes captured (the pool size and ``max_len``
             are always included).
-        on_join: called with each admission's prefill time in seconds (the stall it causes
-            the running rows), for metrics: GPU time between events on CUDA, wall time when
-            eager.
+        on_join: called with the stall each admission caused the streams already running,
+            in seconds, for metrics: from the start of the admission to the start of the next
+            step, in GPU time on CUDA (events), in wall time on the CPU. Admissions into an
+            idle pool stall no one and are not reported.
         overlap_decode: on CUDA, decode on a side stream, overlapping the next step (see the
             module docstring); False decodes in line, after the step, on one stream.
+        on_eager_prefill: called with the number of rows of each prefill that ran eagerly
+            (a prompt over the largest token bucket: no captured graph), for metrics.
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
@@ -114,6 +124,7 @@ class BatchedEngine(Engine):
         length_buckets: tuple[int, ...] = (256, 1024),
         on_join: Callable[[float], None] | None = None,
         overlap_decode: bool = True,
+        on_eager_prefill: Callable[[int], None] | None = None,
     ) -> None:
         super().__init__(kind, chunk_frames, capacity=max_streams)
         qwen = tts.model
@@ -158,7 +169,9 @@ class BatchedEngine(Engine):
         self._flip = 0
         self._rows: list[_Row] = []
         self._on_join = on_join
+        self._on_eager_prefill = on_eager_prefill
         self._joins: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._stall: torch.cuda.Event | float | None = None  # an admission's start, until the next step
 
     def slot_bytes(self) -> int:
         """Device memory held per slot: talker and predictor KV, codec decoder state, the rest."""
@@ -221,10 +234,20 @@ class BatchedEngine(Engine):
             raise RuntimeError("warm-up generation produced no audio")
 
     def serve(self, source: WorkSource) -> None:
+        """Generate until ``source`` closes; prompts are prepared by a ``PromptWorker``."""
+        intake = PromptWorker(source, self._build, self.device, name=f"prompts-{self.kind.value}")
+        intake.start()
+        try:
+            self._serve(source, intake)
+        finally:
+            for item in intake.stop():  # taken from the source, never admitted
+                item.work.sink.failed(RuntimeError(f"The {self.kind.value} engine stopped"))
+
+    def _serve(self, source: WorkSource, intake: PromptWorker) -> None:
         pending: _Launched | None = None
         while not source.closed():
             try:
-                self._admit(source, block=not self._rows and pending is None)
+                self._admit(intake, block=not self._rows and pending is None)
             except Exception:  # noqa: BLE001 - a broken work source: keep serving, but not in a spin
                 _LOGGER.exception("Admission failed")
                 time.sleep(0.1)
@@ -255,64 +278,98 @@ class BatchedEngine(Engine):
 
     # --- admission ----------------------------------------------------------------------------
 
-    def _admit(self, source: WorkSource, block: bool) -> None:
-        """Take as much work as the planner allows and prefill it, ``max_join`` rows a replay."""
+    def _build(self, segment: Segment) -> Prompt:
+        """A segment's prompt, and for an ICL clone the codec decoder's state after its
+        reference (cached per reference): everything a join needs but the prefill replay.
+        Runs on the prompt worker's thread (see ``stages.intake``).
+
+        Raises:
+            RuntimeError: the prompt does not fit the cache.
+            ValueError / NotImplementedError: from ``PromptBuilder.build``.
+        """
+        prompt = self.builder.build(segment)
+        if prompt.embeds.shape[0] + 1 >= self.max_len:
+            raise RuntimeError(
+                f"Input is too long: the prompt has {prompt.embeds.shape[0]} positions, "
+                f"the cache {self.max_len}. Use shorter text or a shorter reference clip."
+            )
+        self.prefill.prefix(prompt)
+        return prompt
+
+    def _admit(self, source: WorkSource | Intake, block: bool) -> None:
+        """Take as much prepared work as the planner allows and prefill it, ``max_join`` rows a
+        replay. ``source``: the prompt worker, or a plain work source (prompts then built
+        here, on the engine thread: warm-up and step-by-step tests)."""
+        intake = source if isinstance(source, (PromptWorker, Inline)) else Inline(source, self._build)
         now = time.monotonic()
+        intake.set_free(self.capacity - len(self._rows))
         take = self.planner.admissions(self.capacity - len(self._rows), [r.clock() for r in self._rows], now)
         while take > 0:
-            taken = self._admit_some(source, block, min(take, self.prefill.max_rows))
+            taken = self._admit_some(intake, block, min(take, self.prefill.max_rows))
             if taken < self.prefill.max_rows:
                 return  # the source is empty (or slots are)
             take -= taken
             block = False
 
-    def _admit_some(self, source: WorkSource, block: bool, most: int) -> int:
-        """Take up to ``most`` segments and prefill them in one replay; returns how many it
-        took (started or failed)."""
+    def _admit_some(self, intake: Intake, block: bool, most: int) -> int:
+        """Take up to ``most`` prepared segments and prefill them in one replay; returns how
+        many it took (started, failed or cancelled)."""
+        items = intake.take(min(most, self.capacity - len(self._rows)), wait=None if block else 0)
         batch: list[tuple[Work, Prompt]] = []
-        taken = 0
-        while taken < most and len(self._rows) + len(batch) < self.capacity:
-            work = source.take(wait=None if block and not batch else 0)
-            if work is None:
-                break
-            taken += 1
-            if work.sink.cancelled():
-                work.sink.done(0)
-                continue
-            try:
-                prompt = self.builder.build(work.segment)
-                if prompt.embeds.shape[0] + 1 >= self.max_len:
-                    raise RuntimeError(
-                        f"Input is too long: the prompt has {prompt.embeds.shape[0]} positions, "
-                        f"the cache {self.max_len}. Use shorter text or a shorter reference clip."
-                    )
-            except Exception as err:  # noqa: BLE001 - this request fails, the others go on
-                _LOGGER.warning("Cannot start %r: %s", work.segment.text[:80], err)
+        for item in items:
+            sink = item.work.sink
+            if sink.cancelled():
+                sink.done(0)
+            elif item.error is not None or item.prompt is None:
+                sink.failed(item.error or RuntimeError("no prompt"))
+            else:
+                batch.append((item.work, item.prompt))
+        if not batch:
+            return len(items)
+        if self._rows and self._stall is None:  # running streams wait from here to the next step
+            self._stall = self._mark()
+        try:
+            lengths = self.prefill.run(len(self._rows), [(w.segment, p) for w, p in batch], self._decoder_quiet)
+        except Exception as err:  # noqa: BLE001 - fail these requests only
+            _LOGGER.exception("Prefill failed for %d request(s)", len(batch))
+            for work, _prompt in batch:
                 work.sink.failed(err)
-                continue
-            batch.append((work, prompt))
-        if batch:
-            timing = None
-            if self.use_graphs:
-                timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                timing[0].record()
-            started = time.perf_counter()
-            try:
-                lengths = self.prefill.run(len(self._rows), [(w.segment, p) for w, p in batch], self._decoder_quiet)
-            except Exception as err:  # noqa: BLE001 - fail these requests only
-                _LOGGER.exception("Prefill failed for %d request(s)", len(batch))
-                for work, _prompt in batch:
-                    work.sink.failed(err)
-                return taken
-            if timing is not None:
-                timing[1].record()
-                self._joins.append(timing)
-            elif self._on_join is not None:  # eager: the prefill has run, the rows waited for it
-                self._on_join(time.perf_counter() - started)
-            for (work, _prompt), length in zip(batch, lengths, strict=True):
-                self._rows.append(_Row(work, max(1, work.segment.max_new_tokens), length))
-            _LOGGER.debug("Admitted %d stream(s): prompts of %s positions", len(batch), lengths)
-        return taken
+            return len(items)
+        if self.device.type == "cuda":
+            main = torch.cuda.current_stream(self.device)
+            for _work, prompt in batch:
+                hold(prompt, main)
+        if self.prefill.bucket(max(lengths)) is None and self._on_eager_prefill is not None:
+            self._on_eager_prefill(len(batch))
+        for (work, _prompt), length in zip(batch, lengths, strict=True):
+            self._rows.append(_Row(work, max(1, work.segment.max_new_tokens), length))
+        _LOGGER.debug("Admitted %d stream(s): prompts of %s positions", len(batch), lengths)
+        return len(items)
+
+    def _mark(self) -> torch.cuda.Event | float:
+        """Now: an event on the main stream (CUDA), else ``time.perf_counter()``."""
+        if self.device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _end_stall(self) -> None:
+        """Close the join stall opened by an admission, just before the next step's graph.
+
+        On CUDA the stall is the GPU time between the start event (recorded when admission
+        began: it completes once the step before has run) and this one: the prefill's work,
+        the waits it adds, and any time the GPU idled while the host admitted. On the CPU, the
+        wall time of the same span. Reported once complete (``_report_joins``).
+        """
+        start, self._stall = self._stall, None
+        if isinstance(start, float):
+            if self._on_join is not None:
+                self._on_join(time.perf_counter() - start)
+        elif start is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._joins.append((start, end))
 
     # --- stepping -----------------------------------------------------------------------------
 
@@ -356,6 +413,7 @@ class BatchedEngine(Engine):
         self._flip ^= 1
         n = len(self._rows)
         if self._side is None:  # in line, one stream
+            self._end_stall()
             self.graphs.run(b, length)
             self._codes_dec[:b].copy_(self._codes[:b])
             self.decode_graphs.run(b, 1)
@@ -369,6 +427,7 @@ class BatchedEngine(Engine):
         main = torch.cuda.current_stream(self.device)
         if self._copied is not None:
             main.wait_event(self._copied)  # the last decode has its codes: they may change now
+        self._end_stall()
         self.graphs.run(b, length)
         self._side.wait_stream(main)
         with torch.cuda.stream(self._side):
@@ -460,6 +519,7 @@ class BatchedEngine(Engine):
                     _LOGGER.exception("Reporting a failure to a stream failed")
         self._rows.clear()
         self._joins.clear()
+        self._stall = None
 
     def _report_joins(self) -> None:
         """Report the stall of each admission whose prefill has finished on the GPU.

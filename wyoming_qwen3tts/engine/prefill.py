@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -65,7 +66,9 @@ class Prefill:
         self.decoder = decoder
         self.device = state.token.device
         self._scratch = StreamingDecoder(decoder.decoder, 1)
+        self._scratch_lock = threading.Lock()  # the scratch decoder: one reference at a time
         self._prefixes: OrderedDict[str, list[torch.Tensor]] = OrderedDict()
+        self._prefixes_lock = threading.Lock()
         self.max_rows = max(1, min(max_rows, state.slots))
         self.token_buckets = sorted({min(t, state.max_len) for t in token_buckets})
         self.eager_fallbacks = 0
@@ -225,19 +228,37 @@ class Prefill:
                 s.values[layer][start + i, :, :length] = cache.values[i, :, longest - length :]
         return out.past_hidden[:, -1], out.logits[:, -1].float()
 
-    def _start_decoder(self, slot: int, prompt: Prompt) -> None:
+    @torch.inference_mode()
+    def prefix(self, prompt: Prompt) -> list[torch.Tensor] | None:
+        """The codec decoder's state after an ICL prompt's reference codes (one row of each
+        state buffer), computed once per reference and kept (LRU of ``PREFIX_CACHE_SIZE``);
+        None for a prompt without reference codes. Thread-safe: the prompt worker calls it
+        ahead of admission (on its own CUDA stream), so that a new reference costs the running
+        streams nothing; it runs on the caller's current stream.
+        """
         if prompt.ref_codes is None or prompt.ref_key is None:
-            self.decoder.reset(slot)
-            return
-        saved = self._prefixes.get(prompt.ref_key)
-        if saved is None:
+            return None
+        with self._prefixes_lock:
+            saved = self._prefixes.get(prompt.ref_key)
+            if saved is not None:
+                self._prefixes.move_to_end(prompt.ref_key)
+                return saved
+        with self._scratch_lock:
             self._scratch.reset(0)
             self._scratch.step(prompt.ref_codes.to(self.device).T[None])
             saved = [t[0].clone() for t in self._scratch.state()]
+        with self._prefixes_lock:
             self._prefixes[prompt.ref_key] = saved
             if len(self._prefixes) > PREFIX_CACHE_SIZE:
                 self._prefixes.popitem(last=False)
-        else:
-            self._prefixes.move_to_end(prompt.ref_key)
+        return saved
+
+    def _start_decoder(self, slot: int, prompt: Prompt) -> None:
+        saved = self.prefix(prompt)
+        if saved is None:
+            self.decoder.reset(slot)
+            return
         for buffer, value in zip(self.decoder.state(), saved, strict=True):
             buffer[slot].copy_(value)
+            if value.is_cuda:  # made on the prompt worker's stream; it may be evicted and freed
+                value.record_stream(torch.cuda.current_stream(self.device))

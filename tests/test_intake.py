@@ -1,0 +1,230 @@
+"""Prompts prepared off the engine thread (``engine/stages/intake.py``) on the real tiny
+models, float32, CPU: the engine loop (``BatchedEngine.serve``) only replays prefills; a
+prompt that cannot be built fails its request alone; a request cancelled before it starts
+ends empty; the join stall is reported for admissions that running streams waited for."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from wyoming_qwen3tts.engine import Segment, Work
+from wyoming_qwen3tts.engine.batched import BatchedEngine
+from wyoming_qwen3tts.engine.prompt import Prompt
+from wyoming_qwen3tts.engine.stages.intake import Inline, PromptWorker
+from wyoming_qwen3tts.voices import ModelKind, Reference
+
+from .engine_driver import Collect, load_tiny, run
+
+INSTRUCT = "A calm, low voice."
+
+
+def seg(text: str, seed: int = 1, frames: int = 8, **kw: Any) -> Segment:
+    kw.setdefault("instruct", INSTRUCT)
+    return Segment(text, "english", max_new_tokens=frames, min_new_tokens=frames, seed=seed, **kw)
+
+
+class Source:
+    """A closable work source with blocking ``take``, as the engine sees the scheduler."""
+
+    def __init__(self) -> None:
+        self.items: queue.Queue[Work] = queue.Queue()
+        self.stop = threading.Event()
+
+    def take(self, wait: float | None) -> Work | None:
+        try:
+            return self.items.get(timeout=0.05 if wait is None else max(wait, 0.001))
+        except queue.Empty:
+            return None
+
+    def closed(self) -> bool:
+        return self.stop.is_set()
+
+
+def wait_for(sinks: list[Collect], seconds: float = 120.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not all(s.finished for s in sinks):
+        assert time.monotonic() < deadline, "a request hangs"
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def design(checkpoints: Path) -> BatchedEngine:
+    return load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN)
+
+
+@pytest.fixture
+def serving(design: BatchedEngine) -> Iterator[tuple[BatchedEngine, Source]]:
+    """The engine thread serving a source (closed after the test)."""
+    source = Source()
+    thread = threading.Thread(target=design.serve, args=(source,), name="engine-test", daemon=True)
+    thread.start()
+    yield design, source
+    source.stop.set()
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+def spy_threads(engine: BatchedEngine, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the thread that builds each prompt."""
+    names: list[str] = []
+    real: Callable[[Segment], Prompt] = engine.builder.build
+
+    def build(segment: Segment) -> Prompt:
+        names.append(threading.current_thread().name)
+        return real(segment)
+
+    monkeypatch.setattr(engine.builder, "build", build)
+    return names
+
+
+def test_prompts_are_built_off_the_engine_thread_and_a_bad_one_fails_alone(
+    serving: tuple[BatchedEngine, Source], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, source = serving
+    good = seg("Built by the worker.", seed=3)
+    expected = Collect()
+    run(engine, {0: [(good, expected)]})  # prompts built inline, step by step
+    names = spy_threads(engine, monkeypatch)
+    got, long, cancelled = Collect(), Collect(), Collect()
+    cancelled.cancel = True
+    for segment, sink in ((seg("word " * 3000, seed=9), long), (seg("Gone.", seed=4), cancelled), (good, got)):
+        source.items.put(Work(segment, sink))
+    wait_for([got, long, cancelled])
+    assert names and all(n == "prompts-voice_design" for n in names), names
+    assert len(names) == 2  # the cancelled request's prompt is never built
+    assert long.error is not None and "too long" in str(long.error)
+    assert cancelled.frames == 0 and cancelled.error is None and not cancelled.chunks
+    assert got.error is None and got.frames == good.max_new_tokens
+    np.testing.assert_allclose(got.pcm, expected.pcm, atol=1e-4)
+
+
+def test_a_prompt_that_raises_fails_only_its_request(
+    serving: tuple[BatchedEngine, Source], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, source = serving
+    real = engine.builder.build
+
+    def build(segment: Segment) -> Prompt:
+        if segment.text.startswith("Broken"):
+            raise ValueError("Unsupported language 'klingon'")
+        return real(segment)
+
+    monkeypatch.setattr(engine.builder, "build", build)
+    running, broken, after = Collect(), Collect(), Collect()
+    source.items.put(Work(seg("Running meanwhile.", seed=5, frames=30), running))
+    time.sleep(0.2)
+    source.items.put(Work(seg("Broken prompt.", seed=6), broken))
+    source.items.put(Work(seg("After it.", seed=7), after))
+    wait_for([running, broken, after])
+    assert broken.error is not None and "klingon" in str(broken.error)
+    assert running.error is None and running.frames == 30
+    assert after.error is None and after.frames == 8
+
+
+def test_the_join_stall_counts_only_admissions_that_running_streams_wait_for(
+    serving: tuple[BatchedEngine, Source]
+) -> None:
+    engine, source = serving
+    stalls: list[float] = []
+    saved = engine._on_join
+    engine._on_join = stalls.append
+    try:
+        alone = Collect()
+        source.items.put(Work(seg("Alone in the pool.", seed=1, frames=4), alone))
+        wait_for([alone])
+        assert stalls == []  # nobody was running: nobody waited
+        first, joiner = Collect(), Collect()
+        source.items.put(Work(seg("Running first.", seed=2, frames=40), first))
+        while not first.chunks:
+            time.sleep(0.005)
+        source.items.put(Work(seg("Joins it.", seed=3, frames=4), joiner))
+        wait_for([first, joiner])
+    finally:
+        engine._on_join = saved
+    assert len(stalls) == 1 and stalls[0] > 0
+
+
+def test_the_worker_takes_work_only_for_free_slots() -> None:
+    """With two free slots, two segments are prepared and the third stays with the source
+    (its round-robin turn is not taken early); closing the source ends the worker."""
+    source = Source()
+    for i in range(3):
+        source.items.put(Work(seg(f"r{i}"), Collect()))
+    built: list[str] = []
+
+    def build(segment: Segment) -> Prompt:
+        built.append(segment.text)
+        return Prompt(np.zeros(1), np.zeros(1))  # type: ignore[arg-type]
+
+    import torch
+
+    worker = PromptWorker(source, build, torch.device("cpu"))
+    worker.set_free(2)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while len(built) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert built == ["r0", "r1"] and source.items.qsize() == 1
+    got = worker.take(8, wait=0)
+    assert [p.work.segment.text for p in got] == ["r0", "r1"]
+    worker.set_free(1)
+    assert [p.work.segment.text for p in worker.take(8, wait=5)] == ["r2"]
+    source.stop.set()
+    assert worker.take(8, wait=None) == []
+    assert worker.stop() == []
+
+
+def test_an_icl_reference_is_prepared_by_the_worker_with_the_same_audio(
+    checkpoints: Path, voices_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clone reference's codec decoder state is computed ahead of admission, on the worker
+    thread; the audio equals the one of a step-by-step run that builds it inline."""
+    engine = load_tiny(checkpoints / "base", ModelKind.BASE, slots=2)
+    segment = Segment("Cloned.", "english", 6, 6, seed=2, reference=Reference.load(voices_dir / "clone.wav"))
+    expected = Collect()
+    run(engine, {0: [(segment, expected)]})
+    engine.prefill._prefixes.clear()
+    threads: list[str] = []
+    real = engine.prefill._scratch.step
+
+    def step(codes: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(codes)
+
+    monkeypatch.setattr(engine.prefill._scratch, "step", step)
+    source = Source()
+    thread = threading.Thread(target=engine.serve, args=(source,), daemon=True)
+    thread.start()
+    try:
+        got = Collect()
+        source.items.put(Work(segment, got))
+        wait_for([got])
+    finally:
+        source.stop.set()
+        thread.join(30)
+    assert threads == ["prompts-base"]
+    assert got.error is None
+    np.testing.assert_allclose(got.pcm, expected.pcm, atol=1e-4)
+
+
+def test_inline_intake_builds_on_the_callers_thread() -> None:
+    source = Source()
+    source.items.put(Work(seg("x"), Collect()))
+    names: list[str] = []
+
+    def build(segment: Segment) -> Prompt:
+        names.append(threading.current_thread().name)
+        raise ValueError("no such speaker")
+
+    (item,) = Inline(source, build).take(4, wait=0)
+    assert names == [threading.current_thread().name]
+    assert item.prompt is None and isinstance(item.error, ValueError)
