@@ -417,6 +417,7 @@ async def test_catalogue_models_and_probes(server: Server) -> None:
     status, headers, body = await get(server, "/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain")
     assert b"tts_requests_total" in body
+    assert b'tts_prefill_eager_rows_total{model="base"} 0.0' in body  # no prompt over the buckets
 
 
 # --- errors -----------------------------------------------------------------------------

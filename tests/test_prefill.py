@@ -86,13 +86,16 @@ def test_a_prompt_over_the_largest_bucket_falls_back_to_eager_with_the_same_audi
     bucketed = Collect()
     run(design, {0: [(segment, bucketed)]})
     buckets = design.prefill.token_buckets
+    counted: list[int] = []
+    design._on_eager_prefill = counted.append  # the metric's observer (tts_prefill_eager_rows)
     design.prefill.token_buckets = [8]  # shorter than any prompt here
     try:
         eager = Collect()
         run(design, {0: [(segment, eager)]})
     finally:
         design.prefill.token_buckets = buckets
-    assert design.prefill.eager_fallbacks >= 1
+        design._on_eager_prefill = None
+    assert design.prefill.eager_fallbacks >= 1 and counted == [1]
     np.testing.assert_allclose(eager.pcm, bucketed.pcm, atol=1e-4)
 
 

@@ -229,6 +229,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
             engine = await asyncio.to_thread(
                 load_engine, kind, checkpoint, device, args.chunk_size, args.engine, args.max_streams,
                 metrics.join_stall.labels(kind.value).observe, args.dtype,
+                on_eager_prefill=metrics.eager_prefill.labels(kind.value).inc,
             )
         except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
             raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err

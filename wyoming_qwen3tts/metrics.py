@@ -42,9 +42,14 @@ class Metrics:
         )
         self.join_stall = Histogram(
             "tts_join_stall_seconds",
-            "GPU time of a batched prefill, during which running streams wait (batched engine)",
+            "Time running streams waited for an admission (batched engine): from its start to the "
+            "next step's, GPU time on CUDA",
             ["model"], buckets=(0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0),
             registry=self.registry,
+        )
+        self.eager_prefill = Counter(
+            "tts_prefill_eager_rows", "Requests prefilled eagerly, without a captured graph: a prompt "
+            "over the largest token bucket (batched engine)", ["model"], registry=self.registry,
         )
         self._queue_depth = Gauge(
             "tts_queue_depth", "Segments waiting for a model worker", ["model"], registry=self.registry

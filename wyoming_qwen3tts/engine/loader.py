@@ -70,6 +70,7 @@ def load_engine(
     max_streams: int = 8,
     on_join: Callable[[float], None] | None = None,
     dtype: str = "auto",
+    on_eager_prefill: Callable[[int], None] | None = None,
 ) -> Engine:
     """Load a checkpoint through the real loaders (faster-qwen3-tts / qwen_tts).
 
@@ -85,6 +86,7 @@ def load_engine(
         on_join: the batched engine's join-stall observer (seconds).
         dtype: one of ``DTYPES``. float32 on CUDA also turns TF32 off (exact float32), for GPUs
             without bfloat16 and for exact comparisons.
+        on_eager_prefill: the batched engine's observer of rows prefilled eagerly (no graph).
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
@@ -118,7 +120,8 @@ def load_engine(
             # Only its prompt building is used off CUDA; from_pretrained refuses the CPU.
             tts = FasterQwen3TTS(qwen, None, None, device=device, dtype=weights, max_seq_len=MAX_SEQ_LEN)
         return BatchedEngine(
-            kind, tts, chunk_frames, max_streams, MAX_SEQ_LEN, graphs=device == "cuda", on_join=on_join
+            kind, tts, chunk_frames, max_streams, MAX_SEQ_LEN, graphs=device == "cuda", on_join=on_join,
+            on_eager_prefill=on_eager_prefill,
         )
     if engine == "single":
         from .single import SingleStreamEngine
