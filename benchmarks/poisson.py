@@ -18,8 +18,9 @@ client it measures
 * playback underruns: the client plays each chunk on arrival, from the first, at 24 kHz; a
   chunk that arrives after the audio before it has finished playing is an underrun (playback
   then resumes from that chunk's arrival). Counted per event, and as requests with any;
-* join stall p95: the server's ``tts_join_stall_seconds`` histogram (GPU time of a batched
-  prefill, during which running streams wait), its increase over the measured window, p95
+* join stall p95: the server's ``tts_join_stall_seconds`` histogram (what running streams
+  waited for an admission: GPU time from its start to the next step's start; admissions into
+  an idle pool are not counted), its increase over the measured window, p95
   interpolated within buckets (so at the buckets' resolution: 5, 10, 20, 30, 50 ms...).
 
 Writes ``poisson.json`` (``{"rows": [...], "config": ..., "anchors": ...}``), ``poisson.md``

@@ -287,7 +287,7 @@ def test_a_join_stall_is_reported_once_its_prefill_has_finished(design: BatchedE
     design._on_join = stalls.append
     try:
         start, end = _Event(True), _Event(False)
-        design._joins.append((start, end))  # type: ignore[arg-type]
+        design._joins.append((start, end, 1))  # type: ignore[arg-type]
         design._report_joins()
         assert stalls == [] and len(design._joins) == 1
         start.done = end.done = True

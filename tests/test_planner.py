@@ -1,16 +1,32 @@
-"""The planner's decisions (``engine/planner.py``), with fake streams: no model, no tensors."""
+"""The planner's decisions (``engine/planner.py``) with fake streams and fake stages: no
+model, no tensors. A small simulated engine (``Sim``) runs the loop the batched engine runs
+(admit per the planner, replay prefills of ``max_join`` rows, one frame step for every row,
+deliver) on a virtual clock with fixed stage costs, and counts what clients would hear."""
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
 
 import pytest
 
 from wyoming_qwen3tts.engine.planner import FRAME_MS, Planner, StreamClock
 
 
-def test_buffered_audio_is_frames_sent_minus_time_since_the_first_chunk() -> None:
-    assert StreamClock(5, None).buffered_ms(10.0) is None
-    assert StreamClock(5, 10.0).buffered_ms(10.1) == pytest.approx(5 * FRAME_MS - 100)
-    assert StreamClock(1, 10.0).buffered_ms(10.5) == pytest.approx(-420)  # a client far behind
+def test_buffered_audio_follows_playback_and_restarts_after_an_underrun() -> None:
+    clock = StreamClock()
+    assert clock.buffered_ms(10.0) is None
+    clock.sent(5, 10.0)
+    assert clock.buffered_ms(10.1) == pytest.approx(5 * FRAME_MS - 100)
+    clock.sent(1, 10.2)  # queued behind the five
+    assert clock.buffered_ms(10.2) == pytest.approx(6 * FRAME_MS - 200)
+    assert clock.buffered_ms(11.0) == pytest.approx(-520)  # a client far behind: it ran out
+    clock.sent(1, 11.0)  # a late chunk: playback restarts at its arrival
+    assert clock.buffered_ms(11.0) == pytest.approx(FRAME_MS)
+
+
+def ahead(ms: float, n: int = 4, now: float = 0.0) -> list[StreamClock]:
+    return [StreamClock(now + ms / 1000) for _ in range(n)]
 
 
 def test_nothing_running_admits_everything_that_fits() -> None:
@@ -21,25 +37,177 @@ def test_nothing_running_admits_everything_that_fits() -> None:
     assert planner.admissions(0, [], now=0.0) == 0
 
 
-def test_with_streams_running_a_step_admits_at_most_one_replay() -> None:
-    planner = Planner(max_join=8)
-    ahead = [StreamClock(40, 0.0) for _ in range(4)]  # 3.2 s sent, 1 s played
-    assert planner.admissions(28, ahead, now=1.0) == 8
-    assert planner.admissions(3, ahead, now=1.0) == 3
+def test_with_streams_running_a_step_admits_one_replay_unless_all_are_far_ahead() -> None:
+    planner = Planner(max_join=8, guard_ms=40.0, join_ms=10.0, step_ms=25.0)
+    assert planner.admissions(28, ahead(80), now=0.0) == 8  # 80 ms: room for one replay only
+    assert planner.admissions(3, ahead(80), now=0.0) == 3
+    assert planner.admissions(28, ahead(85), now=0.0) == 16  # two replays' worth of slack
+    assert planner.admissions(32, ahead(2000), now=0.0) == 32  # far ahead: they yield the step
+    waiting_first = [*ahead(2000), StreamClock()]  # a row still waiting for its first audio
+    assert planner.admissions(32, waiting_first, now=0.0) == 8
 
 
 def test_a_stream_about_to_starve_goes_first_but_not_forever() -> None:
     planner = Planner(max_join=8, guard_ms=40.0, max_defer=2)
-    starving = [StreamClock(40, 0.0), StreamClock(2, 0.0)]  # the second: 160 ms sent, 130 played
-    assert planner.admissions(10, starving, now=0.13) == 0
-    assert planner.admissions(10, starving, now=0.13) == 0
-    assert planner.admissions(10, starving, now=0.13) == 8  # a new request waits two steps at most
+    starving = [*ahead(2000, 1), StreamClock(0.03)]  # the second holds 30 ms of audio
+    assert planner.admissions(10, starving, now=0.0) == 0
+    assert planner.admissions(10, starving, now=0.0) == 0
+    assert planner.admissions(10, starving, now=0.0) == 8  # a new request waits two steps at most
     assert planner.deferrals == 2
-    assert planner.admissions(10, starving, now=0.13) == 0  # the count starts again
+    assert planner.admissions(10, starving, now=0.0) == 0  # the count starts again
 
 
 def test_new_streams_without_audio_have_no_deadline() -> None:
     planner = Planner(max_join=4)
-    assert planner.admissions(10, [StreamClock(0, None)], now=5.0) == 4
+    assert planner.admissions(10, [StreamClock()], now=5.0) == 4
     with pytest.raises(ValueError):
         Planner(max_join=0)
+
+
+def test_measured_join_stalls_update_the_replay_estimate() -> None:
+    planner = Planner(max_join=8, join_ms=10.0)
+    planner.observe_join(60.0, replays=2)  # 30 ms a replay
+    assert planner.join_ms == pytest.approx(14.0)
+    planner.observe_join(0.0, replays=1)  # nothing measured: ignored
+    assert planner.join_ms == pytest.approx(14.0)
+
+
+# --- a simulated engine: fake stages on a virtual clock -------------------------------------
+
+
+@dataclass
+class Row:
+    name: str
+    frames: int
+    arrived: float
+    clock: StreamClock = field(default_factory=StreamClock)
+    sent: int = 0
+    first_audio: float | None = None
+    underruns: int = 0
+    cancelled: bool = False
+    failed: bool = False
+
+
+@dataclass
+class Sim:
+    """The batched engine's loop with fake stages: a prefill replay costs ``join_ms``, a frame
+    step ``step_ms`` (every row, one frame each, delivered at once in chunks of one frame)."""
+
+    planner: Planner
+    slots: int = 32
+    join_ms: float = 4.0
+    step_ms: float = 12.0
+    now: float = 0.0
+    waiting: list[Row] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    done: list[Row] = field(default_factory=list)
+    replays_per_step: list[int] = field(default_factory=list)
+    fail_prefill_of: set[str] = field(default_factory=set)
+
+    def arrive(self, name: str, frames: int) -> Row:
+        row = Row(name, frames, self.now)
+        self.waiting.append(row)
+        return row
+
+    def step(self) -> None:
+        take = self.planner.admissions(self.slots - len(self.rows), [r.clock for r in self.rows], self.now)
+        batch, self.waiting = self.waiting[:take], self.waiting[take:]
+        replays = 0
+        for chunk in self.planner.chunks(len(batch)):
+            rows, batch = batch[:chunk], batch[chunk:]
+            replays += 1
+            self.now += self.join_ms / 1000
+            alive = [r for r in rows if not r.cancelled]  # cancelled while prepared: never starts
+            self.done += [r for r in rows if r.cancelled]
+            if any(r.name in self.fail_prefill_of for r in alive):  # a failed replay fails its rows
+                for r in alive:
+                    r.failed = True
+                self.done += alive
+                continue
+            self.rows += alive
+        self.replays_per_step.append(replays)
+        if not self.rows:
+            return
+        self.now += self.step_ms / 1000
+        for row in self.rows:
+            if row.cancelled:
+                continue
+            buffered = row.clock.buffered_ms(self.now)
+            if buffered is not None and buffered < 0:
+                row.underruns += 1
+            row.clock.sent(1, self.now)
+            row.sent += 1
+            if row.first_audio is None:
+                row.first_audio = self.now - row.arrived
+        self.done += [r for r in self.rows if r.sent >= r.frames or r.cancelled]
+        self.rows = [r for r in self.rows if r.sent < r.frames and not r.cancelled]
+
+    def run_until(self, seconds: float) -> None:
+        while self.now < seconds:
+            self.step()
+            if not self.rows and not self.waiting:
+                return
+
+
+def test_a_burst_of_32_joins_while_others_stream_far_ahead() -> None:
+    """Four streams 1.5 s ahead of playback; 28 requests arrive at once: the running streams
+    yield, the burst joins in replays back to back before one step, and nobody underruns."""
+    sim = Sim(Planner(max_join=8, join_ms=4.0, step_ms=12.0))
+    running = [sim.arrive(f"r{i}", 200) for i in range(4)]
+    sim.run_until(2.0)  # 2 s of 12 ms steps: each about 10 s of audio ahead of its playback
+    burst = [sim.arrive(f"b{i}", 75) for i in range(28)]
+    sim.step()
+    assert sim.replays_per_step[-1] == 4 and not sim.waiting
+    sim.run_until(30.0)
+    assert all(r.underruns == 0 for r in running + burst)
+    assert max(r.first_audio or 1e9 for r in burst) < 0.1  # 4 replays and one step
+
+
+def test_a_burst_of_32_joins_into_streams_near_their_deadline_goes_one_replay_a_step() -> None:
+    """A step as slow as playback (80 ms): streams hold only what they just got, so the burst
+    joins one replay per step, a running stream's deadline first."""
+    sim = Sim(Planner(max_join=8, join_ms=4.0, step_ms=80.0), step_ms=79.0)
+    running = [sim.arrive(f"r{i}", 100) for i in range(4)]
+    for _ in range(5):
+        sim.step()
+    burst = [sim.arrive(f"b{i}", 20) for i in range(28)]
+    steps = len(sim.replays_per_step)
+    while sim.waiting:
+        sim.step()
+    assert max(sim.replays_per_step[steps:]) == 1
+    assert sum(sim.replays_per_step[steps:]) == math.ceil(28 / 8)
+    sim.run_until(60.0)
+    assert all(r.sent == r.frames for r in running + burst)
+
+
+def test_a_client_far_behind_playback_does_not_hold_joins_back_forever() -> None:
+    """A stream that already ran out (its playback restarts at its next chunk) and a step
+    slower than playback: joins still get in, at most ``max_defer`` steps late each time."""
+    planner = Planner(max_join=8, guard_ms=40.0, max_defer=2)
+    sim = Sim(planner, step_ms=90.0)  # slower than real time: every stream falls behind
+    behind = sim.arrive("behind", 1000)
+    sim.step()
+    behind.clock.play_end = sim.now - 5.0  # as if its client were 5 s behind
+    joiners = [sim.arrive(f"j{i}", 5) for i in range(3)]
+    for _ in range(3):
+        sim.step()
+    assert all(j.first_audio is not None for j in joiners)
+    assert planner.deferrals <= 2
+
+
+def test_cancellations_mid_prefill_and_a_failed_replay_end_only_their_rows() -> None:
+    """A request cancelled after it was prepared never takes a slot; a replay that fails
+    fails only the rows it carried; everyone else streams on."""
+    sim = Sim(Planner(max_join=3, guard_ms=-1e9), slots=8)
+    running = sim.arrive("running", 30)
+    sim.step()
+    gone = sim.arrive("gone", 10)
+    gone.cancelled = True
+    sim.fail_prefill_of = {"broken"}
+    broken, neighbour = sim.arrive("broken", 10), sim.arrive("neighbour", 10)  # one replay with gone
+    later = sim.arrive("later", 10)  # the next replay
+    sim.run_until(60.0)
+    assert gone.sent == 0 and not gone.failed
+    assert broken.failed and neighbour.failed and broken.sent == neighbour.sent == 0
+    assert not later.failed and later.sent == 10
+    assert not running.failed and running.sent == 30

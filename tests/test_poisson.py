@@ -67,6 +67,8 @@ def test_a_short_run_against_a_real_server(checkpoints: Path, voices_dir: Path, 
         assert row["n"] == 0 or row["ttfa_p50_ms"] > 0
         assert row["n"] == 0 or row["audio_s_mean"] == pytest.approx(4 * 0.08)
         assert row["n"] == 0 or len(row["first_frames_db"]) == 4
-        assert row["n"] == 0 or (row["joins"] >= 1 and row["join_stall_p95_ms"] > 0)  # eager: wall time
+        # Joins into running streams only (4-frame replies on the CPU rarely overlap); the stall
+        # itself is checked on the engine in tests/test_intake.py.
+        assert row["joins"] == 0 or row["join_stall_p95_ms"] > 0
     assert "| wyoming | clone | 2 |" in (tmp_path / "out" / "poisson.md").read_text()
     assert (tmp_path / "out" / "poisson.png").stat().st_size > 1000

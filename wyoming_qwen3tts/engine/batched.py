@@ -69,11 +69,7 @@ class _Row:
     finished: bool = False
     admitted: float = field(default_factory=time.monotonic)
     first_audio: float | None = None  # seconds from admission to the first chunk
-
-    def clock(self) -> StreamClock:
-        """Frames its client has (sent in chunks) and when the first chunk went out."""
-        sent = self.frames - len(self.pcm)
-        return StreamClock(sent, None if self.first_audio is None else self.admitted + self.first_audio)
+    clock: StreamClock = field(default_factory=StreamClock)  # when its client runs out of audio
 
 
 @dataclass
@@ -170,8 +166,9 @@ class BatchedEngine(Engine):
         self._rows: list[_Row] = []
         self._on_join = on_join
         self._on_eager_prefill = on_eager_prefill
-        self._joins: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._joins: list[tuple[torch.cuda.Event, torch.cuda.Event, int]] = []
         self._stall: torch.cuda.Event | float | None = None  # an admission's start, until the next step
+        self._stall_replays = 0  # prefill replays in that admission
 
     def slot_bytes(self) -> int:
         """Device memory held per slot: talker and predictor KV, codec decoder state, the rest."""
@@ -303,7 +300,7 @@ class BatchedEngine(Engine):
         intake = source if isinstance(source, (PromptWorker, Inline)) else Inline(source, self._build)
         now = time.monotonic()
         intake.set_free(self.capacity - len(self._rows))
-        take = self.planner.admissions(self.capacity - len(self._rows), [r.clock() for r in self._rows], now)
+        take = self.planner.admissions(self.capacity - len(self._rows), [r.clock for r in self._rows], now)
         while take > 0:
             taken = self._admit_some(intake, block, min(take, self.prefill.max_rows))
             if taken < self.prefill.max_rows:
@@ -328,6 +325,8 @@ class BatchedEngine(Engine):
             return len(items)
         if self._rows and self._stall is None:  # running streams wait from here to the next step
             self._stall = self._mark()
+            self._stall_replays = 0
+        self._stall_replays += 1
         try:
             lengths = self.prefill.run(len(self._rows), [(w.segment, p) for w, p in batch], self._decoder_quiet)
         except Exception as err:  # noqa: BLE001 - fail these requests only
@@ -364,12 +363,19 @@ class BatchedEngine(Engine):
         """
         start, self._stall = self._stall, None
         if isinstance(start, float):
-            if self._on_join is not None:
-                self._on_join(time.perf_counter() - start)
+            self._joined(time.perf_counter() - start, self._stall_replays)
         elif start is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            self._joins.append((start, end))
+            self._joins.append((start, end, self._stall_replays))
+
+    def _joined(self, stall: float, replays: int) -> None:
+        """A measured join stall (seconds) of ``replays`` prefill replays: to the metric and
+        to the planner's estimate of a replay's cost."""
+        _LOGGER.debug("Join stall %.1f ms (%d replay(s))", stall * 1000, replays)
+        self.planner.observe_join(stall * 1000, replays)
+        if self._on_join is not None:
+            self._on_join(stall)
 
     # --- stepping -----------------------------------------------------------------------------
 
@@ -471,8 +477,10 @@ class BatchedEngine(Engine):
         row.pcm.append(pcm.copy())
         ended = eos or row.frames >= row.max_frames or row.prompt_len + row.frames - 1 >= self.max_len - 1
         if len(row.pcm) >= self.chunk_frames or ended:
+            now = time.monotonic()
             if row.first_audio is None:
-                row.first_audio = time.monotonic() - row.admitted
+                row.first_audio = now - row.admitted
+            row.clock.sent(len(row.pcm), now)
             sink.audio(np.concatenate(row.pcm))
             row.pcm.clear()
         if ended:
@@ -528,11 +536,8 @@ class BatchedEngine(Engine):
         until a later delivery finds its end event complete.
         """
         while self._joins and self._joins[0][1].query():
-            start, end = self._joins.pop(0)
-            stall = start.elapsed_time(end) / 1000.0
-            _LOGGER.debug("Join stall %.1f ms", stall * 1000)
-            if self._on_join is not None:
-                self._on_join(stall)
+            start, end, replays = self._joins.pop(0)
+            self._joined(start.elapsed_time(end) / 1000.0, replays)
 
     def _capture(self) -> None:
         """Host buffers, and on CUDA one step graph per (batch, length) bucket and one
