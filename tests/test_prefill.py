@@ -153,3 +153,45 @@ def test_a_failed_prefill_fails_only_its_rows(design: BatchedEngine) -> None:
     assert cancelled.frames == 0 and cancelled.error is None
     assert kept.error is None
     np.testing.assert_allclose(kept.pcm, expected.pcm, atol=1e-4)
+
+
+def test_a_burst_of_32_joins_while_two_stream(checkpoints: Path) -> None:
+    """34 slots: two requests stream, 32 arrive at once. They join in replays of at most 8
+    rows (as many per step as the running streams' buffers allow), every one ends with its
+    frames, and the ones checked get exactly the audio they get alone."""
+    engine = load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN, slots=34)
+    sizes: list[int] = []
+    real = engine.prefill.run
+
+    def spy(start: int, batch: list[Any], quiet: Any = None) -> list[int]:
+        sizes.append(len(batch))
+        return real(start, batch, quiet)
+
+    engine.prefill.run = spy  # type: ignore[method-assign]
+    running = [(seg(f"Streaming {i}.", seed=40 + i, frames=12), Collect()) for i in range(2)]
+    burst = [(seg(f"Burst {i}.", seed=50 + i, frames=4), Collect()) for i in range(32)]
+    run(engine, {0: running, 2: burst})
+    del engine.prefill.run
+    assert sizes[0] == 2 and sum(sizes[1:]) == 32 and max(sizes) <= 8
+    for segment, sink in running + burst:
+        assert sink.error is None and sink.frames == segment.max_new_tokens
+    for segment, sink in (running[0], burst[0], burst[31]):
+        alone = Collect()
+        run(engine, {0: [(segment, alone)]})
+        np.testing.assert_allclose(sink.pcm, alone.pcm, atol=1e-4)
+
+
+def test_a_cancel_right_after_its_prefill_frees_the_slot_for_the_next(design: BatchedEngine) -> None:
+    """A request cancelled after its prefill ran, before its first frame reached it, ends with
+    no audio; its slot goes to the next request at once; the stream beside it is unchanged."""
+    runner, expected = seg("Streams beside it.", seed=30, frames=10), Collect()
+    run(design, {0: [(runner, expected)]})
+    nxt, nxt_alone = seg("Takes the slot.", seed=32, frames=6), Collect()
+    run(design, {0: [(nxt, nxt_alone)]})
+    kept, cancelled, later = Collect(), Collect(), Collect()
+    run(design, {0: [(runner, kept)], 2: [(seg("Cancelled mid-join.", seed=31), cancelled)], 4: [(nxt, later)]},
+        cancel={3: [cancelled]})
+    assert cancelled.frames == 0 and cancelled.error is None and not cancelled.chunks
+    assert kept.error is None and later.error is None
+    np.testing.assert_allclose(kept.pcm, expected.pcm, atol=1e-4)
+    np.testing.assert_allclose(later.pcm, nxt_alone.pcm, atol=1e-4)
