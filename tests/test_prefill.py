@@ -195,3 +195,19 @@ def test_a_cancel_right_after_its_prefill_frees_the_slot_for_the_next(design: Ba
     assert kept.error is None and later.error is None
     np.testing.assert_allclose(kept.pcm, expected.pcm, atol=1e-4)
     np.testing.assert_allclose(later.pcm, nxt_alone.pcm, atol=1e-4)
+
+
+def test_chunks_grow_from_one_frame_up_to_the_chunk_size(checkpoints: Path) -> None:
+    """With ``chunk_growth``: chunks of 1, 2, 4, 8 frames, then 8 each, the last what is left;
+    the audio is the same as in one-frame chunks."""
+    engine = load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN, slots=2, chunk_frames=8)
+    segment = seg("Growing chunks.", seed=3, frames=21)
+    engine.chunk_growth = True
+    grown = Collect()
+    run(engine, {0: [(segment, grown)]})
+    assert [len(c) // 1920 for c in grown.chunks] == [1, 2, 4, 8, 6]
+    engine.chunk_growth, engine.chunk_frames = False, 1
+    ones = Collect()
+    run(engine, {0: [(segment, ones)]})
+    assert [len(c) // 1920 for c in ones.chunks] == [1] * 21
+    np.testing.assert_allclose(grown.pcm, ones.pcm, atol=1e-4)

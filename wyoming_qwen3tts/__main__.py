@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--voice", help=f"Default voice (default: {DEFAULT_VOICE!r} if available, else the first by name)")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA when available")
     parser.add_argument("--chunk-size", type=int, default=1, help="Codec frames per audio chunk (80 ms each); 1 starts soonest and, on the batched engine, costs no speed")
+    parser.add_argument("--chunk-growth", action="store_true", help="Batched engine: first chunk of one frame, then 2, 4, 8... frames up to --chunk-size (first audio as with --chunk-size 1, fewer chunks after)")
     parser.add_argument("--engine", choices=ENGINES, default="auto", help="auto: batched on CUDA, reference on the CPU")
     parser.add_argument("--max-streams", type=int, default=8, help="Streams generated at once per model (batched engine)")
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="Weights: auto is bfloat16 on CUDA, float32 on the CPU")
@@ -229,7 +230,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
             engine = await asyncio.to_thread(
                 load_engine, kind, checkpoint, device, args.chunk_size, args.engine, args.max_streams,
                 metrics.join_stall.labels(kind.value).observe, args.dtype,
-                on_eager_prefill=metrics.eager_prefill.labels(kind.value).inc,
+                on_eager_prefill=metrics.eager_prefill.labels(kind.value).inc, chunk_growth=args.chunk_growth,
             )
         except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
             raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err

@@ -22,7 +22,9 @@ One thread per model runs this loop:
    memory asynchronously. Work on the main stream that touches the decoder's state
    (admission, compaction) first waits for the decode in flight.
 3. **Deliver.** While that step runs, read the previous step's PCM and flags (no ``.item()``
-   in the step), hand each row's audio to its sink every ``chunk_frames`` frames, and retire
+   in the step), hand each row's audio to its sink every ``chunk_frames`` frames (with
+   ``chunk_growth``: its first chunk at its first frame, then chunks of 2, 4, 8... frames up
+   to ``chunk_frames``), and retire
    rows that hit EOS, their frame cap or the end of the cache, or whose client left. A
    retired row's slot is filled at once by moving the last row into it.
 
@@ -70,6 +72,7 @@ class _Row:
     admitted: float = field(default_factory=time.monotonic)
     first_audio: float | None = None  # seconds from admission to the first chunk
     clock: StreamClock = field(default_factory=StreamClock)  # when its client runs out of audio
+    chunks: int = 0  # chunks sent
 
 
 @dataclass
@@ -90,6 +93,9 @@ class BatchedEngine(Engine):
         tts: ``faster_qwen3_tts.FasterQwen3TTS`` around the loaded model (its prompt building
             is reused; its own single-stream graphs are not).
         chunk_frames: codec frames per delivered chunk.
+        chunk_growth: a stream's first chunk is its first frame, and each next one twice the
+            one before up to ``chunk_frames`` (1, 2, 4, 8, ...): the first audio as soon as
+            with one-frame chunks, fewer chunks after it. False: every chunk ``chunk_frames``.
         max_streams: slots (streams generated at once).
         max_len: talker KV positions per slot (prompt + frames).
         graphs: capture CUDA graphs (True on CUDA; False runs eagerly, e.g. on the CPU).
@@ -121,6 +127,7 @@ class BatchedEngine(Engine):
         on_join: Callable[[float], None] | None = None,
         overlap_decode: bool = True,
         on_eager_prefill: Callable[[int], None] | None = None,
+        chunk_growth: bool = False,
     ) -> None:
         super().__init__(kind, chunk_frames, capacity=max_streams)
         qwen = tts.model
@@ -166,6 +173,7 @@ class BatchedEngine(Engine):
         self._rows: list[_Row] = []
         self._on_join = on_join
         self._on_eager_prefill = on_eager_prefill
+        self.chunk_growth = chunk_growth
         self._joins: list[tuple[torch.cuda.Event, torch.cuda.Event, int]] = []
         self._stall: torch.cuda.Event | float | None = None  # an admission's start, until the next step
         self._stall_replays = 0  # prefill replays in that admission
@@ -465,6 +473,12 @@ class BatchedEngine(Engine):
                 row.finished = True
                 row.work.sink.failed(err)
 
+    def chunk_size(self, sent: int) -> int:
+        """Frames in a stream's chunk after ``sent`` chunks (see ``chunk_growth``)."""
+        if not self.chunk_growth:
+            return self.chunk_frames
+        return min(self.chunk_frames, 1 << min(sent, 16))
+
     def _deliver_row(self, row: _Row, pcm: np.ndarray, eos: bool, rows: int) -> None:
         """One row's frame of a finished step: buffer it, send a chunk when one is full, and
         end the row at EOS, its frame cap, the end of its cache, or its client's cancel."""
@@ -476,11 +490,12 @@ class BatchedEngine(Engine):
         row.frames += 1
         row.pcm.append(pcm.copy())
         ended = eos or row.frames >= row.max_frames or row.prompt_len + row.frames - 1 >= self.max_len - 1
-        if len(row.pcm) >= self.chunk_frames or ended:
+        if len(row.pcm) >= self.chunk_size(row.chunks) or ended:
             now = time.monotonic()
             if row.first_audio is None:
                 row.first_audio = now - row.admitted
             row.clock.sent(len(row.pcm), now)
+            row.chunks += 1
             sink.audio(np.concatenate(row.pcm))
             row.pcm.clear()
         if ended:

@@ -71,6 +71,7 @@ def load_engine(
     on_join: Callable[[float], None] | None = None,
     dtype: str = "auto",
     on_eager_prefill: Callable[[int], None] | None = None,
+    chunk_growth: bool = False,
 ) -> Engine:
     """Load a checkpoint through the real loaders (faster-qwen3-tts / qwen_tts).
 
@@ -87,6 +88,7 @@ def load_engine(
         dtype: one of ``DTYPES``. float32 on CUDA also turns TF32 off (exact float32), for GPUs
             without bfloat16 and for exact comparisons.
         on_eager_prefill: the batched engine's observer of rows prefilled eagerly (no graph).
+        chunk_growth: the batched engine's chunks grow 1, 2, 4... up to ``chunk_frames``.
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
@@ -121,7 +123,7 @@ def load_engine(
             tts = FasterQwen3TTS(qwen, None, None, device=device, dtype=weights, max_seq_len=MAX_SEQ_LEN)
         return BatchedEngine(
             kind, tts, chunk_frames, max_streams, MAX_SEQ_LEN, graphs=device == "cuda", on_join=on_join,
-            on_eager_prefill=on_eager_prefill,
+            on_eager_prefill=on_eager_prefill, chunk_growth=chunk_growth,
         )
     if engine == "single":
         from .single import SingleStreamEngine
