@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fixed-frames", type=int, help="Benchmarks: generate exactly N codec frames per sentence")
     parser.add_argument("--zeroconf", nargs="?", const="", default="", metavar="NAME", help="Announce on the LAN (default on; optional service name)")
     parser.add_argument("--no-zeroconf", action="store_true", help="Do not announce on the LAN")
+    parser.add_argument("--zeroconf-address", metavar="[HOST]:PORT", help="Announce this address instead of this server's (a load balancer in front of several servers: one of them announces it); HOST defaults to this machine's LAN address")
     parser.add_argument("--http-host", default="0.0.0.0", help="OpenAI-compatible endpoint address")
     parser.add_argument("--http-port", type=int, default=8880, help="OpenAI-compatible endpoint port (0 = off)")
     parser.add_argument("--api-key", help="Bearer key required by the HTTP endpoint")
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, help="Most Wyoming connections; past it the longest-idle one is closed")
     parser.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT, help="Seconds before an idle connection (no traffic, no audio owed) is closed")
     parser.add_argument("--write-timeout", type=float, default=DEFAULT_WRITE_TIMEOUT, help="Seconds a client may leave audio unread before its stream is dropped")
+    parser.add_argument("--drain-seconds", type=float, default=0.0, help="On shutdown, seconds /ready says not-ready while requests are still served, so a load balancer's health check sends new work elsewhere first (behind a balancer: a few health-check intervals)")
     parser.add_argument("--debug", action="store_true", help="Debug logging")
     parser.add_argument("--version", action="version", version=__version__)
     return parser
@@ -115,6 +117,10 @@ def check_args(args: argparse.Namespace) -> None:
     for flag, seconds in (("--idle-timeout", args.idle_timeout), ("--write-timeout", args.write_timeout)):
         if not seconds > 0:
             raise SystemExit(f"{flag} must be more than 0 seconds, got {seconds}")
+    if not 0 <= args.drain_seconds <= 600:
+        raise SystemExit(f"--drain-seconds must be 0..600, got {args.drain_seconds}")
+    if args.zeroconf_address is not None:
+        _zeroconf_address(args.zeroconf_address)
     if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
         raise SystemExit(f"--seed must be 0..{MAX_SEED}, got {args.seed}")
     _check_writable("--data-dir", Path(args.data_dir))
@@ -336,7 +342,10 @@ async def main(argv: list[str] | None = None) -> None:
     announcer = None
     if isinstance(server, AsyncTcpServer) and not args.no_zeroconf:
         uri = urlparse(args.uri)
-        announcer = Announcer(args.zeroconf or f"qwen3tts-{socket.gethostname()}", uri.hostname or "0.0.0.0", uri.port or 10200)
+        host, port = uri.hostname or "0.0.0.0", uri.port or 10200
+        if args.zeroconf_address is not None:  # the load balancer's address, not this server's
+            host, port = _zeroconf_address(args.zeroconf_address)
+        announcer = Announcer(args.zeroconf or f"qwen3tts-{socket.gethostname()}", host, port)
         await announcer.start()
     _LOGGER.info("Ready: Wyoming on %s", args.uri)
 
@@ -347,7 +356,20 @@ async def main(argv: list[str] | None = None) -> None:
     await stop.wait()
     for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal ends the process at once
         loop.remove_signal_handler(sig)
-    await shutdown(server, connections, http_runner, announcer, service, anchors)
+    await shutdown(server, connections, http_runner, announcer, service, anchors, args.drain_seconds)
+
+
+def _zeroconf_address(value: str) -> tuple[str, int]:
+    """``--zeroconf-address``'s ``HOST:PORT`` or ``:PORT`` as (host, port); host "0.0.0.0"
+    (this machine's LAN address) when absent.
+
+    Raises:
+        SystemExit: not of that form.
+    """
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise SystemExit(f"--zeroconf-address must be HOST:PORT or :PORT, got {value!r}")
+    return host or "0.0.0.0", int(port)
 
 
 async def shutdown(
@@ -357,14 +379,20 @@ async def shutdown(
     announcer: Announcer | None,
     service: TtsService,
     anchors: Anchors | None,
+    drain_seconds: float = 0.0,
 ) -> None:
     """Stop cleanly in under 10 s: stop accepting, withdraw the zeroconf announcement, end
     every open stream (Wyoming: ``error`` ``server-stopping`` then ``audio-stop``; HTTP: an
     SSE ``error`` event, or a body cut without its final chunk), close every connection,
     stop the engines (their threads are daemons: a generation mid-frame does not hold the
-    exit); a preset anchor being rendered is cancelled."""
+    exit); a preset anchor being rendered is cancelled. Before all that, ``/ready`` turns
+    not-ready and the server serves on for ``drain_seconds`` (``--drain-seconds``)."""
     started = time.monotonic()
     _LOGGER.info("Shutting down: %d request(s) open, %d Wyoming connection(s)", service.open_streams, len(connections))
+    service.drain()  # /ready turns 503 first: a load balancer stops sending new work
+    if drain_seconds > 0:
+        _LOGGER.info("Draining for %.1f s: /ready says not-ready, requests are still served", drain_seconds)
+        await asyncio.sleep(drain_seconds)
     listener = getattr(server, "_server", None)  # wyoming 1.10's AsyncTcpServer/AsyncUnixServer
     if listener is not None:
         listener.close()  # no new connections; open ones carry on

@@ -165,6 +165,7 @@ class TtsService:
         self.max_queue = max_queue
         self._open: set[SpeechStream] = set()  # streams not yet ended (the admission count)
         self._stopping = False
+        self._draining = False  # a shutdown began: not ready for a load balancer
 
     @property
     def kinds(self) -> frozenset[ModelKind]:
@@ -190,6 +191,26 @@ class TtsService:
     def is_ready(self) -> bool:
         """True when every model finished its warm-up without error."""
         return all(state == "ready" for state in self.model_states().values())
+
+    def readiness(self) -> str | None:
+        """Why this server takes no new work now (for ``/ready`` and a load balancer), or
+        None when it does: "failed" or "loading" (a model), "draining" (``drain`` was
+        called: a shutdown began), "busy" (``max_queue`` requests are open)."""
+        states = self.model_states().values()
+        if "failed" in states:
+            return "failed"
+        if "loading" in states:
+            return "loading"
+        if self._draining or self._stopping:
+            return "draining"
+        if len(self._open) >= self.max_queue:
+            return "busy"
+        return None
+
+    def drain(self) -> None:
+        """Turn not-ready (``readiness``) ahead of a shutdown, so that a load balancer sends
+        new work elsewhere; requests are still served until ``shutdown``."""
+        self._draining = True
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop every engine after its current step (blocking)."""
