@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, help="Most Wyoming connections; past it the longest-idle one is closed")
     parser.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT, help="Seconds before an idle connection (no traffic, no audio owed) is closed")
     parser.add_argument("--write-timeout", type=float, default=DEFAULT_WRITE_TIMEOUT, help="Seconds a client may leave audio unread before its stream is dropped")
-    parser.add_argument("--drain-seconds", type=float, default=0.0, help="On shutdown, seconds /ready says not-ready while requests are still served, so a load balancer's health check sends new work elsewhere first (behind a balancer: a few health-check intervals)")
+    parser.add_argument("--drain-seconds", type=float, default=0.0, help="On shutdown, seconds /ready says not-ready while requests are still served, so a load balancer's health check sends new work elsewhere first (behind a balancer: a few health-check intervals); then up to as long again for open requests to end")
     parser.add_argument("--debug", action="store_true", help="Debug logging")
     parser.add_argument("--version", action="version", version=__version__)
     return parser
@@ -381,18 +381,25 @@ async def shutdown(
     anchors: Anchors | None,
     drain_seconds: float = 0.0,
 ) -> None:
-    """Stop cleanly in under 10 s: stop accepting, withdraw the zeroconf announcement, end
-    every open stream (Wyoming: ``error`` ``server-stopping`` then ``audio-stop``; HTTP: an
-    SSE ``error`` event, or a body cut without its final chunk), close every connection,
-    stop the engines (their threads are daemons: a generation mid-frame does not hold the
+    """Stop cleanly in under 10 s (after the drain, if any): stop accepting, withdraw the
+    zeroconf announcement, end every open stream (Wyoming: ``error`` ``server-stopping``
+    then ``audio-stop``; HTTP: an SSE ``error`` event, or a body cut without its final
+    chunk), close every connection, stop the engines (their threads are daemons: a generation mid-frame does not hold the
     exit); a preset anchor being rendered is cancelled. Before all that, ``/ready`` turns
-    not-ready and the server serves on for ``drain_seconds`` (``--drain-seconds``)."""
+    not-ready and the server serves on for ``drain_seconds`` (``--drain-seconds``: a load
+    balancer takes it out of rotation meanwhile), then waits up to ``drain_seconds`` more
+    for the requests still open to end."""
     started = time.monotonic()
     _LOGGER.info("Shutting down: %d request(s) open, %d Wyoming connection(s)", service.open_streams, len(connections))
     service.drain()  # /ready turns 503 first: a load balancer stops sending new work
     if drain_seconds > 0:
         _LOGGER.info("Draining for %.1f s: /ready says not-ready, requests are still served", drain_seconds)
         await asyncio.sleep(drain_seconds)
+        finish_by = time.monotonic() + drain_seconds  # then as long again for open requests to end
+        if service.open_streams:
+            _LOGGER.info("Drained: waiting up to %.1f s for %d open request(s)", drain_seconds, service.open_streams)
+        while service.open_streams and time.monotonic() < finish_by:
+            await asyncio.sleep(0.1)
     listener = getattr(server, "_server", None)  # wyoming 1.10's AsyncTcpServer/AsyncUnixServer
     if listener is not None:
         listener.close()  # no new connections; open ones carry on
