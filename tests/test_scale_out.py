@@ -41,6 +41,8 @@ from wyoming.error import Error
 from wyoming.event import Event
 from wyoming.tts import Synthesize, SynthesizeVoice
 
+from wyoming_qwen3tts.__main__ import build_parser
+
 from .conftest import CLONE_TRANSCRIPT, ROOT, Server, free_port, start_server, stop_server
 
 HAPROXY_CFG = ROOT / "haproxy" / "haproxy.cfg"
@@ -84,6 +86,15 @@ def test_the_compose_recipe_and_the_haproxy_config_agree() -> None:
         (device,) = compose[name]["deploy"]["resources"]["reservations"]["devices"]
         gpus.update(device["device_ids"])
     assert len(gpus) == len(servers)
+    parser = build_parser()
+    cmd = re.search(r'^CMD (\[.*\])$', (ROOT / "Dockerfile").read_text(), re.M)
+    assert cmd is not None
+    image_args = json.loads(cmd.group(1))[1:]  # the image's default command, without the program
+    for name, command in servers.items():  # the image's command with the recipe's flags appended
+        args = parser.parse_args(image_args + command)
+        assert (args.data_dir, args.voices_dir) == ("/data", "/data/voices")  # one shared folder
+        assert "./data:/data" in compose[name]["volumes"]
+        assert compose[name]["healthcheck"]["test"][-1] == args.uri  # the image's check, on its port
     announcing = [c for c in servers.values() if "--no-zeroconf" not in c]
     assert len(announcing) == 1 and _flag(announcing[0], "--zeroconf-address") == ":10200"
     assert "bind :10200" in cfg and "bind :8880" in cfg
