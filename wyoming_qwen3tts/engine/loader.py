@@ -247,4 +247,4 @@ def checkpoint_slot_bytes(checkpoint: Path, max_len: int, element: int) -> int:
     talker = json.loads((checkpoint / "config.json").read_text())["talker_config"]
     head_dim = talker.get("head_dim") or talker["hidden_size"] // talker["num_attention_heads"]
     kv = 2 * talker["num_hidden_layers"] * talker["num_key_value_heads"] * head_dim * max_len * element
-    return int(kv * 1.1) + (1 << 20)
+    return int(kv * 1.1)
