@@ -28,7 +28,7 @@ from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, Segment, load_engine, pick_engine, resolve_checkpoint
 from .engine.cuda_env import check_driver, cuda_bf16_supported, pick_dtype
 from .engine.loader import MemoryFitError, checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers
-from .engine.on_demand import GpuLease, OnDemandEngine
+from .engine.on_demand import DEFAULT_IDLE_S, GpuLease, OnDemandEngine
 from .engine.sizing import DESIGN_MEMORY, GB, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions
 from .metrics import Metrics
 from .handler import DEFAULT_MAX_CONNECTIONS
@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--engine", choices=ENGINES, default="auto", help="auto: batched on CUDA, reference on the CPU")
     parser.add_argument("--max-streams", type=_streams, default="auto", help="Streams generated at once per model (batched engine); auto: as many as the GPU memory left after the weights holds (8 on the CPU)")
     parser.add_argument("--gpu-memory", type=float, metavar="GB", help="Most GPU memory this server may use, in GB (to share the card with another program, e.g. an LLM); streams are sized within it (default: the whole card)")
-    parser.add_argument("--design-model-memory", choices=DESIGN_MEMORY, default="auto", help="VoiceDesign model in GPU memory: resident (always), on-demand (loaded for anchors, designs and instructions, dropped after a minute idle), auto (resident when both models fit, else the models take turns on the GPU)")
+    parser.add_argument("--design-model-memory", choices=DESIGN_MEMORY, default="auto", help="VoiceDesign model in GPU memory: resident (always), on-demand (loaded for anchors, designs and instructions, dropped when idle), auto (resident when both models fit, else the models take turns on the GPU)")
+    parser.add_argument("--design-model-idle", type=float, default=DEFAULT_IDLE_S, metavar="SECONDS", help="--design-model-memory on-demand: seconds without work before the VoiceDesign model leaves GPU memory")
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="Weights: auto is bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="Longest text per request")
     parser.add_argument("--seed", type=int, help="Seed for requests that bring none (default: random per stream)")
@@ -132,6 +133,8 @@ def check_args(args: argparse.Namespace) -> None:
     for flag, seconds in (("--idle-timeout", args.idle_timeout), ("--write-timeout", args.write_timeout)):
         if not seconds > 0:
             raise SystemExit(f"{flag} must be more than 0 seconds, got {seconds}")
+    if not args.design_model_idle > 0:
+        raise SystemExit(f"--design-model-idle must be more than 0 seconds, got {args.design_model_idle}")
     if args.gpu_memory is not None and not args.gpu_memory > 0:
         raise SystemExit(f"--gpu-memory must be more than 0 GB, got {args.gpu_memory}")
     if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
@@ -285,9 +288,10 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
             design = kind is ModelKind.VOICE_DESIGN
             engine = OnDemandEngine(
                 kind, args.chunk_size, load, functools.partial(_warm_segment, kind),
-                idle_s=60.0 if design else None, lease=lease,
+                idle_s=args.design_model_idle if design else None, lease=lease,
                 why=" (preset anchors, voice studio designs, instructions)" if design else "",
                 speakers=checkpoint_speakers(checkpoint) if kind is ModelKind.CUSTOM_VOICE else [],
+                home=kind is ModelKind.BASE,
             )
             _LOGGER.info("Loading %s model from %s on %s (%s)", kind.value, checkpoint, device, "on demand" if design else "taking turns")
             try:

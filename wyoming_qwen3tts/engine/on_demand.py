@@ -161,6 +161,8 @@ class OnDemandEngine(Engine):
         lease: shared with the models it cannot be on the card with, or None.
         why: what the model is needed for, for the log lines.
         speakers: the CustomVoice speaker ids while the model is out (from its config).
+        home: comes back by itself whenever the lease is free (the Base model, taking turns
+            with the VoiceDesign model: it is back before the next clone request).
 
     Attributes:
         loads: how many times the model was loaded (tests, logs).
@@ -176,6 +178,7 @@ class OnDemandEngine(Engine):
         lease: GpuLease | None = None,
         why: str = "",
         speakers: list[str] | None = None,
+        home: bool = False,
     ) -> None:
         super().__init__(kind, chunk_frames, capacity=1)
         self._load = load
@@ -184,6 +187,7 @@ class OnDemandEngine(Engine):
         self.lease = lease
         self.why = why
         self._speakers = list(speakers or [])
+        self.home = home and lease is not None
         self.inner: Engine | None = None
         self.loads = 0
         self.backend = "on demand"
@@ -239,8 +243,9 @@ class OnDemandEngine(Engine):
         while not source.closed():
             work: Work | None = None
             if self.inner is None:
-                work = source.take(wait=None)
+                work = source.take(wait=1.0 if self.home else None)
                 if work is None:
+                    self._come_home()
                     continue
                 if not self._come_back(work, source):
                     continue
@@ -252,6 +257,16 @@ class OnDemandEngine(Engine):
             if source.closed():
                 break
             self._drop("another model needs the GPU" if yield_to() else f"no work for {self.idle_s:.0f} s")
+
+    def _come_home(self) -> None:
+        """A ``home`` model out of GPU memory reloads itself once the lease is free."""
+        if not self.home or self.lease is None or not self.lease.try_acquire(self.kind.value):
+            return
+        try:
+            self._bring_in()
+        except Exception as err:  # noqa: BLE001 - retried at the next request
+            _LOGGER.error("%s model could not come back into GPU memory: %s", self.kind.value, _oom_hint(err))
+            time.sleep(5.0)
 
     def _come_back(self, work: Work, source: WorkSource) -> bool:
         """Load the model for ``work`` (waiting for the lease first); False if it could not,
