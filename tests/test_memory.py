@@ -127,7 +127,7 @@ def test_checkpoint_estimates_match_the_loaded_model(checkpoints: Path) -> None:
 def test_driver_too_old_for_the_torch_build() -> None:
     message = driver_problem((12, 8), (13, 0))
     assert message is not None and "CUDA up to 12.8" in message and "13.0" in message
-    assert CUDA12_INSTALL in message and "TORCH_INDEX" in message
+    assert CUDA12_INSTALL in message and "TORCH_INDEX_URL" in message
     assert driver_problem((13, 0), (13, 0)) is None
     assert driver_problem((13, 1), (13, 0)) is None
     assert driver_problem((12, 2), (12, 8)) is None  # minor-version compatibility

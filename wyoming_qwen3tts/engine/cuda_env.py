@@ -16,7 +16,7 @@ _LOGGER = logging.getLogger(__name__)
 #: The command that installs torch built for CUDA 12.8 (drivers 570 and newer), as the README shows.
 CUDA12_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cu128"
 #: The image's build argument that picks the same build.
-CUDA12_IMAGE_ARG = "--build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128"
+CUDA12_IMAGE_ARG = "--build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128"
 
 
 def parse_cuda_version(text: str | None) -> tuple[int, int] | None:
