@@ -4,8 +4,10 @@ the on-demand VoiceDesign model (real engines on the tiny checkpoints, on the CP
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +217,7 @@ async def test_on_demand_model_leaves_when_idle_and_comes_back(checkpoints: Path
     engine = OnDemandEngine(ModelKind.VOICE_DESIGN, 1, load, _warm, idle_s=0.5)
     await asyncio.to_thread(engine.warm, _warm(engine))
     assert engine.resident and engine.loads == 1
+    first = weakref.ref(engine.inner)
     service = TtsService(VoiceCatalog(None, {ModelKind.VOICE_DESIGN}), {ModelKind.VOICE_DESIGN: engine}, "aria", Metrics())
     try:
         with caplog.at_level(logging.INFO):
@@ -223,6 +226,8 @@ async def test_on_demand_model_leaves_when_idle_and_comes_back(checkpoints: Path
             while engine.resident and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
             assert not engine.resident  # left GPU memory after idle_s
+            gc.collect()
+            assert first() is None  # nothing holds the dropped model: its memory is free
             assert await _speak(service, "Served after coming back.") > 0
         assert engine.loads == 2
         messages = [r.getMessage() for r in caplog.records]

@@ -249,11 +249,12 @@ class OnDemandEngine(Engine):
                     continue
                 if not self._come_back(work, source):
                     continue
-            inner = self.inner
-            assert inner is not None
+            assert self.inner is not None
             lease = self.lease
             yield_to = (lambda: lease.wanted(me)) if lease is not None else (lambda: False)
-            inner.serve(_Relay(source, work, self.idle_s, yield_to))
+            # No local reference to the engine: ``_drop`` must leave it unreferenced.
+            self.inner.serve(_Relay(source, work, self.idle_s, yield_to))
+            work = None
             if source.closed():
                 break
             self._drop("another model needs the GPU" if yield_to() else f"no work for {self.idle_s:.0f} s")
