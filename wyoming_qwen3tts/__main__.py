@@ -324,8 +324,9 @@ def _load_failure(kind: ModelKind, source: str, err: BaseException, what: str = 
 def _residency(args: argparse.Namespace, device: str, checkpoints: dict[ModelKind, Path], max_len: int) -> Residency | None:
     """On CUDA: apply ``--gpu-memory``, then plan the models' residency (logged); None on the CPU."""
     if device != "cuda":
-        if args.gpu_memory is not None:
-            _LOGGER.warning("--gpu-memory is ignored on the CPU")
+        for flag, given in (("--gpu-memory", args.gpu_memory is not None), ("--design-model-memory", args.design_model_memory != "auto")):
+            if given:
+                _LOGGER.warning("%s is ignored on the CPU: every model stays loaded in RAM", flag)
         return None
     import torch
 
