@@ -268,3 +268,61 @@ def _clone_warm() -> Segment:
 
     tone = 0.1 * np.sin(2 * np.pi * 220 * np.arange(24000) / 24000)
     return Segment("Hello.", "auto", 2, seed=0, reference=Reference.from_audio(tone, 24000, None))
+
+
+# --- start-up wiring (the CUDA branch's planning, run on the CPU with the GPU's answers faked) --
+
+
+def _args(checkpoints: Path, tmp_path: Path, *extra: str) -> Any:
+    return build_parser().parse_args([
+        "--data-dir", str(tmp_path), "--clone-model", str(checkpoints / "base"),
+        "--design-model", str(checkpoints / "voice_design"), "--custom-voice-model", "none",
+        "--engine", "batched", "--dtype", "float32", *extra,
+    ])
+
+
+def test_residency_plan_reads_the_cap_and_the_checkpoints(
+    checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from wyoming_qwen3tts import __main__ as main
+
+    fraction: list[float] = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (140 * GB, 141 * GB))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", fraction.append)
+    monkeypatch.setattr(main, "cuda_bf16_supported", lambda: True)
+    args = _args(checkpoints, tmp_path, "--gpu-memory", "8")
+    paths = {ModelKind.BASE: checkpoints / "base", ModelKind.VOICE_DESIGN: checkpoints / "voice_design"}
+    with caplog.at_level(logging.INFO):
+        plan = main._residency(args, "cuda", paths, 1024)
+    assert fraction == [pytest.approx(8 / 141)]
+    assert plan is not None and plan.design == "resident"  # tiny weights: everything fits in 8 GB
+    assert any("GPU memory: 8.0 GB for this server (--gpu-memory 8)" in r.getMessage() for r in caplog.records)
+
+
+async def test_models_taking_turns_are_wired_at_start(
+    checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wyoming_qwen3tts import __main__ as main
+    from wyoming_qwen3tts.engine.sizing import Residency
+
+    monkeypatch.setattr(main, "_residency", lambda *a: Residency("turns", {}, "faked: they do not fit"))
+    engines = await main.load_engines(_args(checkpoints, tmp_path, "--device", "cpu"), Metrics())
+    base, design = engines[ModelKind.BASE], engines[ModelKind.VOICE_DESIGN]
+    assert isinstance(base, OnDemandEngine) and isinstance(design, OnDemandEngine)
+    assert base.lease is design.lease is not None and base.home and not design.home
+    assert base.resident and not design.resident and design.ready.is_set()
+
+
+def test_auto_streams_from_the_memory_torch_reports(design_engine: BatchedEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from wyoming_qwen3tts.engine import loader
+
+    slot = slot_bytes(design_engine._qwen, 512)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 2 * GB)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 2 * GB)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (100 * GB, 141 * GB))
+    # an 8 GB cap with 2 GB of weights in it: 6 GB, less the workspace and a 3 GB reserve
+    expected = min(32, (6 * GB - WORKSPACE_BYTES - 3 * GB) // slot)
+    assert loader._plan_streams(ModelKind.VOICE_DESIGN, design_engine._qwen, 512, 3 * GB, 8.0) == expected
+    with pytest.raises(loader.MemoryFitError, match="not even 1 stream fits"):
+        loader._plan_streams(ModelKind.VOICE_DESIGN, design_engine._qwen, 512, 5 * GB, 8.0)
