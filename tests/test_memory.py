@@ -326,3 +326,31 @@ def test_auto_streams_from_the_memory_torch_reports(design_engine: BatchedEngine
     assert loader._plan_streams(ModelKind.VOICE_DESIGN, design_engine._qwen, 512, 3 * GB, 8.0) == expected
     with pytest.raises(loader.MemoryFitError, match="not even 1 stream fits"):
         loader._plan_streams(ModelKind.VOICE_DESIGN, design_engine._qwen, 512, 5 * GB, 8.0)
+
+
+async def test_a_voice_design_model_that_does_not_fit_at_start_does_not_stop_the_server(
+    checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from wyoming_qwen3tts import __main__ as main
+
+    real = main.load_engine
+
+    def design_out_of_memory(kind: ModelKind, *args: Any, **kwargs: Any) -> Engine:
+        if kind is ModelKind.VOICE_DESIGN:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return real(kind, *args, **kwargs)
+
+    monkeypatch.setattr(main, "load_engine", design_out_of_memory)
+    with caplog.at_level(logging.ERROR):
+        engines = await main.load_engines(_args(checkpoints, tmp_path, "--device", "cpu"), Metrics())
+    design = engines[ModelKind.VOICE_DESIGN]
+    assert isinstance(design, OnDemandEngine) and not design.resident and design.ready.is_set()
+    assert isinstance(engines[ModelKind.BASE], BatchedEngine)
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "does not fit in GPU memory (CUDA out of memory)" in line and "--gpu-memory" in line and "starts without it" in line
+    service = TtsService(VoiceCatalog(None, set(engines)), engines, "aria", Metrics())
+    try:
+        with pytest.raises(GenerationError, match="could not be loaded: it does not fit"):
+            await _speak(service, "A preset needs the VoiceDesign model.")
+    finally:
+        await asyncio.to_thread(service.stop)

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
@@ -301,24 +302,53 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         else:
             _LOGGER.info("Loading %s model from %s on %s", kind.value, checkpoint, device)
             try:
-                engine = await asyncio.to_thread(load)
+                engine = await asyncio.to_thread(_load_and_warm, load, kind)
             except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
-                raise SystemExit(_load_failure(kind, sources[kind], err)) from err
-            try:
-                await asyncio.to_thread(engine.warm, _warm_segment(kind, engine))
-            except Exception as err:  # noqa: BLE001 - any warm-up failure ends start-up with its reason
-                raise SystemExit(_load_failure(kind, sources[kind], err, "Warm-up of")) from err
+                if not (kind is ModelKind.VOICE_DESIGN and engines and _is_memory(err)):
+                    raise SystemExit(_load_failure(kind, sources[kind], err)) from err
+                # The others are loaded and serve: start without this one rather than not at all.
+                _LOGGER.error(
+                    "%s. The server starts without it: it is loaded when needed (preset anchors, "
+                    "studio designs, instructions), and those requests fail with this reason while it does not fit",
+                    _load_failure(kind, sources[kind], err),
+                )
+                _free_gpu()
+                engine = OnDemandEngine(
+                    kind, args.chunk_size, load, functools.partial(_warm_segment, kind), idle_s=args.design_model_idle,
+                )
+                engine.ready.set()
         engines[kind] = engine
         _LOGGER.info("%s model ready (%s)", kind.value, engine.backend)
     return {kind: engines[kind] for kind in sorted(engines, key=list(sources).index)}
 
 
-def _load_failure(kind: ModelKind, source: str, err: BaseException, what: str = "Cannot load") -> str:
+def _load_and_warm(load: Callable[[], Engine], kind: ModelKind) -> Engine:
+    """Load an engine and warm it up (blocking); a failure frees what was loaded."""
+    engine = load()
+    engine.warm(_warm_segment(kind, engine))
+    return engine
+
+
+def _is_memory(err: BaseException) -> bool:
+    """A CUDA out-of-memory, or no room for even one stream."""
+    return isinstance(err, MemoryFitError) or type(err).__name__ == "OutOfMemoryError"
+
+
+def _free_gpu() -> None:
+    """Return what a failed load left in the allocator's cache to the card."""
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _load_failure(kind: ModelKind, source: str, err: BaseException) -> str:
     """The start-up failure in one line; for memory, the options to change."""
-    if isinstance(err, MemoryFitError) or type(err).__name__ == "OutOfMemoryError":
+    if _is_memory(err):
         reason = str(err) if isinstance(err, MemoryFitError) else "CUDA out of memory"
-        return f"{what} the {kind.value} model {source!r}: it does not fit in GPU memory ({reason}). Change one of: {MEMORY_OPTIONS}"
-    return f"{what} the {kind.value} model {source!r}: {err}"
+        return f"Cannot load the {kind.value} model {source!r}: it does not fit in GPU memory ({reason}). Change one of: {MEMORY_OPTIONS}"
+    return f"Cannot load the {kind.value} model {source!r}: {err}"
 
 
 def _residency(args: argparse.Namespace, device: str, checkpoints: dict[ModelKind, Path], max_len: int) -> Residency | None:
