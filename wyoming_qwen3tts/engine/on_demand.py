@@ -224,15 +224,14 @@ class OnDemandEngine(Engine):
 
     def _drop(self, why: str | None) -> None:
         """Release the model's GPU memory (and the lease)."""
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # a step launched before its rows ended may still run
         self.inner = None
         gc.collect()
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except ImportError:  # pragma: no cover - torch is a dependency
-            pass
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         if why:
             _LOGGER.info("%s model left GPU memory (%s); it comes back when needed", self.kind.value, why)
         if self.lease is not None:
