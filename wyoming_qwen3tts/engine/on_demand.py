@@ -210,10 +210,12 @@ class OnDemandEngine(Engine):
 
     def _bring_in(self) -> None:
         started = time.monotonic()
+        engine: Engine | None = None
         try:
             engine = self._load()
             engine.warm(self._warm_segment(engine))
         except BaseException:
+            engine = None  # loaded but failed its warm-up: let it go before emptying the cache
             self._drop(None)
             raise
         self.inner = engine
