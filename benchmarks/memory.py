@@ -121,6 +121,20 @@ def _wait_ready(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> str
     return f"not ready in {timeout:.0f} s"
 
 
+def parse_log(text: str) -> tuple[int | None, str | None]:
+    """(the Base model's streams, where the VoiceDesign model lives) from a server's log:
+    its ``--max-streams auto`` line and its "GPU memory:" line."""
+    found = re.search(r"base model: (\d+) stream\(s\)", text)
+    mode = re.search(r"GPU memory: .*?; (the VoiceDesign model [^(]*|the models do not fit[^(]*|no VoiceDesign model)", text)
+    where = None
+    if mode:
+        said = mode.group(1)
+        where = "none" if said.startswith("no ") else "turns" if "do not fit" in said else (
+            "on demand" if "when needed" in said else "resident"
+        )
+    return (int(found.group(1)) if found else None), where
+
+
 def _median(values: list[float]) -> float:
     return round(statistics.median(values), 1)
 
@@ -150,14 +164,7 @@ def run_row(ckpt: Path, work: Path, card_gb: int, options: str, context_gb: floa
     try:
         why = _wait_ready(proc, log, 240)
         row.start_s = round(time.monotonic() - started, 1)
-        text = log.read_text(errors="replace")
-        found = re.search(r"base model: (\d+) stream\(s\)", text)
-        row.streams = int(found.group(1)) if found else None
-        mode = re.search(r"GPU memory: .*?; (the VoiceDesign model [^(]*|the models do not fit[^(]*|no VoiceDesign model)", text)
-        row.design_model = (
-            "none" if "--design-model" in extra else "turns" if mode and "do not fit" in mode.group(1)
-            else "on demand" if mode and "when needed" in mode.group(1) else "resident" if mode else None
-        )
+        row.streams, row.design_model = parse_log(log.read_text(errors="replace"))
         if why is not None:
             row.note = why
             return row
