@@ -93,9 +93,9 @@ class PeakMemory:
         return round(self.peak, 2)
 
 
-def _server(ckpt: Path, work: Path, cap_gb: float, extra: list[str], frames: int) -> tuple[subprocess.Popen[bytes], int, Path]:
+def _server(ckpt: Path, work: Path, cap_gb: float, extra: list[str], frames: int, name: str) -> tuple[subprocess.Popen[bytes], int, Path]:
     port = _free_port()
-    log = work / f"server-{cap_gb:g}-{abs(hash(tuple(extra))) % 10_000}.log"
+    log = work / f"server-{name}.log"
     args = [
         sys.executable, "-m", "wyoming_qwen3tts", "--uri", f"tcp://127.0.0.1:{port}", "--http-port", "0",
         "--data-dir", str(work / "data"), "--voices-dir", str(work / "voices"),
@@ -158,7 +158,8 @@ def run_row(ckpt: Path, work: Path, card_gb: int, options: str, context_gb: floa
     cap = round(card_gb - context_gb, 2)
     extra = [a.replace("{ckpt}", str(ckpt)) for a in OPTIONS[options]]
     started = time.monotonic()
-    proc, port, log = _server(ckpt, work, cap, extra, frames)
+    slug = f"{card_gb}gb-" + re.sub(r"[^a-z0-9.]+", "-", options.lower())
+    proc, port, log = _server(ckpt, work, cap, extra, frames, slug)
     peak = PeakMemory(proc.pid)
     row = Row(card_gb, options, False, cap)
     try:
