@@ -23,6 +23,8 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         (["--chunk-size", "0"], "--chunk-size must be at least 1"),
         (["--fixed-frames", "-3"], "--fixed-frames must be at least 1"),
         (["--max-chars", "0"], "--max-chars must be at least 1"),
+        (["--max-streams", "0"], "--max-streams must be at least 1"),
+        (["--gpu-memory", "0"], "--gpu-memory must be more than 0 GB"),
         (["--seed", "1180591620717411303424"], "--seed must be 0..4294967295"),
         (["--seed", "-1"], "--seed must be 0..4294967295"),
         (["--uri", "http://127.0.0.1:1234"], "--uri http://127.0.0.1:1234"),

@@ -35,6 +35,11 @@ _LOGGER = logging.getLogger(__name__)
 DEFAULT_MAX_CHARS = 10_000
 #: Default cap on requests open at once over both doors (generating or waiting their turn).
 DEFAULT_MAX_QUEUE = 32
+#: What an out-of-memory error tells the client and the log to change.
+OOM_ADVICE = (
+    "The GPU ran out of memory for this request; the server goes on. Retry, or restart the server "
+    "with fewer streams (--max-streams N), --gpu-memory GB, or --design-model-memory on-demand"
+)
 
 
 class RequestError(Exception):
@@ -345,6 +350,12 @@ class TtsService:
         try:
             async for chunk in job:
                 chunks.append(chunk)
+        except GenerationError as err:
+            job.cancel()
+            explained = explain_oom(err)
+            if explained is err:
+                raise
+            raise explained from err
         except BaseException:
             job.cancel()
             raise
@@ -484,9 +495,12 @@ class SpeechStream:
                     self._service.metrics.first_audio.labels(self._door).observe(self.first_audio_s)
                 self.samples += len(chunk)
                 yield chunk
-        except GenerationError:
+        except GenerationError as err:
             self._record("error", code="generation-failed")
-            raise
+            explained = explain_oom(err)
+            if explained is err:
+                raise
+            raise explained from err
         if self._interrupted is not None:
             raise self._interrupted
         if not self._job.cancelled.is_set():
@@ -513,6 +527,17 @@ class SpeechStream:
             m.real_time_factor.labels(self._door).observe((time.monotonic() - self._opened) / audio_s)
         for wait in self._job.queue_waits:
             m.queue_wait.labels(self._door).observe(wait)
+
+
+def explain_oom(error: GenerationError) -> GenerationError:
+    """``error`` itself, or for a CUDA out-of-memory (``torch.OutOfMemoryError``, matched by
+    name: this module does not import torch) a ``GenerationError`` saying what to change,
+    also logged as a warning."""
+    cause = error.__cause__
+    if cause is None or type(cause).__name__ != "OutOfMemoryError":
+        return error
+    _LOGGER.warning("%s (%s)", OOM_ADVICE, str(cause).splitlines()[0] if str(cause) else "CUDA out of memory")
+    return GenerationError(OOM_ADVICE)
 
 
 def check_text(text: str, max_chars: int) -> str:
