@@ -263,6 +263,10 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(row), flush=True)
     report["rows"] = rows
     from wyoming_qwen3tts.engine.kernels.gemv import CHOICES
+    from wyoming_qwen3tts.engine.kernels.sampler import WARPS
+
+    report["sampler_warps"] = {str(k): v for k, v in WARPS.items()}
+    print("sampler warps (rows, vocab, penalty, bans, hold):", report["sampler_warps"])
 
     report["gemv_choices"] = [
         {"rows": k[0], "out": k[1], "in": k[2], "bias": k[4], "kernel_ms": v[0], "cublas_ms": v[1], "kernel": v[2]}
