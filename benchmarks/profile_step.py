@@ -262,19 +262,6 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     report["rows"] = rows
-    from wyoming_qwen3tts.engine.kernels.gemv import CHOICES
-    from wyoming_qwen3tts.engine.kernels.sampler import WARPS
-
-    report["sampler_warps"] = {str(k): v for k, v in WARPS.items()}
-    print("sampler warps (rows, vocab, penalty, bans, hold):", report["sampler_warps"])
-
-    report["gemv_choices"] = [
-        {"rows": k[0], "out": k[1], "in": k[2], "bias": k[4], "kernel_ms": v[0], "cublas_ms": v[1], "kernel": v[2]}
-        for k, v in sorted(CHOICES.items())
-    ]
-    for c in report["gemv_choices"]:
-        print(f"gemv {c['rows']:>3} x {c['in']:>5} -> {c['out']:>5}: kernel {c['kernel_ms'] * 1000:7.1f} us, "
-              f"cuBLAS {c['cublas_ms'] * 1000:7.1f} us -> {'kernel' if c['kernel'] else 'cuBLAS'}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(report, indent=2))

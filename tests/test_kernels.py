@@ -25,7 +25,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from wyoming_qwen3tts.engine import Segment  # noqa: E402
-from wyoming_qwen3tts.engine.kernels import attention, gemv, noise, rmsnorm, rope, sampler, silu_mul  # noqa: E402
+from wyoming_qwen3tts.engine.kernels import attention, noise, rmsnorm, rope, sampler, silu_mul  # noqa: E402
 from wyoming_qwen3tts.engine.sampling import RowParams, effective, gumbel  # noqa: E402
 from wyoming_qwen3tts.voices import ModelKind  # noqa: E402
 
@@ -70,25 +70,6 @@ def test_add_rms_norm_and_silu_mul(device: str, dtype: torch.dtype) -> None:
         close(y, y_ref, dtype)
     gate_up = rand(3, 1, 2 * d, device=device, dtype=dtype, gen=gen)
     close(silu_mul.silu_mul(gate_up), silu_mul.silu_mul_eager(gate_up), dtype)
-
-
-@pytest.mark.parametrize(("device", "dtype"), CASES)
-def test_few_row_matrix_product(device: str, dtype: torch.dtype) -> None:
-    """One row (the elementwise path) and several (tensor cores), with and without bias, sizes
-    that are not multiples of the blocks. bf16: float32 accumulation against cuBLAS's, over
-    K terms of order 1: a few bf16 steps of outputs of order sqrt(K), hence the scaled check."""
-    gen = torch.Generator().manual_seed(5)
-    k, n = (72, 40) if device == "cpu" else (1000, 1040)
-    weight = rand(n, k, device=device, dtype=dtype, gen=gen)
-    bias = rand(n, device=device, dtype=dtype, gen=gen)
-    for rows in (1, 3, 20) if device == "cpu" else (1, 2, 32, 64):
-        x = rand(rows, 1, k, device=device, dtype=dtype, gen=gen)
-        for b in (None, bias):
-            out, ref = gemv.gemv(x, weight, b), gemv.linear_eager(x, weight, b)
-            scale = k**0.5
-            close(out / scale, ref / scale, dtype)
-            if device == "cuda":
-                close(gemv.linear(x, weight, b) / scale, ref / scale, dtype)
 
 
 @pytest.mark.parametrize(("device", "dtype"), CASES)

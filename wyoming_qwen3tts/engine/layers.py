@@ -22,8 +22,7 @@ position.
 ``FusedLayer.fast`` is the same layer in Triton kernels (``kernels``), for CUDA: the residual
 add folded into the next RMSNorm, q/k norm + rotary + cache write in one kernel, attention
 over each row's own filled positions only, and SiLU-multiply in one kernel: nine kernels a
-layer (four of them the matrix products, by ``kernels.gemv.linear``: a few-row kernel or
-cuBLAS, whichever was timed faster for the shape).
+layer (four of them the matrix products).
 """
 
 from __future__ import annotations
@@ -169,25 +168,24 @@ class FusedLayer:
             (the residual stream after attention [B, n, hidden], the MLP output [B, n, hidden]).
         """
         from .kernels.attention import decode_attention
-        from .kernels.gemv import linear
         from .kernels.rmsnorm import add_rms_norm
         from .kernels.rope import qk_rope_kv
         from .kernels.silu_mul import silu_mul
 
         b, n, _ = hidden.shape
         hidden, x = add_rms_norm(hidden, branch, *self.norm1)
-        qkv = linear(x, self.qkv, self.qkv_bias).view(b, n, self.heads + 2 * self.kv_heads, self.head_dim)
+        qkv = F.linear(x, self.qkv, self.qkv_bias).view(b, n, self.heads + 2 * self.kv_heads, self.head_dim)
         q = qk_rope_kv(qkv, self.qk_norm, cos, sin, positions, keys, values, self.heads)
-        out = linear(decode_attention(q, keys, values, positions, self.scale, splits), self.o_proj.weight, self.o_proj.bias)
+        out = self.o_proj(decode_attention(q, keys, values, positions, self.scale, splits))
         if self.scale_attn is not None:
             out = out * self.scale_attn
         hidden, x = add_rms_norm(hidden, out, *self.norm2)
-        gate_up = linear(x, self.gate_up, self.gate_up_bias)
+        gate_up = F.linear(x, self.gate_up, self.gate_up_bias)
         if self.silu:
             act = silu_mul(gate_up)
         else:
             act = self.act(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :]
-        out = linear(act, self.down.weight, self.down.bias)
+        out = self.down(act)
         return hidden, (out * self.scale_mlp if self.scale_mlp is not None else out)
 
 

@@ -220,22 +220,16 @@ class FrameStep:
 
     def _predict_fast(self, past_hidden: torch.Tensor, first: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """``_predict`` in Triton kernels (``FusedLayer.fast``, one sampler kernel a codebook)."""
-        from .kernels.gemv import linear
         from .kernels.rmsnorm import add_rms_norm
         from .kernels.sampler import sample_fused
 
         b = first.shape[0]
         s, pred = self.state, self.predictor
-        proj = pred.small_to_mtp_projection
-
-        def project(x: torch.Tensor) -> torch.Tensor:
-            return linear(x, proj.weight, proj.bias) if isinstance(proj, torch.nn.Linear) else proj(x)
-
         norm = (pred.model.norm.weight, float(pred.model.norm.variance_epsilon))
         params = s.predictor_params(b)
         codes = torch.empty(b, self.groups - 1, dtype=torch.int64, device=first.device)
         first_embed = self.talker.get_input_embeddings()(first)
-        h = project(torch.stack([past_hidden, first_embed], dim=1))
+        h = pred.small_to_mtp_projection(torch.stack([past_hidden, first_embed], dim=1))
         for step, (_start, _n, cos, sin, _mask) in enumerate(self.pred_steps):
             positions = self.pred_positions[step]
             branch = None
@@ -243,9 +237,9 @@ class FrameStep:
                 h, branch = layer.fast(h, branch, cos, sin, positions, self.pred_keys[i][:b], self.pred_values[i][:b])
             assert branch is not None
             _, last = add_rms_norm(h[:, -1], branch[:, -1], *norm)
-            sample_fused(linear(last, self.lm_heads[step]), params, noise[:, step], codes[:, step])
+            sample_fused(F.linear(last, self.lm_heads[step]), params, noise[:, step], codes[:, step])
             if step + 1 < len(self.pred_steps):
-                h = project(self.code_table[codes[:, step] + step * self.code_vocab])[:, None]
+                h = pred.small_to_mtp_projection(self.code_table[codes[:, step] + step * self.code_vocab])[:, None]
         return codes
 
     def _talker_rope(self, h: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -324,13 +318,11 @@ class FrameStep:
         seen = s.seen[:b]
         seen.scatter_(1, token[:, None], True)
         if self.fused:
-            from .kernels.gemv import linear
             from .kernels.sampler import sample_fused
 
             # The next token straight into ``token``, and its EOS flag (one kernel).
             hold = (frame, s.min_new_tokens[:b], self.eos_id)
-            head = self.talker.codec_head
-            sample_fused(linear(hidden, head.weight, head.bias), s.talker_params(b), noise[:, 0], token,
+            sample_fused(self.talker.codec_head(hidden), s.talker_params(b), noise[:, 0], token,
                          seen, s.penalty[:b], self.suppressed, hold, s.eos[:b])
             return self._advance(b, hidden)
         logits = self.talker.codec_head(hidden).float()

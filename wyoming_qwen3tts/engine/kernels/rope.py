@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from . import launcher, next_pow2
-
 import triton
 import triton.language as tl
+
+from . import launcher, next_pow2
 
 
 def qk_rope_kv_eager(

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from . import launcher, next_pow2
-
 import triton
 import triton.language as tl
+
+from . import launcher, next_pow2
 
 
 def silu_mul_eager(gate_up: torch.Tensor) -> torch.Tensor:
