@@ -25,14 +25,21 @@ HAVE_TRITON = importlib.util.find_spec("triton") is not None
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+#: Oldest compute capability the kernels serve (Ampere: bfloat16 throughout); checked by
+#: compiling every kernel for sm_80, 86, 89 and 90 (the H200 runs them).
+MIN_CAPABILITY = (8, 0)
+
+
 def enabled(t: torch.Tensor) -> bool:
-    """Whether the Triton kernels serve tensors like ``t`` (CUDA, a supported dtype, and
-    not switched off with ``QWEN3TTS_KERNELS=eager``)."""
+    """Whether the Triton kernels serve tensors like ``t``: CUDA on a GPU of compute
+    capability ``MIN_CAPABILITY`` or newer, a dtype of ``DTYPES``, triton installed, and not
+    switched off with ``QWEN3TTS_KERNELS=eager``."""
     return (
         HAVE_TRITON
         and t.is_cuda
         and t.dtype in DTYPES
         and os.environ.get("QWEN3TTS_KERNELS", "triton").lower() != "eager"
+        and torch.cuda.get_device_capability(t.device) >= MIN_CAPABILITY
     )
 
 
