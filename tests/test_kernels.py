@@ -1,8 +1,8 @@
 """Each Triton kernel of the frame step against its eager PyTorch form, and the whole fused
 step against the eager step on the tiny checkpoints.
 
-On the CPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set here before
-the kernel modules are imported; float32, small shapes). Under ``pytest -m gpu`` they run
+On the CPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set by
+``conftest.py`` before anything imports triton; float32, small shapes). Under ``pytest -m gpu`` they run
 compiled on CUDA, in float32 and bfloat16.
 
 Tolerances: float32 kernels agree with the eager forms to a few float32 ulps (the sums run
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-if not torch.cuda.is_available():
+if not torch.cuda.is_available():  # conftest.py sets it; this covers running the file alone
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from wyoming_qwen3tts.engine import Segment  # noqa: E402
