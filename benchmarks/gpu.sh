@@ -27,7 +27,7 @@ for stage in "$@"; do
       for kind in voice_design base; do
         nohup python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > "/tmp/ckpt-$kind.log" 2>&1 &
       done ;;
-    profile) timeout "${PROFILE_S:-240}" python3 -m benchmarks.profile_step --out "$OUT" 2>&1 | tee "$OUT/profile.log" | tail -45 ;;
+    profile) timeout "${PROFILE_S:-240}" python3 -m benchmarks.profile_step --out "$OUT" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile.log" | tail -45 ;;
     bench) timeout "${BENCH_S:-560}" python3 -m benchmarks.bench --out "$OUT/results" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
     memory)
       python3 -m wyoming_qwen3tts.testing.checkpoint .ckpt/full/base-0.6b --type base --size full-0.6b > /tmp/ckpt-base-0.6b.log 2>&1 &
