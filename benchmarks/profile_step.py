@@ -7,18 +7,23 @@ VoiceDesign checkpoint is built offline if missing). It prints a table and write
 
 * the bare engine (faster-qwen3-tts streaming generator): first audio and time per frame at
   chunk sizes 1 and 4;
-* our batched step for batch sizes 1..16: the whole captured graph (talker + code predictor +
+* our batched step for the batch sizes of ``--batches`` (default 1 and 32): the whole captured graph (talker + code predictor +
   codec decode of one frame per row), and each part captured on its own (talker position,
   code predictor, codec decoder), all timed with CUDA events over graph replays;
 * the host: the engine loop's wall time per frame against its graph time, and the first
   audio of one stream through the loop (prefill, first step, delivery);
-* kernels per frame of each part (torch.profiler over an eager step).
+* kernels per frame of each part at each batch size (torch.profiler over an eager step), and
+  the kernels that take the most GPU time in each part at batch 1 (``top_kernels``).
+
+The step runs the Triton kernels (``wyoming_qwen3tts/engine/kernels``) unless
+``QWEN3TTS_KERNELS=eager`` is set.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -57,8 +62,9 @@ def timed_replay(fn: Callable[[], Any], reps: int = 30) -> float:
     return float(np.median(times))
 
 
-def kernels(fn: Callable[[], Any]) -> tuple[int, float]:
-    """(CUDA kernels launched, their summed ms) for one eager call of ``fn``."""
+def kernels(fn: Callable[[], Any]) -> tuple[int, float, list[tuple[str, int, float]]]:
+    """(CUDA kernels launched, their summed ms, the 8 kernel names with the most GPU time as
+    (name, count, ms)) for one eager call of ``fn``."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -67,7 +73,11 @@ def kernels(fn: Callable[[], Any]) -> tuple[int, float]:
         fn()
         torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    return len(events), sum(e.device_time for e in events) / 1000.0
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        by_name.setdefault(e.name[:80], []).append(e.device_time / 1000.0)
+    top = sorted(((n, len(t), sum(t)) for n, t in by_name.items()), key=lambda x: -x[2])[:8]
+    return len(events), sum(e.device_time for e in events) / 1000.0, top
 
 
 class _Sink:
@@ -178,18 +188,21 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default=".ckpt/full/voice_design")
     parser.add_argument("--out", default="benchmarks/results/profile")
-    parser.add_argument("--batches", default="1,2,4,8,16")
+    parser.add_argument("--batches", default="1,32")
     parser.add_argument("--frames", type=int, default=48)
+    parser.add_argument("--no-bare", action="store_true", help="skip faster-qwen3-tts's own generator")
     args = parser.parse_args(argv)
     from faster_qwen3_tts import FasterQwen3TTS
 
     path = build_checkpoint(Path(args.checkpoint), "voice_design", "full")
     batches = [int(b) for b in args.batches.split(",")]
     tts = FasterQwen3TTS.from_pretrained(str(path), device="cuda", dtype=torch.bfloat16, max_seq_len=MAX_SEQ_LEN)
-    tts.warmup()
     report: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-    report["bare_engine"] = bare_engine(tts, args.frames)
-    print("bare engine:", json.dumps(report["bare_engine"]), flush=True)
+    report["kernels"] = os.environ.get("QWEN3TTS_KERNELS", "triton")
+    if not args.no_bare:
+        tts.warmup()
+        report["bare_engine"] = bare_engine(tts, args.frames)
+        print("bare engine:", json.dumps(report["bare_engine"]), flush=True)
 
     engine = BatchedEngine(ModelKind.VOICE_DESIGN, tts, 1, max(batches), MAX_SEQ_LEN, graphs=True)
     t0 = time.perf_counter()
@@ -214,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
         codes = state.codes[:b, :, None].clone().clamp(max=2047)
         noise = torch.zeros(b, 15, 64, device="cuda")
         saved = [t.clone() for t in (state.position, state.frame)]
-        row = {
+        row: dict[str, Any] = {
             "batch": b,
             "length": length,
             "whole_ms": timed_replay(lambda: engine._body(b, length)),
@@ -234,28 +247,31 @@ def main(argv: list[str] | None = None) -> None:
             engine._side, engine._copied, engine._decoded = stream, None, None
             steps, wall = drain_steps(engine, 24)
             row[label] = wall * 1000 / max(1, steps)
-        steps, wall = drain(engine)
-        if b == 1:
-            for part, fn in (
-                ("whole", lambda: engine._body(1, length)),
-                ("talker", lambda: step._talker(embeds, length)),
-                ("predictor", lambda: step._predict(state.past_hidden[:1], state.token[:1], noise)),
-                ("decoder", lambda: engine.decoder.step(codes)),
-            ):
-                n, ms = kernels(fn)
+        for part, fn in (
+            ("whole", lambda: engine._body(b, length)),
+            ("talker", lambda: step._talker(embeds, length)),
+            ("predictor", lambda: step._predict(state.past_hidden[:b], state.token[:b], noise)),
+            ("decoder", lambda: engine.decoder.step(codes)),
+        ):
+            n, ms, top = kernels(fn)
+            row[f"kernels_{part}"] = {"count": n, "gpu_ms": ms}
+            if b == 1:
                 report[f"kernels_{part}"] = {"count": n, "gpu_ms": ms}
+                report[f"top_kernels_{part}"] = [{"name": k, "count": c, "gpu_ms": t} for k, c, t in top]
+        steps, wall = drain(engine)
         rows.append(row)
         print(json.dumps(row), flush=True)
     report["rows"] = rows
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(report, indent=2))
-    print("\n| batch | length | whole step (ms) | talker | predictor | decoder | loop ms/frame, decode in line | loop ms/frame, decode overlapped | per row |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| batch | length | whole step (ms) | talker | predictor | decoder | loop ms/frame, decode in line | loop ms/frame, decode overlapped | per row | kernels (talker / predictor / decoder) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        counts = " / ".join(str(r[f"kernels_{p}"]["count"]) for p in ("talker", "predictor", "decoder"))
         print(f"| {r['batch']} | {r['length']} | {r['whole_ms']:.2f} | {r['talker_ms']:.2f} | "
               f"{r['predictor_ms']:.2f} | {r['decoder_ms']:.2f} | {r['loop_ms_per_frame_inline']:.2f} | "
-              f"{r['loop_ms_per_frame']:.2f} | {r['loop_ms_per_frame'] / r['batch']:.2f} |")
+              f"{r['loop_ms_per_frame']:.2f} | {r['loop_ms_per_frame'] / r['batch']:.2f} | {counts} |")
     print(json.dumps({k: v for k, v in report.items() if k != "rows"}, indent=1))
 
 

@@ -440,6 +440,7 @@ def expected(**overrides) -> list[str]:
         "--voice": "aria",
         "--device": "auto",
         "--chunk-size": "1",
+        "--design-model-memory": "auto",
     }
     values.update({f"--{k.replace('_', '-')}": v for k, v in overrides.items()})
     return [item for pair in values.items() for item in pair]
@@ -508,13 +509,17 @@ def test_run_script_debug_and_everything_else(sandbox, config):
         voices_dir="/share/my voices",
         device="cuda",
         chunk_size=2,
+        design_model_memory="on-demand",
+        gpu_memory=7.5,
         zeroconf_name="Kitchen TTS",
         local_files_only=True,
         debug_logging=True,
     )
     assert server_argv(sandbox, result) == expected(
-        voices_dir="/share/my voices", voice="my voice", device="cuda", chunk_size="2"
+        voices_dir="/share/my voices", voice="my voice", device="cuda", chunk_size="2",
+        design_model_memory="on-demand",
     ) + [
+        "--gpu-memory", "7.5",
         "--http-host", "0.0.0.0", "--http-port", "8880",
         "--zeroconf", "Kitchen TTS", "--local-files-only", "--debug",
     ]

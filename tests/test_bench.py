@@ -21,3 +21,21 @@ def test_summarize_and_report(tmp_path: Path) -> None:
     assert data["rows"][1]["queue_wait_ms"] == 12.0
     assert (tmp_path / "results.md").read_text().startswith("# Benchmark on Test GPU")
     assert (tmp_path / "first_audio.png").stat().st_size > 1000
+
+
+def test_memory_benchmark_reads_the_server_log_and_writes_its_table(tmp_path: Path) -> None:
+    from benchmarks.memory import Row, parse_log, write
+
+    log = (
+        "INFO wyoming_qwen3tts: GPU memory: 7.5 GB for this server (--gpu-memory 7.5); weights base 3.9 GB, "
+        "voice_design 3.9 GB; the models do not fit on the GPU together (9.9 GB needed with 2 streams each, "
+        "7.5 GB available): one at a time\n"
+        "INFO wyoming_qwen3tts.engine.loader: base model: 19 stream(s), what the memory holds (2.5 GB free ...)\n"
+    )
+    assert parse_log(log) == (19, "turns")
+    assert parse_log(log.replace("the models do not fit on the GPU together", "the VoiceDesign model stays in GPU memory")) == (19, "resident")
+    assert parse_log("nothing") == (None, None)
+    write([Row(8, "defaults", True, 7.5, "turns", 19, 7.9, 40.0, 45.0, 3.1, 60.0, 2.4, 9000.0)], tmp_path, "NVIDIA H200")
+    rows = json.loads((tmp_path / "memory.json").read_text())["rows"]
+    assert rows[0]["card_gb"] == 8 and rows[0]["streams"] == 19 and rows[0]["started"] is True
+    assert "| 8 GB | defaults | yes | 40.0 | turns | 19 | 7.9 | 45.0 | 3.1 | 60.0 | 2.4 | 9000.0 |  |" in (tmp_path / "memory.md").read_text()

@@ -874,3 +874,31 @@ async def test_concurrent_clients_get_exactly_their_own_audio(server: Server) ->
             continue
         diff = np.abs(np.frombuffer(mine, "<i2").astype(np.int32) - np.frombuffer(solo, "<i2"))
         assert diff.max() <= 8, f"{text!r}: audio differs from the single-client run by {diff.max()}"
+
+
+async def test_ready_says_why_no_new_work_is_taken() -> None:
+    """/ready (a load balancer's health check): 503 with reason ``busy`` while
+    ``max_queue`` requests are open, ``draining`` once a shutdown began (requests are
+    still served meanwhile); 200 again when the queue empties."""
+    async with scripted_client(pace_s=0.05) as client:
+        service = client.app[_SERVICE_KEY]
+        body = await (await client.get("/ready")).json()
+        assert body["status"] == "ready" and "reason" not in body
+        assert (body["open_requests"], body["max_queue"]) == (0, service.max_queue)
+        service.max_queue = 1
+        resp = await client.post("/v1/audio/speech", json={"input": "Hello there.", "response_format": "pcm"})
+        assert resp.status == 200
+        await resp.content.readany()  # the request is open
+        busy = await client.get("/ready")
+        assert busy.status == 503 and (await busy.json())["reason"] == "busy"
+        await resp.read()
+        resp.release()
+        for _ in range(100):  # the stream ends once its audio is read
+            if (await client.get("/ready")).status == 200:
+                break
+            await asyncio.sleep(0.01)
+        assert (await client.get("/ready")).status == 200
+        service.drain()
+        draining = await client.get("/ready")
+        assert draining.status == 503 and (await draining.json())["reason"] == "draining"
+        assert (await client.post("/v1/audio/speech", json={"input": "Still served.", "response_format": "pcm"})).status == 200

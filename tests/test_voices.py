@@ -18,7 +18,7 @@ from wyoming_qwen3tts.anchors import (
     preset_seed,
     preset_spec,
 )
-from wyoming_qwen3tts.library import VoiceEditError, VoiceLibrary, check_name, decode_clip
+from wyoming_qwen3tts.library import LOCK_FILE, VoiceEditError, VoiceLibrary, check_name, decode_clip
 from wyoming_qwen3tts.voices import (
     ModelKind,
     Reference,
@@ -184,7 +184,7 @@ def test_library_writes_keep_the_users_presets_file(tmp_path: Path) -> None:
     assert library.catalog.find("robot") is None and "robo 2" in (tmp_path / "presets.toml").read_text()
     library.delete("robo 2")
     assert library.catalog.find("robo 2") is None and "# my own comment" in (tmp_path / "presets.toml").read_text()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE]
 
 
 def test_library_refusals(tmp_path: Path) -> None:

@@ -88,6 +88,35 @@ def test_zeroconf_announces_routable_address_and_port(
     assert service["addresses"] == [SERVER_ADDRESS]  # not 0.0.0.0, not loopback
 
 
+@pytest.mark.netns
+@pytest.mark.parametrize(
+    ("flag", "announced"),
+    [(":10200", (SERVER_ADDRESS, 10200)), ("198.18.0.77:10300", ("198.18.0.77", 10300))],
+    ids=["balancer-on-this-host", "balancer-elsewhere"],
+)
+def test_zeroconf_address_announces_the_load_balancer(
+    netns: str, checkpoints: Path, voices_dir: Path, tmp_path: Path, flag: str, announced: tuple[str, int]
+) -> None:
+    """A server behind a load balancer (bound to loopback, as in docker-compose.scale.yml)
+    announces the balancer's address and port (``--zeroconf-address``), on this host's LAN
+    interface, whether the address is this host's or another's."""
+    wrap = ["ip", "netns", "exec", netns]
+    server = start_server(
+        checkpoints, voices_dir, tmp_path / "server.log",
+        extra=["--zeroconf", "qwen3tts-lb", "--zeroconf-address", flag, "--clone-model", "none",
+               "--custom-voice-model", "none"],
+        wrap=wrap,
+    )
+    try:
+        browse = subprocess.run(wrap + [sys.executable, "-c", BROWSER], capture_output=True, text=True, timeout=60)
+        found = json.loads(browse.stdout or "{}")
+    finally:
+        stop_server(server)
+    service = found.get("qwen3tts-lb._wyoming._tcp.local.")
+    assert service, f"not found: {found} {browse.stderr[-2000:]}\n{server.output()[-2000:]}"
+    assert (service["addresses"], service["port"]) == ([announced[0]], announced[1])
+
+
 def test_no_zeroconf_announces_nothing(server: Server) -> None:
     """The shared fixture runs with --no-zeroconf: no announcer may have started."""
     assert "Ready: Wyoming" in server.output()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -14,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
@@ -25,6 +27,10 @@ from .anchors import AnchorMode, Anchors, AnchorStore
 from .audio import SAMPLE_RATE
 from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, Segment, load_engine, pick_engine, resolve_checkpoint
+from .engine.cuda_env import check_driver, cuda_bf16_supported, pick_dtype
+from .engine.loader import MemoryFitError, checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers
+from .engine.on_demand import DEFAULT_IDLE_S, GpuLease, OnDemandEngine
+from .engine.sizing import DESIGN_MEMORY, GB, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions
 from .metrics import Metrics
 from .handler import DEFAULT_MAX_CONNECTIONS
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED
@@ -77,13 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chunk-size", type=int, default=1, help="Codec frames per audio chunk (80 ms each); 1 starts soonest and, on the batched engine, costs no speed")
     parser.add_argument("--chunk-growth", action="store_true", help="Batched engine: first chunk of one frame, then 2, 4, 8... frames up to --chunk-size (first audio as with --chunk-size 1, fewer chunks after)")
     parser.add_argument("--engine", choices=ENGINES, default="auto", help="auto: batched on CUDA, reference on the CPU")
-    parser.add_argument("--max-streams", type=int, default=8, help="Streams generated at once per model (batched engine)")
+    parser.add_argument("--max-streams", type=_streams, default="auto", help="Streams generated at once per model (batched engine); auto: as many as the GPU memory left after the weights holds (8 on the CPU)")
+    parser.add_argument("--gpu-memory", type=float, metavar="GB", help="Most GPU memory this server may use, in GB (to share the card with another program, e.g. an LLM); streams are sized within it (default: the whole card)")
+    parser.add_argument("--design-model-memory", choices=DESIGN_MEMORY, default="auto", help="VoiceDesign model in GPU memory: resident (always), on-demand (loaded for anchors, designs and instructions, dropped when idle), auto (resident when both models fit, else the models take turns on the GPU)")
+    parser.add_argument("--design-model-idle", type=float, default=DEFAULT_IDLE_S, metavar="SECONDS", help="--design-model-memory on-demand: seconds without work before the VoiceDesign model leaves GPU memory")
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="Weights: auto is bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="Longest text per request")
     parser.add_argument("--seed", type=int, help="Seed for requests that bring none (default: random per stream)")
     parser.add_argument("--fixed-frames", type=int, help="Benchmarks: generate exactly N codec frames per sentence")
     parser.add_argument("--zeroconf", nargs="?", const="", default="", metavar="NAME", help="Announce on the LAN (default on; optional service name)")
     parser.add_argument("--no-zeroconf", action="store_true", help="Do not announce on the LAN")
+    parser.add_argument("--zeroconf-address", metavar="[HOST]:PORT", help="Announce this address instead of this server's (a load balancer in front of several servers: one of them announces it); HOST defaults to this machine's LAN address")
     parser.add_argument("--http-host", default="0.0.0.0", help="OpenAI-compatible endpoint address")
     parser.add_argument("--http-port", type=int, default=8880, help="OpenAI-compatible endpoint port (0 = off)")
     parser.add_argument("--api-key", help="Bearer key required by the HTTP endpoint")
@@ -96,9 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, help="Most Wyoming connections; past it the longest-idle one is closed")
     parser.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT, help="Seconds before an idle connection (no traffic, no audio owed) is closed")
     parser.add_argument("--write-timeout", type=float, default=DEFAULT_WRITE_TIMEOUT, help="Seconds a client may leave audio unread before its stream is dropped")
+    parser.add_argument("--drain-seconds", type=float, default=0.0, help="On shutdown, seconds /ready says not-ready while requests are still served, so a load balancer's health check sends new work elsewhere first (behind a balancer: a few health-check intervals); then up to as long again for open requests to end")
     parser.add_argument("--debug", action="store_true", help="Debug logging")
     parser.add_argument("--version", action="version", version=__version__)
     return parser
+
+
+def _streams(text: str) -> int | None:
+    """``--max-streams``: "auto" (None) or a count."""
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a number, got {text!r}") from None
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -116,6 +137,14 @@ def check_args(args: argparse.Namespace) -> None:
     for flag, seconds in (("--idle-timeout", args.idle_timeout), ("--write-timeout", args.write_timeout)):
         if not seconds > 0:
             raise SystemExit(f"{flag} must be more than 0 seconds, got {seconds}")
+    if not 0 <= args.drain_seconds <= 600:
+        raise SystemExit(f"--drain-seconds must be 0..600, got {args.drain_seconds}")
+    if args.zeroconf_address is not None:
+        _zeroconf_address(args.zeroconf_address)
+    if not args.design_model_idle > 0:
+        raise SystemExit(f"--design-model-idle must be more than 0 seconds, got {args.design_model_idle}")
+    if args.gpu_memory is not None and not args.gpu_memory > 0:
+        raise SystemExit(f"--gpu-memory must be more than 0 GB, got {args.gpu_memory}")
     if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
         raise SystemExit(f"--seed must be 0..{MAX_SEED}, got {args.seed}")
     _check_writable("--data-dir", Path(args.data_dir))
@@ -171,10 +200,14 @@ def _device(choice: str, engine: str) -> str:
     """
     import torch
 
+    available = torch.cuda.is_available()
+    problem = None if available else check_driver()
     if choice == "auto":
-        choice = "cuda" if torch.cuda.is_available() else "cpu"
-    elif choice == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is available")
+        choice = "cuda" if available else "cpu"
+        if problem:
+            _LOGGER.error(problem)
+    elif choice == "cuda" and not available:
+        raise SystemExit(f"--device cuda: {problem or 'no CUDA device is available'}")
     try:
         engine = pick_engine(engine, choice)
     except ValueError as err:
@@ -207,11 +240,25 @@ def _warm_segment(kind: ModelKind, engine: Engine) -> Segment:
     )
 
 
+#: Load order: the VoiceDesign model last, so the others' stream sizing keeps its room.
+LOAD_ORDER = (ModelKind.BASE, ModelKind.CUSTOM_VOICE, ModelKind.VOICE_DESIGN)
+#: What each ``--max-streams auto`` log and out-of-memory message suggests changing.
+MEMORY_OPTIONS = (
+    "--max-streams N, --gpu-memory GB, --design-model-memory on-demand, "
+    "--clone-model Qwen/Qwen3-TTS-12Hz-0.6B-Base or --custom-voice-model none"
+)
+
+
 async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[ModelKind, Engine]:
     """Load every enabled model and warm it up (graph capture and one short generation).
 
+    On CUDA, decide first from the checkpoints' sizes and the GPU memory (``--gpu-memory``)
+    whether the VoiceDesign model stays resident, comes on demand, or takes turns with the
+    others (``sizing.plan_residency``); ``--max-streams auto`` then sizes each pool.
+
     Raises:
-        SystemExit: no model enabled, or a model failed to load or warm up.
+        SystemExit: no model enabled, or a model failed to load or warm up (the message
+            names the options that make it fit when memory was the reason).
     """
     device = _device(args.device, args.engine)
     models_dir = Path(args.data_dir) / "models"
@@ -220,29 +267,127 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         ModelKind.VOICE_DESIGN: args.design_model,
         ModelKind.CUSTOM_VOICE: args.custom_voice_model,
     }
-    engines: dict[ModelKind, Engine] = {}
-    for kind, source in sources.items():
+    checkpoints: dict[ModelKind, Path] = {}
+    for kind in LOAD_ORDER:
+        source = sources[kind]
         if not source or source.lower() == "none":
             continue
         try:
-            checkpoint = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
-            _LOGGER.info("Loading %s model from %s on %s", kind.value, checkpoint, device)
-            engine = await asyncio.to_thread(
-                load_engine, kind, checkpoint, device, args.chunk_size, args.engine, args.max_streams,
-                metrics.join_stall.labels(kind.value).observe, args.dtype,
+            checkpoints[kind] = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
+        except Exception as err:  # noqa: BLE001 - any failure ends start-up with its reason
+            raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err
+    if not checkpoints:
+        raise SystemExit("No model enabled: set at least one of --clone-model, --design-model, --custom-voice-model")
+    max_len = max(slot_positions(), (args.fixed_frames or 0) + 512)
+    plan = _residency(args, device, checkpoints, max_len)
+    lease = GpuLease() if plan is not None and plan.design == "turns" else None
+    engines: dict[ModelKind, Engine] = {}
+    for kind, checkpoint in checkpoints.items():
+        reserve = plan.reserves.get(kind.value, 0) if plan is not None else 0
+
+        def load(kind: ModelKind = kind, checkpoint: Path = checkpoint, reserve: int = reserve) -> Engine:
+            return load_engine(
+                kind, checkpoint, device, args.chunk_size, args.engine, args.max_streams,
+                metrics.join_stall.labels(kind.value).observe, args.dtype, max_len, reserve, args.gpu_memory,
                 on_eager_prefill=metrics.eager_prefill.labels(kind.value).inc, chunk_growth=args.chunk_growth,
             )
-        except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
-            raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err
-        try:
-            await asyncio.to_thread(engine.warm, _warm_segment(kind, engine))
-        except Exception as err:  # noqa: BLE001 - any warm-up failure ends start-up with its reason
-            raise SystemExit(f"Warm-up of the {kind.value} model failed: {err!r}") from err
+
+        engine: Engine
+        if lease is not None or (kind is ModelKind.VOICE_DESIGN and plan is not None and plan.design == "on-demand"):
+            design = kind is ModelKind.VOICE_DESIGN
+            engine = OnDemandEngine(
+                kind, args.chunk_size, load, functools.partial(_warm_segment, kind),
+                idle_s=args.design_model_idle if design else None, lease=lease,
+                why=" (preset anchors, voice studio designs, instructions)" if design else "",
+                speakers=checkpoint_speakers(checkpoint) if kind is ModelKind.CUSTOM_VOICE else [],
+                home=kind is ModelKind.BASE,
+            )
+            _LOGGER.info("Loading %s model from %s on %s (%s)", kind.value, checkpoint, device, "on demand" if design else "taking turns")
+            try:
+                await asyncio.to_thread(engine.warm, _warm_segment(kind, engine))
+            except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
+                raise SystemExit(_load_failure(kind, sources[kind], err)) from err
+        else:
+            _LOGGER.info("Loading %s model from %s on %s", kind.value, checkpoint, device)
+            try:
+                engine = await asyncio.to_thread(_load_and_warm, load, kind)
+            except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
+                if not (kind is ModelKind.VOICE_DESIGN and engines and _is_memory(err)):
+                    raise SystemExit(_load_failure(kind, sources[kind], err)) from err
+                # The others are loaded and serve: start without this one rather than not at all.
+                _LOGGER.error(
+                    "%s. The server starts without it: it is loaded when needed (preset anchors, "
+                    "studio designs, instructions), and those requests fail with this reason while it does not fit",
+                    _load_failure(kind, sources[kind], err),
+                )
+                _free_gpu()
+                engine = OnDemandEngine(
+                    kind, args.chunk_size, load, functools.partial(_warm_segment, kind), idle_s=args.design_model_idle,
+                )
+                engine.ready.set()
         engines[kind] = engine
         _LOGGER.info("%s model ready (%s)", kind.value, engine.backend)
-    if not engines:
-        raise SystemExit("No model enabled: set at least one of --clone-model, --design-model, --custom-voice-model")
-    return engines
+    return {kind: engines[kind] for kind in sorted(engines, key=list(sources).index)}
+
+
+def _load_and_warm(load: Callable[[], Engine], kind: ModelKind) -> Engine:
+    """Load an engine and warm it up (blocking); a failure frees what was loaded."""
+    engine = load()
+    engine.warm(_warm_segment(kind, engine))
+    return engine
+
+
+def _is_memory(err: BaseException) -> bool:
+    """A CUDA out-of-memory, or no room for even one stream."""
+    return isinstance(err, MemoryFitError) or type(err).__name__ == "OutOfMemoryError"
+
+
+def _free_gpu() -> None:
+    """Return what a failed load left in the allocator's cache to the card."""
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _load_failure(kind: ModelKind, source: str, err: BaseException) -> str:
+    """The start-up failure in one line; for memory, the options to change."""
+    if _is_memory(err):
+        reason = str(err) if isinstance(err, MemoryFitError) else "CUDA out of memory"
+        return f"Cannot load the {kind.value} model {source!r}: it does not fit in GPU memory ({reason}). Change one of: {MEMORY_OPTIONS}"
+    return f"Cannot load the {kind.value} model {source!r}: {err}"
+
+
+def _residency(args: argparse.Namespace, device: str, checkpoints: dict[ModelKind, Path], max_len: int) -> Residency | None:
+    """On CUDA: apply ``--gpu-memory``, then plan the models' residency (logged); None on the CPU."""
+    if device != "cuda":
+        for flag, given in (("--gpu-memory", args.gpu_memory is not None), ("--design-model-memory", args.design_model_memory != "auto")):
+            if given:
+                _LOGGER.warning("%s is ignored on the CPU: every model stays loaded in RAM", flag)
+        return None
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    if args.gpu_memory is not None:
+        try:
+            torch.cuda.set_per_process_memory_fraction(cap_fraction(args.gpu_memory, total))
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
+    budget = memory_budget(total, torch.cuda.memory_allocated(), free, args.gpu_memory)
+    dtype, _note = pick_dtype(args.dtype, device, cuda_bf16_supported())
+    element = 4 if dtype == "float32" else 2
+    needs = [
+        ModelNeed(kind.value, checkpoint_params(path) * element, checkpoint_slot_bytes(path, max_len, element))
+        for kind, path in checkpoints.items()
+    ]
+    plan = plan_residency(needs, budget, args.design_model_memory)
+    _LOGGER.info(
+        "GPU memory: %.1f GB for this server%s; weights %s; %s",
+        budget / GB, f" (--gpu-memory {args.gpu_memory:g})" if args.gpu_memory else "",
+        ", ".join(f"{n.kind} {n.weights / GB:.1f} GB" for n in needs), plan.reason,
+    )
+    return plan
 
 
 async def _anchors(
@@ -338,7 +483,10 @@ async def main(argv: list[str] | None = None) -> None:
     announcer = None
     if isinstance(server, AsyncTcpServer) and not args.no_zeroconf:
         uri = urlparse(args.uri)
-        announcer = Announcer(args.zeroconf or f"qwen3tts-{socket.gethostname()}", uri.hostname or "0.0.0.0", uri.port or 10200)
+        host, port = uri.hostname or "0.0.0.0", uri.port or 10200
+        if args.zeroconf_address is not None:  # the load balancer's address, not this server's
+            host, port = _zeroconf_address(args.zeroconf_address)
+        announcer = Announcer(args.zeroconf or f"qwen3tts-{socket.gethostname()}", host, port)
         await announcer.start()
     _LOGGER.info("Ready: Wyoming on %s", args.uri)
 
@@ -349,7 +497,20 @@ async def main(argv: list[str] | None = None) -> None:
     await stop.wait()
     for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal ends the process at once
         loop.remove_signal_handler(sig)
-    await shutdown(server, connections, http_runner, announcer, service, anchors)
+    await shutdown(server, connections, http_runner, announcer, service, anchors, args.drain_seconds)
+
+
+def _zeroconf_address(value: str) -> tuple[str, int]:
+    """``--zeroconf-address``'s ``HOST:PORT`` or ``:PORT`` as (host, port); host "0.0.0.0"
+    (this machine's LAN address) when absent.
+
+    Raises:
+        SystemExit: not of that form.
+    """
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise SystemExit(f"--zeroconf-address must be HOST:PORT or :PORT, got {value!r}")
+    return host or "0.0.0.0", int(port)
 
 
 async def shutdown(
@@ -359,14 +520,27 @@ async def shutdown(
     announcer: Announcer | None,
     service: TtsService,
     anchors: Anchors | None,
+    drain_seconds: float = 0.0,
 ) -> None:
-    """Stop cleanly in under 10 s: stop accepting, withdraw the zeroconf announcement, end
-    every open stream (Wyoming: ``error`` ``server-stopping`` then ``audio-stop``; HTTP: an
-    SSE ``error`` event, or a body cut without its final chunk), close every connection,
-    stop the engines (their threads are daemons: a generation mid-frame does not hold the
-    exit); a preset anchor being rendered is cancelled."""
+    """Stop cleanly in under 10 s (after the drain, if any): stop accepting, withdraw the
+    zeroconf announcement, end every open stream (Wyoming: ``error`` ``server-stopping``
+    then ``audio-stop``; HTTP: an SSE ``error`` event, or a body cut without its final
+    chunk), close every connection, stop the engines (their threads are daemons: a generation mid-frame does not hold the
+    exit); a preset anchor being rendered is cancelled. Before all that, ``/ready`` turns
+    not-ready and the server serves on for ``drain_seconds`` (``--drain-seconds``: a load
+    balancer takes it out of rotation meanwhile), then waits up to ``drain_seconds`` more
+    for the requests still open to end."""
     started = time.monotonic()
     _LOGGER.info("Shutting down: %d request(s) open, %d Wyoming connection(s)", service.open_streams, len(connections))
+    service.drain()  # /ready turns 503 first: a load balancer stops sending new work
+    if drain_seconds > 0:
+        _LOGGER.info("Draining for %.1f s: /ready says not-ready, requests are still served", drain_seconds)
+        await asyncio.sleep(drain_seconds)
+        finish_by = time.monotonic() + drain_seconds  # then as long again for open requests to end
+        if service.open_streams:
+            _LOGGER.info("Drained: waiting up to %.1f s for %d open request(s)", drain_seconds, service.open_streams)
+        while service.open_streams and time.monotonic() < finish_by:
+            await asyncio.sleep(0.1)
     listener = getattr(server, "_server", None)  # wyoming 1.10's AsyncTcpServer/AsyncUnixServer
     if listener is not None:
         listener.close()  # no new connections; open ones carry on

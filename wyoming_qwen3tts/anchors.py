@@ -17,6 +17,13 @@ Missing anchors are rendered in the background after start-up, through the servi
 queue, so they take turns with clients sentence by sentence: the default voice first, then
 presets that were asked for, then (mode ``all``) the rest. Until a preset's anchor exists,
 or when the Base model is off, the preset is designed live.
+
+Servers sharing one data folder (one per GPU behind a load balancer) render each anchor
+once: a server claims an anchor before rendering it by creating ``<key>.claim`` atomically
+(``O_CREAT | O_EXCL``), touches the claim every ``CLAIM_HEARTBEAT_S`` while it renders and
+removes it when done. The others skip a claimed anchor, design the preset live meanwhile,
+and look every ``CLAIM_POLL_S`` for the finished files. A claim untouched for
+``CLAIM_STALE_S`` (its server crashed) is taken over.
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ import enum
 import hashlib
 import json
 import logging
+import os
 import re
+import socket
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,6 +69,16 @@ ANCHOR_TEXTS: dict[str, str] = {
     "japanese": "おはようございます。今日は穏やかに晴れています。台所の明かりは七時につきます。",
     "korean": "좋은 아침입니다. 오늘 날씨는 맑고 잔잔하며, 부엌 불은 일곱 시에 켜집니다.",
 }
+
+
+#: Seconds between a rendering server's touches of its claim file (its heartbeat).
+CLAIM_HEARTBEAT_S = 5.0
+#: Seconds after its last touch that a claim is stale (its server crashed or hangs) and
+#: another server takes it over. Many heartbeats, so a busy event loop or a file system's
+#: clock a few seconds off never looks like a crash.
+CLAIM_STALE_S = 60.0
+#: Seconds between looks for an anchor another server is rendering.
+CLAIM_POLL_S = 2.0
 
 
 class AnchorMode(str, enum.Enum):
@@ -192,6 +212,66 @@ class AnchorStore:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self._loaded: dict[str, Reference] = {}
+        #: This process's claim token (a pid alone is not unique across containers).
+        self.owner = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
+
+    # --- claims: one renderer per anchor across the servers sharing the folder ----------
+
+    def _claim_path(self, key: str) -> Path:
+        return self.folder / f"{key}.claim"
+
+    def claim(self, key: str) -> bool:
+        """Claim the rendering of anchor ``key``: True when this process now holds it (a
+        stale claim is taken over), False when another live server does.
+
+        Raises:
+            OSError: the folder cannot be written.
+        """
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self._claim_path(key)
+        for _ in range(2):
+            try:
+                handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                holder = self.claimed_elsewhere(key)
+                if holder is not None:
+                    return False
+                _LOGGER.warning("Anchor %s: taking over a stale claim (%s)", key, path)
+                path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                out.write(self.owner + "\n")
+            return True
+        return False
+
+    def claimed_elsewhere(self, key: str) -> str | None:
+        """The owner of a live claim on ``key`` by another process, or None (no claim,
+        this process's own, or stale: untouched for ``CLAIM_STALE_S``)."""
+        path = self._claim_path(key)
+        try:
+            age = time.time() - path.stat().st_mtime
+            holder = path.read_text("utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        if holder == self.owner or age > CLAIM_STALE_S:
+            return None
+        return holder or "another server"
+
+    def touch_claim(self, key: str) -> None:
+        """Renew this process's claim on ``key`` (its heartbeat); errors are logged."""
+        try:
+            os.utime(self._claim_path(key))
+        except OSError as err:
+            _LOGGER.warning("Anchor %s: cannot renew its claim: %s", key, err)
+
+    def release(self, key: str) -> None:
+        """Remove this process's claim on ``key`` (another's is left alone)."""
+        path = self._claim_path(key)
+        try:
+            if path.read_text("utf-8").strip() == self.owner:
+                path.unlink()
+        except (OSError, UnicodeDecodeError):
+            pass
 
     def load(self, spec: AnchorSpec) -> Reference | None:
         """The stored anchor of ``spec`` as a clone reference, or None if there is none (or
@@ -273,6 +353,8 @@ class Anchors:
         self._wanted: list[str] = [default_voice]  # preset names, first come first served
         self._failed: dict[str, str] = {}  # spec key -> error
         self._waiters: dict[str, list[asyncio.Future[Reference]]] = {}
+        self._waited: dict[str, AnchorSpec] = {}  # spec key -> spec, for the waiters
+        self._elsewhere: set[str] = set()  # spec keys another server is rendering
         self._wake: asyncio.Event | None = None
         self._identity_ready: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -361,6 +443,7 @@ class Anchors:
             )
         future: asyncio.Future[Reference] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(spec.key, []).append(future)
+        self._waited[spec.key] = spec
         self.want(voice.name, urgent=True)
         return await future
 
@@ -409,11 +492,15 @@ class Anchors:
             self._identity_ready.set()
         self._log_states()
         while True:
+            self._resolve_arrived()
             voice = self._next_missing()
             if voice is None:
                 self._wake.clear()
-                try:  # hand edits of presets.toml are noticed within a minute
-                    await asyncio.wait_for(self._wake.wait(), 60.0)
+                # Hand edits of presets.toml are noticed within a minute; anchors another
+                # server renders, within CLAIM_POLL_S of being stored.
+                timeout = CLAIM_POLL_S if self._elsewhere else 60.0
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout)
                 except asyncio.TimeoutError:
                     pass
                 self.catalog.refresh()
@@ -428,18 +515,43 @@ class Anchors:
         order = [n for n in self._wanted if n in presets]
         if self.mode is AnchorMode.ALL:
             order += sorted(n for n in presets if n not in order)
+        elsewhere: set[str] = set()
+        found = None
         for name in order:
             spec = self.spec(presets[name])
-            if spec is not None and spec.key not in self._failed and self.store.load(spec) is None:
-                return presets[name]
-        return None
+            if spec is None or spec.key in self._failed or self.store.load(spec) is not None:
+                continue
+            holder = self.store.claimed_elsewhere(spec.key)
+            if holder is None:
+                found = presets[name]
+                break
+            if spec.key not in self._elsewhere:
+                _LOGGER.info(
+                    "Preset %s: its anchor is being rendered by %s; designed live until it is stored",
+                    name, holder,
+                )
+            elsewhere.add(spec.key)
+        self._elsewhere = elsewhere
+        return found
+
+    def _resolve_arrived(self) -> None:
+        """Resolve the waiters of anchors that another server stored."""
+        for key in list(self._waiters):
+            spec = self._waited.get(key)
+            reference = self.store.load(spec) if spec is not None else None
+            if reference is not None:
+                self._resolve(key, reference)
 
     async def _render_one(self, voice: Voice, render: Renderer) -> None:
         spec = self.spec(voice)
         assert spec is not None
         started = time.monotonic()
-        _LOGGER.info("Rendering the anchor of preset %s (seed %d)", voice.name, spec.seed)
+        heartbeat: asyncio.Task[None] | None = None
         try:
+            if not self.store.claim(spec.key):
+                return  # another server claimed it first: _next_missing now skips it
+            heartbeat = asyncio.create_task(self._heartbeat(spec.key), name="anchor claim")
+            _LOGGER.info("Rendering the anchor of preset %s (seed %d)", voice.name, spec.seed)
             audio = await render(spec)
             reference = self.store.save(spec, audio, voice.name)
         except asyncio.CancelledError:
@@ -451,6 +563,10 @@ class Anchors:
                 if not future.done():
                     future.set_exception(RuntimeError(self._failed[spec.key]))
             return
+        finally:
+            if heartbeat is not None:
+                heartbeat.cancel()
+                self.store.release(spec.key)
         served = "now served by the Base model as a clone of it" if self.clone_loaded else (
             "the Base model is off, so it stays designed live"
         )
@@ -461,7 +577,14 @@ class Anchors:
         )
         self._resolve(spec.key, reference)
 
+    async def _heartbeat(self, key: str) -> None:
+        """Touch the claim on ``key`` every ``CLAIM_HEARTBEAT_S`` until cancelled."""
+        while True:
+            await asyncio.sleep(CLAIM_HEARTBEAT_S)
+            self.store.touch_claim(key)
+
     def _resolve(self, key: str, reference: Reference) -> None:
+        self._waited.pop(key, None)
         for future in self._waiters.pop(key, []):
             if not future.done():
                 future.set_result(reference)

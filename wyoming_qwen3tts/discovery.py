@@ -48,13 +48,24 @@ def advertised_address(bind_host: str) -> str:
     return bind_host
 
 
+def _is_local(address: str) -> bool:
+    """Whether ``address`` is one of this machine's (a socket can be bound to it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
 class Announcer:
     """Registers the service while the server runs.
 
     Args:
         name: service instance name (shown in Home Assistant's discovery).
-        host: the address the server is bound to ("0.0.0.0" = all interfaces).
-        port: the Wyoming TCP port.
+        host: the address announced: the server's bind address ("0.0.0.0" = this
+            machine's LAN address), or a load balancer's (``--zeroconf-address``).
+        port: the Wyoming TCP port announced (the server's, or the balancer's).
     """
 
     def __init__(self, name: str, host: str, port: int) -> None:
@@ -69,8 +80,10 @@ class Announcer:
         self._zeroconf: AsyncZeroconf | None = None
 
     async def start(self) -> None:
-        """Announce the service on the interface of ``self.address``."""
-        self._zeroconf = AsyncZeroconf(interfaces=[self.address], ip_version=IPVersion.V4Only)
+        """Announce the service on the interface of ``self.address`` (this machine's LAN
+        interface when that address is another machine's: a load balancer's)."""
+        interface = self.address if _is_local(self.address) else lan_address()
+        self._zeroconf = AsyncZeroconf(interfaces=[interface], ip_version=IPVersion.V4Only)
         await self._zeroconf.async_register_service(self.info)
         _LOGGER.info("Zeroconf: %s at %s:%s", self.info.name, self.address, self.info.port)
 

@@ -576,13 +576,21 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """``GET /ready``: 200 when every model is warmed up, else 503; per-model states."""
+    """``GET /ready``: whether this server takes new work (a load balancer's health check):
+    200 when every model is warmed up, no shutdown has begun and fewer than ``--max-queue``
+    requests are open; else 503 with ``reason`` ("loading", "failed", "draining", "busy").
+    Per-model states, and the open requests against the limit."""
     service = request.app[_SERVICE_KEY]
-    states = service.model_states()
-    ok = service.is_ready()
-    return web.json_response(
-        {"status": "ready" if ok else "not-ready", "models": states}, status=200 if ok else 503
-    )
+    reason = service.readiness()
+    body: dict[str, Any] = {
+        "status": "not-ready" if reason else "ready",
+        "models": service.model_states(),
+        "open_requests": service.open_streams,
+        "max_queue": service.max_queue,
+    }
+    if reason:
+        body["reason"] = reason
+    return web.json_response(body, status=503 if reason else 200)
 
 
 async def metrics(request: web.Request) -> web.Response:

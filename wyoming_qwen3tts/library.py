@@ -8,6 +8,11 @@ Every file is written to a hidden temporary file in the same folder, then rename
 target (atomic on POSIX file systems), so a crash or a concurrent reader never sees half a
 file. Each change is checked in full before anything is written: a refused change leaves
 the folder as it was.
+
+Several servers may share one voices folder (one server per GPU behind a load balancer):
+every change takes the folder's lock (``.studio.lock``, a ``filelock`` file lock) and
+re-reads the folder under it, so two servers' edits of ``presets.toml`` merge (each
+re-reads the file, then adds its table) and two uploads of one name cannot both succeed.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import av
+import filelock
 import numpy as np
 import soundfile as sf
 import tomlkit
@@ -48,6 +54,11 @@ MAX_TRANSCRIPT_CHARS = 1000
 _NAME_RE = re.compile(r"[\w][\w .'-]*")
 #: Device names Windows reserves (with any extension): such files cannot be opened over
 #: Samba from Windows, which the add-on's docs suggest for managing the voices folder.
+#: The voices folder's lock file, taken by every change (hidden: the catalogue skips it).
+LOCK_FILE = ".studio.lock"
+#: Seconds a change waits for another server's change to the same voices folder (each
+#: holds the lock for a few file writes, milliseconds on a local disk).
+LOCK_TIMEOUT_S = 10.0
 _WINDOWS_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
 
 
@@ -245,6 +256,12 @@ class VoiceLibrary:
         if key in self._reserved:
             message = f"Another change to a voice named {name!r} is in progress; try again"
             raise VoiceEditError(409, "name-busy", message, "name")
+        self._check_taken(name, replace_shipped, renaming)
+        return name
+
+    def _check_taken(self, name: str, replace_shipped: bool, renaming: Voice | None = None) -> None:
+        """``check_free`` without the in-process reservations (raises 409 ``name-taken``)."""
+        key = name.casefold()
         taken = self.catalog.find(name)
         if renaming is not None and taken is not None and taken.name == renaming.name:
             taken = None
@@ -269,7 +286,31 @@ class VoiceLibrary:
                 if path.stem.casefold() == key and path.suffix.lower() in AUDIO_SUFFIXES:
                     message = f"A file {path.name!r} already exists in the voices folder"
                     raise VoiceEditError(409, "name-taken", message, "name")
-        return name
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the voices folder's lock (shared by every server on the folder), with the
+        catalogue re-read under it, so a change is checked against what other servers
+        wrote. Blocks the caller for at most ``LOCK_TIMEOUT_S``.
+
+        Raises:
+            VoiceEditError: 409 ``voices-busy`` (another server held the lock too long),
+                500 ``write-failed`` (the lock file cannot be made: e.g. a read-only folder).
+        """
+        folder = self.folder
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with filelock.FileLock(folder / LOCK_FILE, timeout=LOCK_TIMEOUT_S):
+                self.catalog.refresh(force=True)
+                yield
+        except filelock.Timeout:
+            message = (
+                f"Another server kept the voices folder locked for over {LOCK_TIMEOUT_S:.0f} s "
+                f"({folder / LOCK_FILE}); nothing was changed, try again"
+            )
+            raise VoiceEditError(409, "voices-busy", message) from None
+        except OSError as err:
+            raise VoiceEditError(500, "write-failed", f"Cannot lock the voices folder: {err}") from None
 
     @contextlib.contextmanager
     def reserve(self, name: object, replace_shipped: bool = False) -> Iterator[str]:
@@ -329,18 +370,19 @@ class VoiceLibrary:
             raise VoiceEditError(409, "model-not-loaded", message)
         folder = self.folder
         wav, txt = folder / f"{name}.wav", folder / f"{name}.txt"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            if transcript:
-                write_atomic(txt, transcript.encode("utf-8") + b"\n")
-            else:
-                txt.unlink(missing_ok=True)  # an orphan transcript would turn this into ICL
-            write_atomic(wav, wav_bytes(audio, SAMPLE_RATE))
-        except OSError as err:
-            with contextlib.suppress(OSError):
-                txt.unlink(missing_ok=True)
-            raise VoiceEditError(500, "write-failed", f"Cannot write the voices folder: {err}") from None
-        return self._reloaded(name)
+        with self.locked():
+            self._check_taken(name, replace_shipped=False)  # another server may have taken it
+            try:
+                if transcript:
+                    write_atomic(txt, transcript.encode("utf-8") + b"\n")
+                else:
+                    txt.unlink(missing_ok=True)  # an orphan transcript would turn this into ICL
+                write_atomic(wav, wav_bytes(audio, SAMPLE_RATE))
+            except OSError as err:
+                with contextlib.suppress(OSError):
+                    txt.unlink(missing_ok=True)
+                raise VoiceEditError(500, "write-failed", f"Cannot write the voices folder: {err}") from None
+            return self._reloaded(name)
 
     def add_preset(
         self,
@@ -366,24 +408,34 @@ class VoiceLibrary:
         """
         if ModelKind.VOICE_DESIGN not in self.catalog.kinds:
             raise VoiceEditError(409, "model-not-loaded", "The VoiceDesign model is off on this server")
-        document = self._presets_document()
-        table = tomlkit.table()
-        table.add("language", language)
-        table.add("summary", summary)
-        table.add("instruct", instruct)
-        table.add("seed", seed)
-        table.add("anchor_text", anchor_text)
-        document[name] = table
-        self._write_presets(document)
-        return self._reloaded(name)
+        with self.locked():  # re-read under the lock: another server's new tables are kept
+            taken = self.catalog.find(name)
+            if taken is not None and taken.source is not VoiceSource.SHIPPED:  # written meanwhile
+                message = f"{name!r} was just taken by the {taken.source.value} voice {taken.name!r}"
+                raise VoiceEditError(409, "name-taken", message, "name")
+            self._check_taken(name, replace_shipped=True)  # a clone file of that name
+            document = self._presets_document()
+            table = tomlkit.table()
+            table.add("language", language)
+            table.add("summary", summary)
+            table.add("instruct", instruct)
+            table.add("seed", seed)
+            table.add("anchor_text", anchor_text)
+            document[name] = table
+            self._write_presets(document)
+            return self._reloaded(name)
 
     def rename(self, old: str, new: object) -> Voice:
         """Rename a clone voice's files or a user preset's table.
 
         Raises:
             VoiceEditError: as ``editable`` for ``old``, as ``check_free`` for ``new``;
-                500 ``write-failed``.
+                as ``locked``; 500 ``write-failed``.
         """
+        with self.locked():
+            return self._rename(old, new)
+
+    def _rename(self, old: str, new: object) -> Voice:
         voice = self.editable(old)
         # A user preset that overrides a shipped one may change its name's case; a rename
         # onto another shipped preset's name is refused (keep a design with replace for that).
@@ -425,8 +477,12 @@ class VoiceLibrary:
             the deleted voice.
 
         Raises:
-            VoiceEditError: as ``editable``; 500 ``write-failed``.
+            VoiceEditError: as ``editable``; as ``locked``; 500 ``write-failed``.
         """
+        with self.locked():
+            return self._delete(name)
+
+    def _delete(self, name: str) -> Voice:
         voice = self.editable(name)
         try:
             if voice.source is VoiceSource.CLONE:

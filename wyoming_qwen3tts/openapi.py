@@ -121,6 +121,12 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "object",
                 "additionalProperties": {"type": "string", "enum": ["ready", "loading", "failed"]},
             },
+            "reason": {
+                "type": "string", "enum": ["loading", "failed", "draining", "busy"],
+                "description": "Why new work is not taken (absent when ready).",
+            },
+            "open_requests": {"type": "integer", "minimum": 0},
+            "max_queue": {"type": "integer", "minimum": 1},
         },
     },
 }
@@ -422,10 +428,13 @@ def document(max_chars: int, api_key: bool = False) -> dict[str, Any]:
             {"200": _json({"$ref": "#/components/schemas/Status"}, "The process serves.")},
         ),
         "/ready": _get(
-            "ready", "Readiness: every model warmed up",
+            "ready", "Readiness (a load balancer's health check): models warmed up, not shutting down, under the queue limit",
             {
                 "200": _json({"$ref": "#/components/schemas/Readiness"}, "Ready."),
-                "503": _json({"$ref": "#/components/schemas/Readiness"}, "A model is loading or failed."),
+                "503": _json(
+                    {"$ref": "#/components/schemas/Readiness"},
+                    "A model is loading or failed, a shutdown began, or --max-queue requests are open.",
+                ),
             },
         ),
         "/metrics": _get(

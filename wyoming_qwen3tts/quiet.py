@@ -29,6 +29,10 @@ def quiet_dependencies() -> None:
     """
     for noisy in ("qwen_tts", "transformers", "faster_qwen3_tts"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # faster-qwen3-tts warns that the codec has no sample-rate attribute (it is 24 kHz, as it
+    # assumes), and its from_pretrained passes transformers' deprecated ``torch_dtype``.
+    for name, text in (("faster_qwen3_tts.model", "Could not infer sample rate"), ("transformers.configuration_utils", "`torch_dtype` is deprecated")):
+        logging.getLogger(name).addFilter(_Without(text))
     # The sox wrapper resets its logger's level on import: filter its warning instead.
     logging.getLogger("sox").addFilter(lambda record: record.levelno >= logging.ERROR)
     warnings.filterwarnings("ignore", message="Passing `repetition_penalty`", category=UserWarning)
@@ -37,6 +41,17 @@ def quiet_dependencies() -> None:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
+
+
+class _Without(logging.Filter):
+    """Drops the records whose message contains ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
 
 
 @contextlib.contextmanager

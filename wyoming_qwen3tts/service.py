@@ -35,6 +35,11 @@ _LOGGER = logging.getLogger(__name__)
 DEFAULT_MAX_CHARS = 10_000
 #: Default cap on requests open at once over both doors (generating or waiting their turn).
 DEFAULT_MAX_QUEUE = 32
+#: What an out-of-memory error tells the client and the log to change.
+OOM_ADVICE = (
+    "The GPU ran out of memory for this request; the server goes on. Retry, or restart the server "
+    "with fewer streams (--max-streams N), --gpu-memory GB, or --design-model-memory on-demand"
+)
 
 
 class RequestError(Exception):
@@ -165,6 +170,7 @@ class TtsService:
         self.max_queue = max_queue
         self._open: set[SpeechStream] = set()  # streams not yet ended (the admission count)
         self._stopping = False
+        self._draining = False  # a shutdown began: not ready for a load balancer
 
     @property
     def kinds(self) -> frozenset[ModelKind]:
@@ -190,6 +196,26 @@ class TtsService:
     def is_ready(self) -> bool:
         """True when every model finished its warm-up without error."""
         return all(state == "ready" for state in self.model_states().values())
+
+    def readiness(self) -> str | None:
+        """Why this server takes no new work now (for ``/ready`` and a load balancer), or
+        None when it does: "failed" or "loading" (a model), "draining" (``drain`` was
+        called: a shutdown began), "busy" (``max_queue`` requests are open)."""
+        states = self.model_states().values()
+        if "failed" in states:
+            return "failed"
+        if "loading" in states:
+            return "loading"
+        if self._draining or self._stopping:
+            return "draining"
+        if len(self._open) >= self.max_queue:
+            return "busy"
+        return None
+
+    def drain(self) -> None:
+        """Turn not-ready (``readiness``) ahead of a shutdown, so that a load balancer sends
+        new work elsewhere; requests are still served until ``shutdown``."""
+        self._draining = True
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop every engine after its current step (blocking)."""
@@ -324,6 +350,12 @@ class TtsService:
         try:
             async for chunk in job:
                 chunks.append(chunk)
+        except GenerationError as err:
+            job.cancel()
+            explained = explain_oom(err)
+            if explained is err:
+                raise
+            raise explained from err
         except BaseException:
             job.cancel()
             raise
@@ -463,9 +495,12 @@ class SpeechStream:
                     self._service.metrics.first_audio.labels(self._door).observe(self.first_audio_s)
                 self.samples += len(chunk)
                 yield chunk
-        except GenerationError:
+        except GenerationError as err:
             self._record("error", code="generation-failed")
-            raise
+            explained = explain_oom(err)
+            if explained is err:
+                raise
+            raise explained from err
         if self._interrupted is not None:
             raise self._interrupted
         if not self._job.cancelled.is_set():
@@ -492,6 +527,17 @@ class SpeechStream:
             m.real_time_factor.labels(self._door).observe((time.monotonic() - self._opened) / audio_s)
         for wait in self._job.queue_waits:
             m.queue_wait.labels(self._door).observe(wait)
+
+
+def explain_oom(error: GenerationError) -> GenerationError:
+    """``error`` itself, or for a CUDA out-of-memory (``torch.OutOfMemoryError``, matched by
+    name: this module does not import torch) a ``GenerationError`` saying what to change,
+    also logged as a warning."""
+    cause = error.__cause__
+    if cause is None or type(cause).__name__ != "OutOfMemoryError":
+        return error
+    _LOGGER.warning("%s (%s)", OOM_ADVICE, str(cause).splitlines()[0] if str(cause) else "CUDA out of memory")
+    return GenerationError(OOM_ADVICE)
 
 
 def check_text(text: str, max_chars: int) -> str:

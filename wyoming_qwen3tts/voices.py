@@ -12,7 +12,8 @@ Three sources, one namespace of voice names:
 
 A voice is only listed when the model that speaks it is loaded. The clone folder and the
 user's ``presets.toml`` are re-read when their files change, so voices can be added,
-renamed or removed without a restart (by hand, or through ``library``).
+renamed or removed without a restart (by hand, through ``library``, or by another server
+sharing the folder): every request checks their files' signatures first.
 """
 
 from __future__ import annotations
@@ -280,10 +281,10 @@ class VoiceCatalog:
                     source=VoiceSource.BUILTIN,
                 )
         self._user_presets: dict[str, Voice] = {}
-        self._presets_signature: tuple[int, int] | None = None
+        self._presets_signature: tuple[int, int, int] | None = None
         self._presets_problems: list[str] = []  # why parts of the user presets file were skipped
         self._clones: dict[str, Voice] = {}
-        self._signature: tuple[tuple[str, int, int], ...] | None = None
+        self._signature: tuple[tuple[str, int, int, int], ...] | None = None
         self.refresh()
 
     @property
@@ -303,7 +304,9 @@ class VoiceCatalog:
             return
         try:
             st = path.stat()
-            signature: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+            # The inode too: every write replaces the file (another server's included), so
+            # two writes within one mtime tick of a coarse file system still differ.
+            signature: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
         except OSError:
             signature = None
         if signature == self._presets_signature and not force:
@@ -318,7 +321,7 @@ class VoiceCatalog:
     def _refresh_clones(self, force: bool) -> None:
         if ModelKind.BASE not in self.kinds or self.voices_dir is None or not self.voices_dir.is_dir():
             return
-        signature_items: list[tuple[str, int, int]] = []
+        signature_items: list[tuple[str, int, int, int]] = []
         files: list[Path] = []
         for path in sorted(self.voices_dir.iterdir()):
             if path.name.startswith(".") or path.suffix.lower() not in AUDIO_SUFFIXES + (".txt",):
@@ -329,7 +332,7 @@ class VoiceCatalog:
                 _LOGGER.debug("Ignoring %s: %s", path, err)
                 continue
             files.append(path)
-            signature_items.append((path.name, st.st_mtime_ns, st.st_size))
+            signature_items.append((path.name, st.st_mtime_ns, st.st_size, st.st_ino))
         signature = tuple(signature_items)
         if signature == self._signature and not force:
             return

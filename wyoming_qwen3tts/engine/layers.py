@@ -18,6 +18,11 @@ of kernels, not arithmetic. ``FusedLayer`` runs the same computation in fewer ke
 
 Keys and values go where the caller says (``KvStore``), so every batch row can sit at its own
 position.
+
+``FusedLayer.fast`` is the same layer in Triton kernels (``kernels``), for CUDA: the residual
+add folded into the next RMSNorm, q/k norm + rotary + cache write in one kernel, attention
+over each row's own filled positions only, and SiLU-multiply in one kernel: nine kernels a
+layer (four of them the matrix products).
 """
 
 from __future__ import annotations
@@ -104,6 +109,7 @@ class FusedLayer:
         scale_mlp = getattr(layer, "mlp_layer_scale", None)
         self.scale_attn = scale_attn.scale if scale_attn is not None else None
         self.scale_mlp = scale_mlp.scale if scale_mlp is not None else None
+        self.silu = isinstance(self.act, nn.SiLU)
 
     def __call__(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KvStore, mask: torch.Tensor
@@ -139,6 +145,48 @@ class FusedLayer:
         gate_up = F.linear(x, self.gate_up, self.gate_up_bias)
         out = self.down(self.act(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :])
         return hidden + (out * self.scale_mlp if self.scale_mlp is not None else out)
+
+    def fast(
+        self, hidden: torch.Tensor, branch: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+        positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, splits: int = 1,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer in Triton kernels (CUDA; see ``kernels``), the residual add deferred.
+
+        The layer's MLP output is returned, not added: the next layer's (or the final) RMSNorm
+        adds it (``kernels.rmsnorm.add_rms_norm``), saving a kernel per layer.
+
+        Args:
+            hidden: the residual stream, [B, n, hidden] in the model's dtype.
+            branch: the previous layer's unadded MLP output [B, n, hidden], or None.
+            cos, sin: ``rope_tables`` output, [B or 1, n, head_dim].
+            positions: int64 [B or 1, n], each token's cache position; it attends to its
+                row's keys ``0..position``.
+            keys, values: this layer's cache, [B, kv_heads, L, head_dim]; written in place.
+            splits: programs per head along the cache (``kernels.attention``).
+
+        Returns:
+            (the residual stream after attention [B, n, hidden], the MLP output [B, n, hidden]).
+        """
+        from .kernels.attention import decode_attention
+        from .kernels.rmsnorm import add_rms_norm
+        from .kernels.rope import qk_rope_kv
+        from .kernels.silu_mul import silu_mul
+
+        b, n, _ = hidden.shape
+        hidden, x = add_rms_norm(hidden, branch, *self.norm1)
+        qkv = F.linear(x, self.qkv, self.qkv_bias).view(b, n, self.heads + 2 * self.kv_heads, self.head_dim)
+        q = qk_rope_kv(qkv, self.qk_norm, cos, sin, positions, keys, values, self.heads)
+        out = self.o_proj(decode_attention(q, keys, values, positions, self.scale, splits))
+        if self.scale_attn is not None:
+            out = out * self.scale_attn
+        hidden, x = add_rms_norm(hidden, out, *self.norm2)
+        gate_up = F.linear(x, self.gate_up, self.gate_up_bias)
+        if self.silu:
+            act = silu_mul(gate_up)
+        else:
+            act = self.act(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :]
+        out = self.down(act)
+        return hidden, (out * self.scale_mlp if self.scale_mlp is not None else out)
 
 
 def write_rows(store: torch.Tensor, new: torch.Tensor, positions: torch.Tensor) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..voices import ModelKind
 from .base import Engine
+from .cuda_env import cuda_bf16_supported, pick_dtype
+from .sizing import memory_budget, plan_streams
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -67,9 +70,12 @@ def load_engine(
     device: str,
     chunk_frames: int,
     engine: str = "auto",
-    max_streams: int = 8,
+    max_streams: int | None = 8,
     on_join: Callable[[float], None] | None = None,
     dtype: str = "auto",
+    max_len: int = MAX_SEQ_LEN,
+    reserve: int = 0,
+    cap_gb: float | None = None,
     on_eager_prefill: Callable[[int], None] | None = None,
     chunk_growth: bool = False,
 ) -> Engine:
@@ -78,21 +84,28 @@ def load_engine(
     Args:
         kind: the kind the checkpoint must be.
         checkpoint: local folder (see ``resolve_checkpoint``).
-        device: "cuda" (bf16) or "cpu" (float32).
+        device: "cuda" or "cpu".
         chunk_frames: codec frames per streamed chunk.
         engine: "batched" (the slot pool; CUDA graphs on CUDA, eager elsewhere), "single"
             (faster-qwen3-tts's own single-stream generator, CUDA only), "reference"
             (qwen_tts's own generator, streamed by hooks; the CPU path) or "auto" (see ``pick_engine``).
-        max_streams: slots of the batched engine.
+        max_streams: slots of the batched engine; None sizes them from the GPU memory left
+            after the weights (``sizing.plan_streams``; 8 off CUDA).
         on_join: the batched engine's join-stall observer (seconds).
-        dtype: one of ``DTYPES``. float32 on CUDA also turns TF32 off (exact float32), for GPUs
-            without bfloat16 and for exact comparisons.
+        dtype: one of ``DTYPES``; "auto" is bfloat16 on CUDA (float16 on GPUs without
+            bfloat16, see ``cuda_env.pick_dtype``), float32 on the CPU. float32 on CUDA also
+            turns TF32 off (exact float32), for exact comparisons.
+        max_len: talker KV positions per slot of the batched engine (``sizing.slot_positions``).
+        reserve: bytes the stream sizing leaves free for models loaded later.
+        cap_gb: ``--gpu-memory`` (the sizing's budget; the cap itself is set by the caller).
         on_eager_prefill: the batched engine's observer of rows prefilled eagerly (no graph).
         chunk_growth: the batched engine's chunks grow 1, 2, 4... up to ``chunk_frames``.
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
-        ValueError: an engine that cannot run on ``device``.
+        ValueError: an engine that cannot run on ``device``, or a dtype the GPU lacks.
+        MemoryFitError: not even one stream fits next to the weights.
+        torch.OutOfMemoryError: the weights do not fit.
         OSError: unreadable checkpoint.
     """
     import torch
@@ -100,35 +113,143 @@ def load_engine(
     engine = pick_engine(engine, device)
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
-    weights = getattr(torch, dtype if dtype != "auto" else "bfloat16" if device == "cuda" else "float32")
-    if device == "cuda":
+    bf16 = device == "cuda" and cuda_bf16_supported()
+    name, note = pick_dtype(dtype, device, bf16)
+    if note:
+        _log_once(note)
+    weights = getattr(torch, name)
+    if device == "cuda" and weights is torch.float32:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    if engine == "single":
         from faster_qwen3_tts import FasterQwen3TTS
 
-        if weights is torch.float32:
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         tts = FasterQwen3TTS.from_pretrained(str(checkpoint), device="cuda", dtype=weights, max_seq_len=MAX_SEQ_LEN)
-        qwen = tts.model
-    else:
-        from qwen_tts import Qwen3TTSModel
-
-        qwen = Qwen3TTSModel.from_pretrained(str(checkpoint), device_map=device, dtype=weights)
-        tts = None
-    if engine == "batched":
-        from .batched import BatchedEngine
-
-        if tts is None:
-            from faster_qwen3_tts import FasterQwen3TTS
-
-            # Only its prompt building is used off CUDA; from_pretrained refuses the CPU.
-            tts = FasterQwen3TTS(qwen, None, None, device=device, dtype=weights, max_seq_len=MAX_SEQ_LEN)
-        return BatchedEngine(
-            kind, tts, chunk_frames, max_streams, MAX_SEQ_LEN, graphs=device == "cuda", on_join=on_join,
-            on_eager_prefill=on_eager_prefill, chunk_growth=chunk_growth,
-        )
-    if engine == "single":
         from .single import SingleStreamEngine
 
         return SingleStreamEngine(kind, tts, chunk_frames)
-    from .reference import ReferenceEngine
+    from qwen_tts import Qwen3TTSModel
 
-    return ReferenceEngine(kind, qwen, chunk_frames)
+    qwen = Qwen3TTSModel.from_pretrained(str(checkpoint), device_map=device, dtype=weights, attn_implementation="sdpa")
+    if engine == "reference":
+        from .reference import ReferenceEngine
+
+        return ReferenceEngine(kind, qwen, chunk_frames)
+    from faster_qwen3_tts import FasterQwen3TTS
+
+    from .batched import BatchedEngine
+
+    # Only its prompt building is used: its own single-stream graphs (and their 2,048-position
+    # cache) are never built.
+    tts = FasterQwen3TTS(qwen, None, None, device=device, dtype=weights, max_seq_len=max_len)
+    if max_streams is None:
+        max_streams = _plan_streams(kind, qwen, max_len, reserve, cap_gb) if device == "cuda" else 8
+    return BatchedEngine(kind, tts, chunk_frames, max_streams, max_len, graphs=device == "cuda", on_join=on_join,
+                         on_eager_prefill=on_eager_prefill, chunk_growth=chunk_growth)
+
+
+class MemoryFitError(RuntimeError):
+    """Not even one stream of a model fits in the GPU memory left after its weights."""
+
+
+def _plan_streams(kind: ModelKind, qwen: Any, max_len: int, reserve: int, cap_gb: float | None) -> int:
+    """``--max-streams auto`` on CUDA: the slots that fit now, logged with the reason.
+
+    Raises:
+        MemoryFitError: not even one fits.
+    """
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    budget = memory_budget(total, torch.cuda.memory_allocated(), free + _unused_reserved(), cap_gb)
+    plan = plan_streams(budget, slot_bytes(qwen, max_len), reserve=reserve)
+    if not plan.fits:
+        raise MemoryFitError(f"{kind.value} model: {plan.reason}")
+    _LOGGER.info("%s model: %s; KV for %d positions a stream", kind.value, plan.reason, max_len)
+    return plan.streams
+
+
+def _unused_reserved() -> int:
+    """Bytes the caching allocator holds but does not use (free to this process)."""
+    import torch
+
+    return max(0, torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
+
+
+def slot_bytes(qwen: Any, max_len: int) -> int:
+    """Device bytes one slot of the batched engine takes for this model: the talker's KV of
+    ``max_len`` positions and the per-slot buffers (``step.SlotState``), the code predictor's
+    KV and the codec decoder's streaming state, measured on a one-slot probe.
+
+    Args:
+        qwen: the loaded ``qwen_tts.Qwen3TTSModel``.
+    """
+    import torch
+
+    from .codec import StreamingDecoder
+    from .step import PREDICTOR_POSITIONS, SlotState
+
+    model = qwen.model
+    state = SlotState(model.talker, 1, max_len)
+    decoder = StreamingDecoder(model.speech_tokenizer.model.decoder, 1)
+    tensors = [*state.tensors(), *decoder.state()]
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    pred = model.talker.code_predictor.model
+    attn = pred.layers[0].self_attn
+    element = state.keys[0].element_size()
+    size += 2 * len(pred.layers) * pred.config.num_key_value_heads * PREDICTOR_POSITIONS * attn.head_dim * element
+    size += decoder.samples_per_frame * 4  # the step's PCM row (float32)
+    del state, decoder, tensors
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return int(size)
+
+
+_SAID: set[str] = set()
+
+
+def _log_once(line: str) -> None:
+    """Log a start-up fact once, however many models load."""
+    if line not in _SAID:
+        _SAID.add(line)
+        _LOGGER.warning(line)
+
+
+def checkpoint_params(checkpoint: Path) -> int:
+    """Parameters in a checkpoint folder's ``*.safetensors`` files (the speech tokenizer's
+    included), read from their headers without loading any tensor.
+
+    Raises:
+        OSError: an unreadable file. ValueError: a malformed header.
+    """
+    import json
+    import math
+    import struct
+
+    total = 0
+    for path in sorted(checkpoint.rglob("*.safetensors")):
+        with path.open("rb") as handle:
+            (size,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(size))
+        total += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    return total
+
+
+def checkpoint_speakers(checkpoint: Path) -> list[str]:
+    """A CustomVoice checkpoint's speaker ids (lower case, sorted), from its config.json,
+    as ``Qwen3TTSModel.get_supported_speakers`` lists them."""
+    import json
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    return sorted(str(name).lower() for name in (config.get("talker_config", {}).get("spk_id") or {}))
+
+
+def checkpoint_slot_bytes(checkpoint: Path, max_len: int, element: int) -> int:
+    """Estimated bytes of one slot, from config.json, before loading: the talker's KV of
+    ``max_len`` positions (which ``slot_bytes`` measures once loaded; the codec state and
+    buffers add about a tenth on the 1.7B models)."""
+    import json
+
+    talker = json.loads((checkpoint / "config.json").read_text())["talker_config"]
+    head_dim = talker.get("head_dim") or talker["hidden_size"] // talker["num_attention_heads"]
+    kv = 2 * talker["num_hidden_layers"] * talker["num_key_value_heads"] * head_dim * max_len * element
+    return int(kv * 1.1)

@@ -15,6 +15,10 @@ does for one stream, in the same order:
 All of it reads and writes static per-slot buffers, so one step for a batch bucket can be
 captured as one CUDA graph. The talker attends to the first ``length`` positions only
 (a length bucket), so short streams do not pay for the whole cache.
+
+On CUDA the layers run as Triton kernels (``FusedLayer.fast``, ``kernels``): each row's
+attention reads its own filled positions only, and each draw is one sampler kernel with the
+eager sampler's draws. ``QWEN3TTS_KERNELS=eager`` keeps the eager PyTorch path (the CPU's).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import kernels
 from .layers import FusedLayer, attention_mask, rope_tables, write_rows
 from .sampling import RowParams, effective, gumbel, penalise, sample
 
@@ -156,6 +161,12 @@ class FrameStep:
             self.pred_steps.append((start, n, cos, sin, mask))
         #: Draws per frame: the next talker token (stream 0), then codebooks 2..16.
         self.streams = torch.arange(self.groups, device=device)
+        #: Whether the step runs the Triton kernels (CUDA; see ``kernels.enabled``).
+        self.fused = kernels.enabled(state.keys[0])
+        #: The predictor steps' cache positions, int64 [1, n] each (``FusedLayer.fast``).
+        self.pred_positions = [
+            torch.arange(start, start + n, device=device)[None] for start, n, *_ in self.pred_steps
+        ]
 
     # --- sampling ---------------------------------------------------------------------------
 
@@ -179,6 +190,8 @@ class FrameStep:
 
     def _predict(self, past_hidden: torch.Tensor, first: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """The 15 other codebooks of each row's frame, int64 [B, 15]; ``noise`` [B, 15, K]."""
+        if self.fused:
+            return self._predict_fast(past_hidden, first, noise)
         b = first.shape[0]
         s, pred = self.state, self.predictor
         model = pred.model
@@ -205,8 +218,59 @@ class FrameStep:
                 h = pred.small_to_mtp_projection(embed)[:, None]
         return torch.stack(codes, dim=1)
 
+    def _predict_fast(self, past_hidden: torch.Tensor, first: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """``_predict`` in Triton kernels (``FusedLayer.fast``, one sampler kernel a codebook)."""
+        from .kernels.rmsnorm import add_rms_norm
+        from .kernels.sampler import sample_fused
+
+        b = first.shape[0]
+        s, pred = self.state, self.predictor
+        norm = (pred.model.norm.weight, float(pred.model.norm.variance_epsilon))
+        params = s.predictor_params(b)
+        codes = torch.empty(b, self.groups - 1, dtype=torch.int64, device=first.device)
+        first_embed = self.talker.get_input_embeddings()(first)
+        h = pred.small_to_mtp_projection(torch.stack([past_hidden, first_embed], dim=1))
+        for step, (_start, _n, cos, sin, _mask) in enumerate(self.pred_steps):
+            positions = self.pred_positions[step]
+            branch = None
+            for i, layer in enumerate(self.pred_layers):
+                h, branch = layer.fast(h, branch, cos, sin, positions, self.pred_keys[i][:b], self.pred_values[i][:b])
+            assert branch is not None
+            _, last = add_rms_norm(h[:, -1], branch[:, -1], *norm)
+            sample_fused(F.linear(last, self.lm_heads[step]), params, noise[:, step], codes[:, step])
+            if step + 1 < len(self.pred_steps):
+                h = pred.small_to_mtp_projection(self.code_table[codes[:, step] + step * self.code_vocab])[:, None]
+        return codes
+
+    def _talker_rope(self, h: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rope_tables`` for one talker position per row: [B, 1, head_dim] each."""
+        b = position.shape[0]
+        rope_ids = position.view(1, b, 1).expand(3, b, 1)
+        cos, sin = self.talker.model.rotary_emb(h, rope_ids)
+        return rope_tables(cos[0], sin[0])  # the three mrope sections share the position
+
+    def _talker_fast(self, embeds: torch.Tensor, length: int) -> torch.Tensor:
+        """``_talker`` in Triton kernels: each row's attention reads its positions
+        ``0..position`` only, split over ``CHUNK``-position programs when ``length`` is longer."""
+        from .kernels.attention import CHUNK
+        from .kernels.rmsnorm import add_rms_norm
+
+        b = embeds.shape[0]
+        s, model = self.state, self.talker.model
+        position = s.position[:b]
+        h = embeds[:, None]
+        cos, sin = self._talker_rope(h, position)
+        splits = -(-length // CHUNK)
+        branch = None
+        for i, layer in enumerate(self.talker_layers):
+            h, branch = layer.fast(h, branch, cos, sin, position[:, None], s.keys[i][:b], s.values[i][:b], splits)
+        assert branch is not None
+        return add_rms_norm(h[:, 0], branch[:, 0], model.norm.weight, float(model.norm.variance_epsilon))[1]
+
     def _talker(self, embeds: torch.Tensor, length: int) -> torch.Tensor:
         """One talker position for rows [0, B): [B, hidden] in, last hidden [B, hidden] out."""
+        if self.fused:
+            return self._talker_fast(embeds, length)
         b = embeds.shape[0]
         s, model = self.state, self.talker.model
         position = s.position[:b]
@@ -239,23 +303,42 @@ class FrameStep:
         s = self.state
         token, past_hidden, frame = s.token[:b], s.past_hidden[:b], s.frame[:b]
         # This frame's draws: codebooks 2..16 of frame f, and the first codebook of frame f + 1.
-        counters = (frame[:, None] + (self.streams == 0)).expand(b, self.groups)
-        noise = gumbel(s.seed[:b], counters, self.streams)
+        if self.fused:
+            from .kernels.noise import frame_noise
+
+            noise = frame_noise(s.seed[:b], frame, self.groups)
+        else:
+            counters = (frame[:, None] + (self.streams == 0)).expand(b, self.groups)
+            noise = gumbel(s.seed[:b], counters, self.streams)
         rest = self._predict(past_hidden, token, noise[:, 1:])
         s.codes[:b, 0] = token
         s.codes[:b, 1:] = rest
         embeds = self.talker.get_input_embeddings()(token) + self._embed_codes(rest)
         hidden = self._talker(embeds + self.pad_embed, length)
-        logits = self.talker.codec_head(hidden).float()
         seen = s.seen[:b]
         seen.scatter_(1, token[:, None], True)
+        if self.fused:
+            from .kernels.sampler import sample_fused
+
+            # The next token straight into ``token``, and its EOS flag (one kernel).
+            hold = (frame, s.min_new_tokens[:b], self.eos_id)
+            sample_fused(self.talker.codec_head(hidden), s.talker_params(b), noise[:, 0], token,
+                         seen, s.penalty[:b], self.suppressed, hold, s.eos[:b])
+            return self._advance(b, hidden)
+        logits = self.talker.codec_head(hidden).float()
         logits = penalise(logits, seen, s.penalty[:b]).masked_fill(self.suppressed, float("-inf"))
         hold = ((frame + 1) < s.min_new_tokens[:b])[:, None] & self.is_eos
         logits = logits.masked_fill(hold, float("-inf"))
         nxt = sample(logits, s.talker_params(b), noise[:, 0])
         s.eos[:b] = nxt == self.eos_id
         token.copy_(nxt)
-        past_hidden.copy_(hidden)
+        return self._advance(b, hidden)
+
+    def _advance(self, b: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Move rows [0, b) on by one frame (hidden state, position, frame index); returns
+        the frame's codes [b, 16]."""
+        s = self.state
+        s.past_hidden[:b].copy_(hidden)
         s.position[:b] = (s.position[:b] + 1).clamp(max=s.max_len - 1)
-        frame += 1
+        s.frame[:b] += 1
         return s.codes[:b]

@@ -42,6 +42,7 @@ import math
 import sys
 import time
 import zlib
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ from typing import Any
 # ---------------------------------------------------------------------------------------
 
 MODEL_TYPES: tuple[str, ...] = ("base", "voice_design", "custom_voice")
-SIZES: tuple[str, ...] = ("tiny", "full")
+SIZES: tuple[str, ...] = ("tiny", "full", "full-0.6b")
 
 SAMPLE_RATE = 24_000  #: Hz, codec input and output
 SAMPLES_PER_FRAME = 1920  #: audio samples per codec frame (12.5 frames per second, 80 ms)
@@ -285,7 +286,11 @@ TINY = Arch(
     },
 )
 
-ARCHS: dict[str, Arch] = {"tiny": TINY, "full": FULL}
+#: The 0.6B Base model: the 1.7B layout with a 1024-wide talker (the predictor's width,
+#: so no ``small_to_mtp_projection``); for memory figures (``benchmarks/memory.py``).
+FULL_06B = dataclasses.replace(FULL, talker_hidden=1024, talker_intermediate=3072)
+
+ARCHS: dict[str, Arch] = {"tiny": TINY, "full": FULL, "full-0.6b": FULL_06B}
 
 
 # ---------------------------------------------------------------------------------------

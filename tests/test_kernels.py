@@ -1,0 +1,207 @@
+"""Each Triton kernel of the frame step against its eager PyTorch form, and the whole fused
+step against the eager step on the tiny checkpoints.
+
+On the CPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set by
+``conftest.py`` before anything imports triton; float32, small shapes). Under ``pytest -m gpu`` they run
+compiled on CUDA, in float32 and bfloat16.
+
+Tolerances: float32 kernels agree with the eager forms to a few float32 ulps (the sums run
+in another order), so 1e-5. bfloat16 stores 8 significant bits (a relative step of 2**-8 =
+0.4 %); the kernels compute in float32 and round once where eager PyTorch rounds after each
+operation (two to four roundings), so outputs may differ by a few bf16 steps of their
+magnitude: 3e-2 absolute on values of order 1. Sampled ids are compared exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # conftest.py sets it; this covers running the file alone
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from wyoming_qwen3tts.engine import Segment  # noqa: E402
+from wyoming_qwen3tts.engine.kernels import attention, noise, rmsnorm, rope, sampler, silu_mul  # noqa: E402
+from wyoming_qwen3tts.engine.sampling import RowParams, effective, gumbel  # noqa: E402
+from wyoming_qwen3tts.voices import ModelKind  # noqa: E402
+
+from .engine_driver import Collect, load_tiny, run  # noqa: E402
+
+CASES = [
+    pytest.param("cpu", torch.float32, id="interpreter-f32"),
+    pytest.param("cuda", torch.float32, marks=pytest.mark.gpu, id="cuda-f32"),
+    pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu, id="cuda-bf16"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _device_ready(request: pytest.FixtureRequest) -> None:
+    params = getattr(request.node, "callspec", None)
+    device = params.params.get("device") if params is not None else None
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if device == "cpu" and torch.cuda.is_available():
+        pytest.skip("the interpreter runs where no CUDA device is")
+
+
+def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol)
+
+
+def rand(*shape: int, device: str, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_add_rms_norm_and_silu_mul(device: str, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(0)
+    d = 48 if device == "cpu" else 1024  # not a power of two: masked lanes
+    x, branch = rand(3, 2, d, device=device, dtype=dtype, gen=gen), rand(3, 2, d, device=device, dtype=dtype, gen=gen)
+    weight = rand(d, device=device, dtype=dtype, gen=gen)
+    for b in (None, branch):
+        h, y = rmsnorm.add_rms_norm(x, b, weight, 1e-6)
+        h_ref, y_ref = rmsnorm.add_rms_norm_eager(x, b, weight, 1e-6)
+        assert torch.equal(h, h_ref)  # one rounding of the same sum
+        close(y, y_ref, dtype)
+    gate_up = rand(3, 1, 2 * d, device=device, dtype=dtype, gen=gen)
+    close(silu_mul.silu_mul(gate_up), silu_mul.silu_mul_eager(gate_up), dtype)
+
+
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_qk_norm_rope_and_cache_write(device: str, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(1)
+    b, heads, kv, hd, length = 3, 4, 2, (8 if device == "cpu" else 128), 17
+    for n, positions in ((2, torch.tensor([[0, 1]])), (1, torch.tensor([[5], [9], [16]]))):
+        qkv = rand(b, n, heads + 2 * kv, hd, device=device, dtype=dtype, gen=gen)
+        cos = rand(positions.shape[0], n, hd, device=device, dtype=dtype, gen=gen)
+        sin = rand(positions.shape[0], n, hd, device=device, dtype=dtype, gen=gen)
+        pos = positions.to(device)
+        for norm in ((rand(heads + kv, hd, device=device, dtype=dtype, gen=gen), 1e-6), None):
+            keys = rand(b, kv, length, hd, device=device, dtype=dtype, gen=gen)
+            values = rand(b, kv, length, hd, device=device, dtype=dtype, gen=gen)
+            k_ref, v_ref = keys.clone(), values.clone()
+            q = rope.qk_rope_kv(qkv, norm, cos, sin, pos, keys, values, heads)
+            q_ref = rope.qk_rope_kv_eager(qkv, norm, cos, sin, pos, k_ref, v_ref, heads)
+            close(q, q_ref, dtype)
+            close(keys, k_ref, dtype)
+            assert torch.equal(values, v_ref)
+
+
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_decode_attention_reads_each_rows_own_positions(device: str, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(2)
+    b, heads, kv, hd = 3, 4, 2, (16 if device == "cpu" else 128)
+    # The predictor's 17-position cache (2 query tokens), and a long cache split over programs.
+    for n, length, positions, splits in (
+        (2, 17, torch.tensor([[0, 1]]), 1),
+        (1, 17, torch.tensor([[16]]), 1),
+        (1, 600, torch.tensor([[0], [255], [599]]), 1),
+        (1, 600, torch.tensor([[3], [256], [599]]), 3),
+    ):
+        q = rand(b, n, heads, hd, device=device, dtype=dtype, gen=gen)
+        keys = rand(b, kv, length, hd, device=device, dtype=dtype, gen=gen)
+        values = rand(b, kv, length, hd, device=device, dtype=dtype, gen=gen)
+        pos = positions.to(device)
+        out = attention.decode_attention(q, keys, values, pos, 0.25, splits)
+        close(out, attention.decode_attention_eager(q, keys, values, pos, 0.25), dtype)
+        # Positions past a row's own are never read: garbage there changes nothing.
+        after = torch.arange(length, device=device)[None, None, :, None] > pos.expand(b, n)[:, -1].view(b, 1, 1, 1)
+        poisoned = attention.decode_attention(
+            q, keys.masked_fill(after, 1e4), values.masked_fill(after, float("nan")), pos, 0.25, splits
+        )
+        assert torch.equal(out, poisoned)
+
+
+def _noise(b: int, seed: int, device: str) -> torch.Tensor:
+    seeds = torch.arange(b, device=device) + 1000 * seed
+    return gumbel(seeds, torch.zeros(b, 1, dtype=torch.int64, device=device), torch.zeros(1, dtype=torch.int64, device=device))[:, 0]
+
+
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_fused_sampler_draws_what_the_eager_sampler_draws(device: str, dtype: torch.dtype) -> None:
+    """Same logits, same seeds' noise: the same ids, row by row (greedy, top-k, top-p)."""
+    gen = torch.Generator().manual_seed(3)
+    b = 4
+    vocab = 100 if device == "cpu" else 2048  # the interpreter's top-k is slow
+    logits = (rand(b, vocab, device=device, dtype=torch.float32, gen=gen) * 3).to(dtype)
+    settings = [(0.9, 50, 1.0), (0.0, 50, 1.0), (1.0, 0, 0.8), (0.7, 3, 1.0)]
+    seeds = range(2) if device == "cpu" else range(20)
+    for temperature, top_k, top_p in settings:
+        k, p = effective(top_k, top_p)
+        params = RowParams(
+            torch.full((b,), temperature, device=device), torch.full((b,), k, device=device),
+            torch.full((b,), p, device=device),
+        )
+        for seed in seeds:
+            noise = _noise(b, seed, device)
+            fused = sampler.sample_fused(logits, params, noise, torch.empty(b, dtype=torch.int64, device=device))
+            eager = sampler.sample_eager(logits, params, noise, torch.empty(b, dtype=torch.int64, device=device))
+            assert torch.equal(fused, eager), (temperature, top_k, top_p, seed)
+
+
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_fused_talker_sampler_penalty_bans_and_held_eos(device: str, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(4)
+    b, vocab, eos_id = 5, (160 if device == "cpu" else 3072), 130
+    logits = (rand(b, vocab, device=device, dtype=torch.float32, gen=gen) * 3).to(dtype)
+    logits[:, eos_id] = 30.0  # EOS is the favourite wherever it is not held back
+    seen = torch.rand(b, vocab, generator=gen).to(device) < 0.2
+    penalty = torch.full((b,), 1.3, device=device)
+    banned = torch.zeros(vocab, dtype=torch.bool, device=device)
+    banned[128:] = True
+    banned[eos_id] = False
+    frame = torch.arange(b, device=device)
+    min_new = torch.full((b,), 3, device=device)
+    params = RowParams(torch.full((b,), 0.9, device=device), torch.full((b,), 50, device=device),
+                       torch.full((b,), 2.0, device=device))
+    noise = _noise(b, 0, device)
+    outs = []
+    for fn in (sampler.sample_fused, sampler.sample_eager):
+        out = torch.empty(b, dtype=torch.int64, device=device)
+        eos = torch.zeros(b, dtype=torch.bool, device=device)
+        fn(logits, params, noise, out, seen, penalty, banned, (frame, min_new, eos_id), eos)
+        outs.append((out, eos))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert outs[0][1].tolist() == [False, False, True, True, True]  # held while frame + 1 < 3
+    assert bool((outs[0][0][:2] < 128).all())  # banned ids never drawn
+
+
+@pytest.mark.parametrize(("device", "dtype"), CASES[:2])
+def test_frame_noise_is_the_eager_noise(device: str, dtype: torch.dtype) -> None:
+    """The same hash (exact) and logarithms: bit for bit on CUDA; under the interpreter,
+    NumPy's log may differ from PyTorch's in the last bit."""
+    seed = torch.tensor([0, 5, 2**62 + 12345, -7], device=device)
+    frame = torch.tensor([0, 3, 100, 9], device=device)
+    fused, eager = noise.frame_noise(seed, frame, 16), noise.frame_noise_eager(seed, frame, 16)
+    if device == "cuda":
+        assert torch.equal(fused, eager)
+    else:
+        torch.testing.assert_close(fused, eager, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.gpu
+def test_fused_step_samples_the_eager_steps_codes(checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA, float32, sampled with the default settings: the engine with the Triton kernels
+    gives every row the codes the eager step gives it, for the same seeds."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    results = []
+    for fused in (True, False):
+        monkeypatch.setenv("QWEN3TTS_KERNELS", "triton" if fused else "eager")
+        engine = load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN, slots=3, device="cuda")
+        assert engine.step.fused is fused
+        sinks = [Collect() for _ in range(3)]
+        schedule = {0: [(Segment(f"Row {i} says hello.", "english", 14, 14, seed=7 + i, instruct="Calm."), sinks[i])
+                        for i in range(2)],
+                    3: [(Segment("A late joiner.", "english", 10, 10, seed=42, instruct="Bright."), sinks[2])]}
+        codes = run(engine, schedule, record_codes=True)
+        results.append({row: np.stack(c) for row, c in codes.items()})
+        assert all(s.frames is not None for s in sinks)
+    assert results[0].keys() == results[1].keys()
+    for row in results[0]:
+        np.testing.assert_array_equal(results[0][row], results[1][row])

@@ -1,0 +1,356 @@
+"""GPU memory: stream sizing, residency, driver and dtype checks, the out-of-memory path and
+the on-demand VoiceDesign model (real engines on the tiny checkpoints, on the CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from wyoming_qwen3tts.__main__ import build_parser
+from wyoming_qwen3tts.engine import Engine, Segment, load_engine
+from wyoming_qwen3tts.engine.batched import BatchedEngine
+from wyoming_qwen3tts.engine.cuda_env import CUDA12_INSTALL, driver_problem, parse_cuda_version, pick_dtype
+from wyoming_qwen3tts.engine.loader import checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers, slot_bytes
+from wyoming_qwen3tts.engine.on_demand import GpuLease, OnDemandEngine
+from wyoming_qwen3tts.engine.sizing import (
+    GB,
+    WORKSPACE_BYTES,
+    ModelNeed,
+    cap_fraction,
+    memory_budget,
+    plan_residency,
+    plan_streams,
+    slot_positions,
+)
+from wyoming_qwen3tts.metrics import Metrics
+from wyoming_qwen3tts.service import OOM_ADVICE, GenerationError, SpeechRequest, TtsService
+from wyoming_qwen3tts.text import FRAMES_PER_SECOND, MAX_SEGMENT_SECONDS, frame_budget
+from wyoming_qwen3tts.voices import MAX_REFERENCE_SECONDS, ModelKind, VoiceCatalog
+
+MB = 1_000_000
+
+
+# --- sizing ------------------------------------------------------------------------------
+
+
+def test_slot_positions_hold_the_longest_clone_segment() -> None:
+    positions = slot_positions()
+    reference_codes = MAX_REFERENCE_SECONDS * FRAMES_PER_SECOND
+    speech = MAX_SEGMENT_SECONDS * FRAMES_PER_SECOND
+    assert positions % 128 == 0
+    assert positions >= reference_codes + 1.5 * speech  # codes of the reference + the speech
+    assert positions < 2048  # half faster-qwen3-tts's default: twice the streams per GB
+    assert slot_positions(reference_seconds=0, segment_seconds=5) < positions
+
+
+def test_streams_fill_the_memory_after_the_workspace() -> None:
+    plan = plan_streams(free=4 * GB, slot_bytes=120 * MB)
+    assert plan.fits and plan.streams == (4 * GB - WORKSPACE_BYTES) // (120 * MB)
+    assert "120 MB a stream" in plan.reason and "3.0 GB free" not in plan.reason
+
+
+def test_streams_are_capped_and_reserve_counts() -> None:
+    assert plan_streams(free=80 * GB, slot_bytes=120 * MB).streams == 32
+    with_reserve = plan_streams(free=4 * GB, slot_bytes=120 * MB, reserve=2 * GB)
+    assert with_reserve.streams == (2 * GB - WORKSPACE_BYTES) // (120 * MB)
+    assert "kept for the VoiceDesign model" in with_reserve.reason
+
+
+def test_no_room_is_a_plan_that_does_not_fit() -> None:
+    plan = plan_streams(free=WORKSPACE_BYTES + 10 * MB, slot_bytes=120 * MB)
+    assert not plan.fits and plan.streams == 0 and "not even 1 stream" in plan.reason
+    with pytest.raises(ValueError):
+        plan_streams(free=GB, slot_bytes=0)
+
+
+def test_asked_streams_say_whether_they_fit() -> None:
+    assert plan_streams(free=8 * GB, slot_bytes=GB, asked=4).fits
+    assert not plan_streams(free=4 * GB, slot_bytes=GB, asked=8).fits
+
+
+def test_budget_respects_the_cap_not_the_card() -> None:
+    # an H200 (140 GB) capped at 8 GB, 4 GB already allocated: 4 GB left, not 130
+    assert memory_budget(140 * GB, 4 * GB, 130 * GB, 8.0) == 4 * GB
+    assert memory_budget(140 * GB, 4 * GB, 130 * GB, None) == 130 * GB
+    assert memory_budget(140 * GB, 9 * GB, 130 * GB, 8.0) == 0
+    assert cap_fraction(8, 140 * GB) == pytest.approx(8 / 140)
+    for bad in (0, 200):
+        with pytest.raises(ValueError):
+            cap_fraction(bad, 140 * GB)
+
+
+def _needs(base_gb: float, design_gb: float = 4.2) -> list[ModelNeed]:
+    return [ModelNeed("base", int(base_gb * GB), 130 * MB), ModelNeed("voice_design", int(design_gb * GB), 130 * MB)]
+
+
+def test_residency_by_card() -> None:
+    on_8 = plan_residency(_needs(4.2), int(7.6 * GB))
+    assert on_8.design == "turns" and on_8.reserves == {"base": 0, "voice_design": 0}
+    assert "0.6B-Base" in on_8.reason
+    on_12 = plan_residency(_needs(4.2), int(11.5 * GB))
+    assert on_12.design == "resident"
+    # the Base model's sizing keeps the VoiceDesign model's weights, workspace and share
+    share = (int(11.5 * GB) - 2 * (int(4.2 * GB) + WORKSPACE_BYTES)) // 2
+    assert on_12.reserves == {"base": int(4.2 * GB) + WORKSPACE_BYTES + share, "voice_design": 0}
+    # the 0.6B Base model (2.2 GB with the codec) fits next to the VoiceDesign model on a 10 GB card
+    assert plan_residency(_needs(2.2), int(9.5 * GB)).design == "resident"
+    assert plan_residency(_needs(2.2), int(9.5 * GB), "on-demand").design == "on-demand"
+    assert plan_residency(_needs(4.2), int(7.6 * GB), "resident").design == "resident"
+    assert plan_residency(_needs(4.2)[:1], int(7.6 * GB)).design == "none"
+    with pytest.raises(ValueError):
+        plan_residency(_needs(4.2), GB, "sometimes")
+
+
+def test_checkpoint_estimates_match_the_loaded_model(checkpoints: Path) -> None:
+    engine = load_engine(ModelKind.BASE, checkpoints / "base", "cpu", 1, "batched", 2, dtype="float32", max_len=256)
+    assert isinstance(engine, BatchedEngine)
+    model = engine._qwen.model
+    loaded = sum(t.numel() for m in (model, model.speech_tokenizer.model) for t in (*m.parameters(), *m.buffers()))
+    assert checkpoint_params(checkpoints / "base") == pytest.approx(loaded, rel=0.1)
+    measured = slot_bytes(engine._qwen, 256)
+    assert measured == engine.slot_bytes()
+    estimate = checkpoint_slot_bytes(checkpoints / "base", 256, 4)
+    assert 0.5 * measured < estimate < 4 * measured  # an estimate for the plan, before loading
+    assert checkpoint_speakers(checkpoints / "custom_voice")[:2] == ["aiden", "dylan"]
+
+
+# --- driver and dtype --------------------------------------------------------------------
+
+
+def test_driver_too_old_for_the_torch_build() -> None:
+    message = driver_problem((12, 8), (13, 0))
+    assert message is not None and "CUDA up to 12.8" in message and "13.0" in message
+    assert CUDA12_INSTALL in message and "TORCH_INDEX_URL" in message
+    assert driver_problem((13, 0), (13, 0)) is None
+    assert driver_problem((13, 1), (13, 0)) is None
+    assert driver_problem((12, 2), (12, 8)) is None  # minor-version compatibility
+    assert driver_problem(None, (13, 0)) is None  # no driver: nothing to say about it
+    assert driver_problem((12, 8), None) is None  # CPU-only torch
+    assert parse_cuda_version("13.0") == (13, 0) and parse_cuda_version(None) is None
+    assert parse_cuda_version("x") is None
+
+
+def test_dtype_choice() -> None:
+    assert pick_dtype("auto", "cuda", True) == ("bfloat16", None)
+    name, note = pick_dtype("auto", "cuda", False)
+    assert name == "float16" and note is not None and "no bfloat16" in note
+    assert pick_dtype("auto", "cpu", False) == ("float32", None)
+    assert pick_dtype("float32", "cuda", False) == ("float32", None)
+    with pytest.raises(ValueError, match="float16"):
+        pick_dtype("bfloat16", "cuda", False)
+
+
+def test_cli_memory_flags() -> None:
+    args = build_parser().parse_args([])
+    assert args.max_streams is None and args.gpu_memory is None and args.design_model_memory == "auto"
+    args = build_parser().parse_args(["--max-streams", "3", "--gpu-memory", "7.5", "--design-model-memory", "on-demand"])
+    assert (args.max_streams, args.gpu_memory, args.design_model_memory) == (3, 7.5, "on-demand")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--max-streams", "many"])
+
+
+# --- out of memory mid-request -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def design_engine(checkpoints: Path) -> BatchedEngine:
+    engine = load_engine(ModelKind.VOICE_DESIGN, checkpoints / "voice_design", "cpu", 1, "batched", 2, dtype="float32", max_len=512)
+    assert isinstance(engine, BatchedEngine)
+    engine.warm(Segment("Hello.", "auto", 2, seed=0, instruct="A calm voice."))
+    return engine
+
+
+async def _speak(service: TtsService, text: str, voice: str = "aria") -> int:
+    stream = service.speak(SpeechRequest(voice=voice), text)
+    samples = 0
+    async for chunk in stream:
+        samples += len(chunk)
+    return samples
+
+
+async def test_out_of_memory_fails_the_request_and_the_next_one_works(
+    design_engine: BatchedEngine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real_run = design_engine.step.run
+    calls = {"n": 0}
+
+    def run_once_out_of_memory(*args: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_run(*args)
+
+    monkeypatch.setattr(design_engine.step, "run", run_once_out_of_memory)
+    service = TtsService(VoiceCatalog(None, {ModelKind.VOICE_DESIGN}), {ModelKind.VOICE_DESIGN: design_engine}, "aria", Metrics())
+    try:
+        with caplog.at_level(logging.WARNING):
+            with pytest.raises(GenerationError) as failed:
+                await _speak(service, "This sentence meets an injected out of memory error.")
+        assert str(failed.value) == OOM_ADVICE and "--max-streams" in OOM_ADVICE
+        assert any(OOM_ADVICE in r.getMessage() and "Tried to allocate" in r.getMessage() for r in caplog.records)
+        assert await _speak(service, "And this one is spoken.") > 0
+        assert service.open_streams == 0
+    finally:
+        await asyncio.to_thread(service.stop)
+
+
+# --- the on-demand VoiceDesign model ------------------------------------------------------
+
+
+def _warm(engine: Engine) -> Segment:
+    return Segment("Hello.", "auto", 2, seed=0, instruct="A calm voice.")
+
+
+async def test_on_demand_model_leaves_when_idle_and_comes_back(checkpoints: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def load() -> Engine:
+        return load_engine(ModelKind.VOICE_DESIGN, checkpoints / "voice_design", "cpu", 1, "batched", 2, dtype="float32", max_len=512)
+
+    engine = OnDemandEngine(ModelKind.VOICE_DESIGN, 1, load, _warm, idle_s=0.5)
+    await asyncio.to_thread(engine.warm, _warm(engine))
+    assert engine.resident and engine.loads == 1
+    first = weakref.ref(engine.inner)
+    service = TtsService(VoiceCatalog(None, {ModelKind.VOICE_DESIGN}), {ModelKind.VOICE_DESIGN: engine}, "aria", Metrics())
+    try:
+        with caplog.at_level(logging.INFO):
+            assert await _speak(service, "Served while resident.") > 0
+            deadline = time.monotonic() + 10
+            while engine.resident and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert not engine.resident  # left GPU memory after idle_s
+            gc.collect()
+            assert first() is None  # nothing holds the dropped model: its memory is free
+            assert await _speak(service, "Served after coming back.") > 0
+        assert engine.loads == 2
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("left GPU memory (no work for" in m for m in messages)
+        assert any("loading it into GPU memory for a waiting request" in m for m in messages)
+    finally:
+        await asyncio.to_thread(service.stop)
+
+
+async def test_models_that_do_not_fit_together_take_turns(checkpoints: Path, voices_dir: Path) -> None:
+    lease = GpuLease()
+
+    def loader(kind: ModelKind, folder: str) -> Any:
+        return lambda: load_engine(kind, checkpoints / folder, "cpu", 1, "batched", 2, dtype="float32", max_len=512)
+
+    base = OnDemandEngine(ModelKind.BASE, 1, loader(ModelKind.BASE, "base"), lambda e: _clone_warm(), idle_s=None, lease=lease)
+    design = OnDemandEngine(ModelKind.VOICE_DESIGN, 1, loader(ModelKind.VOICE_DESIGN, "voice_design"), _warm, idle_s=60, lease=lease)
+    await asyncio.to_thread(base.warm, _clone_warm())
+    await asyncio.to_thread(design.warm, _warm(design))
+    assert base.resident and not design.resident  # the second waits for its turn
+    kinds = {ModelKind.BASE, ModelKind.VOICE_DESIGN}
+    service = TtsService(VoiceCatalog(voices_dir, kinds), {ModelKind.BASE: base, ModelKind.VOICE_DESIGN: design}, "aria", Metrics())
+    try:
+        assert await _speak(service, "A preset, designed live.") > 0
+        assert design.resident and not base.resident
+        from wyoming_qwen3tts.anchors import AnchorSpec
+
+        clip = await service.render_design(AnchorSpec("A warm voice.", "english", 3, "A short clip.", "model"))
+        assert clip.dtype == np.float32 and len(clip) > 0
+        assert await _speak(service, "A clone, by the Base model.", voice="clone") > 0
+        assert base.resident and not design.resident and (base.loads, design.loads) == (2, 1)
+    finally:
+        await asyncio.to_thread(service.stop)
+
+
+def _clone_warm() -> Segment:
+    from wyoming_qwen3tts.voices import Reference
+
+    tone = 0.1 * np.sin(2 * np.pi * 220 * np.arange(24000) / 24000)
+    return Segment("Hello.", "auto", 2, seed=0, reference=Reference.from_audio(tone, 24000, None))
+
+
+# --- start-up wiring (the CUDA branch's planning, run on the CPU with the GPU's answers faked) --
+
+
+def _args(checkpoints: Path, tmp_path: Path, *extra: str) -> Any:
+    return build_parser().parse_args([
+        "--data-dir", str(tmp_path), "--clone-model", str(checkpoints / "base"),
+        "--design-model", str(checkpoints / "voice_design"), "--custom-voice-model", "none",
+        "--engine", "batched", "--dtype", "float32", *extra,
+    ])
+
+
+def test_residency_plan_reads_the_cap_and_the_checkpoints(
+    checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from wyoming_qwen3tts import __main__ as main
+
+    fraction: list[float] = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (140 * GB, 141 * GB))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", fraction.append)
+    monkeypatch.setattr(main, "cuda_bf16_supported", lambda: True)
+    args = _args(checkpoints, tmp_path, "--gpu-memory", "8")
+    paths = {ModelKind.BASE: checkpoints / "base", ModelKind.VOICE_DESIGN: checkpoints / "voice_design"}
+    with caplog.at_level(logging.INFO):
+        plan = main._residency(args, "cuda", paths, 1024)
+    assert fraction == [pytest.approx(8 / 141)]
+    assert plan is not None and plan.design == "resident"  # tiny weights: everything fits in 8 GB
+    assert any("GPU memory: 8.0 GB for this server (--gpu-memory 8)" in r.getMessage() for r in caplog.records)
+
+
+async def test_models_taking_turns_are_wired_at_start(
+    checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wyoming_qwen3tts import __main__ as main
+    from wyoming_qwen3tts.engine.sizing import Residency
+
+    monkeypatch.setattr(main, "_residency", lambda *a: Residency("turns", {}, "faked: they do not fit"))
+    engines = await main.load_engines(_args(checkpoints, tmp_path, "--device", "cpu"), Metrics())
+    base, design = engines[ModelKind.BASE], engines[ModelKind.VOICE_DESIGN]
+    assert isinstance(base, OnDemandEngine) and isinstance(design, OnDemandEngine)
+    assert base.lease is design.lease is not None and base.home and not design.home
+    assert base.resident and not design.resident and design.ready.is_set()
+
+
+def test_auto_streams_from_the_memory_torch_reports(design_engine: BatchedEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from wyoming_qwen3tts.engine import loader
+
+    slot = slot_bytes(design_engine._qwen, 512)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 2 * GB)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 2 * GB)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (100 * GB, 141 * GB))
+    # an 8 GB cap with 2 GB of weights in it: 6 GB, less the workspace and a 3 GB reserve
+    expected = min(32, (6 * GB - WORKSPACE_BYTES - 3 * GB) // slot)
+    assert loader._plan_streams(ModelKind.VOICE_DESIGN, design_engine._qwen, 512, 3 * GB, 8.0) == expected
+    with pytest.raises(loader.MemoryFitError, match="not even 1 stream fits"):
+        loader._plan_streams(ModelKind.VOICE_DESIGN, design_engine._qwen, 512, 5 * GB, 8.0)
+
+
+async def test_a_voice_design_model_that_does_not_fit_at_start_does_not_stop_the_server(
+    checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from wyoming_qwen3tts import __main__ as main
+
+    real = main.load_engine
+
+    def design_out_of_memory(kind: ModelKind, *args: Any, **kwargs: Any) -> Engine:
+        if kind is ModelKind.VOICE_DESIGN:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return real(kind, *args, **kwargs)
+
+    monkeypatch.setattr(main, "load_engine", design_out_of_memory)
+    with caplog.at_level(logging.ERROR):
+        engines = await main.load_engines(_args(checkpoints, tmp_path, "--device", "cpu"), Metrics())
+    design = engines[ModelKind.VOICE_DESIGN]
+    assert isinstance(design, OnDemandEngine) and not design.resident and design.ready.is_set()
+    assert isinstance(engines[ModelKind.BASE], BatchedEngine)
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "does not fit in GPU memory (CUDA out of memory)" in line and "--gpu-memory" in line and "starts without it" in line
+    service = TtsService(VoiceCatalog(None, set(engines)), engines, "aria", Metrics())
+    try:
+        with pytest.raises(GenerationError, match="could not be loaded: it does not fit"):
+            await _speak(service, "A preset needs the VoiceDesign model.")
+    finally:
+        await asyncio.to_thread(service.stop)

@@ -1,0 +1,60 @@
+"""Triton kernels of the frame step, each beside its eager PyTorch form.
+
+Every module here holds one fused operation: the eager form (what runs on the CPU, and what
+the parity tests compare against) and the Triton form. ``enabled(t)`` says whether the
+Triton form serves a tensor: CUDA tensors of float32/bfloat16/float16, unless
+``QWEN3TTS_KERNELS=eager`` is set. On CPU tensors a Triton form runs in Triton's interpreter
+(for tests on small shapes; slow): that needs ``TRITON_INTERPRET=1`` set before the kernel
+modules are first imported, which is why the engine imports them only when it uses them
+(this package's ``__init__`` does not import triton). Kernels compile on first use, which the engine's graph
+capture does at start (warm-up pass), and Triton caches them on disk (``~/.triton/cache``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import torch
+
+#: Whether triton is installed (torch's CUDA wheels ship it; CPU-only wheels do not).
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+
+#: Model dtypes the kernels are written for.
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+#: Oldest compute capability the kernels serve (Ampere: bfloat16 throughout); checked by
+#: compiling every kernel for sm_80, 86, 89 and 90 (the H200 runs them).
+MIN_CAPABILITY = (8, 0)
+
+
+def enabled(t: torch.Tensor) -> bool:
+    """Whether the Triton kernels serve tensors like ``t``: CUDA on a GPU of compute
+    capability ``MIN_CAPABILITY`` or newer, a dtype of ``DTYPES``, triton installed, and not
+    switched off with ``QWEN3TTS_KERNELS=eager``."""
+    return (
+        HAVE_TRITON
+        and t.is_cuda
+        and t.dtype in DTYPES
+        and os.environ.get("QWEN3TTS_KERNELS", "triton").lower() != "eager"
+        and torch.cuda.get_device_capability(t.device) >= MIN_CAPABILITY
+    )
+
+
+def launcher(kernel: Any, t: torch.Tensor) -> Any:
+    """``kernel``, checked to be runnable on ``t``'s device.
+
+    Raises:
+        RuntimeError: ``t`` is on the CPU but the kernels were not imported under
+            ``TRITON_INTERPRET=1``.
+    """
+    if not t.is_cuda and type(kernel).__name__ != "InterpretedFunction":
+        raise RuntimeError("Triton kernels run on CPU tensors only under TRITON_INTERPRET=1 (set before import)")
+    return kernel
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (Triton block sizes)."""
+    return 1 << max(0, (int(n) - 1).bit_length())
