@@ -228,3 +228,41 @@ def test_inline_intake_builds_on_the_callers_thread() -> None:
     (item,) = Inline(source, build).take(4, wait=0)
     assert names == [threading.current_thread().name]
     assert item.prompt is None and isinstance(item.error, ValueError)
+
+
+def test_pause_waits_for_a_take_in_progress() -> None:
+    """``pause`` returns only once the worker is out of ``source.take`` (with what it took
+    ready), so an engine that then finds its source closed has not lost work to the worker
+    (on-demand models: their source closes when idle and opens again)."""
+    inside, release = threading.Event(), threading.Event()
+
+    class Slow(Source):
+        def take(self, wait: float | None) -> Work | None:
+            if self.items.empty():
+                return None
+            inside.set()
+            release.wait(10)
+            return self.items.get()
+
+    import torch
+
+    source = Slow()
+    source.items.put(Work(seg("Taken while closing."), Collect()))
+    worker = PromptWorker(source, lambda s: Prompt(torch.zeros(1), torch.zeros(1)), torch.device("cpu"))
+    worker.set_free(4)
+    worker.start()
+    assert inside.wait(10)
+    paused = threading.Thread(target=worker.pause)
+    paused.start()
+    paused.join(0.3)
+    assert paused.is_alive()  # still inside take
+    release.set()
+    paused.join(10)
+    assert not paused.is_alive()
+    assert [p.work.segment.text for p in worker.take(4, wait=0)] == ["Taken while closing."]
+    source.items.put(Work(seg("Not while paused."), Collect()))
+    time.sleep(0.2)
+    assert worker.take(4, wait=0) == [] and source.items.qsize() == 1
+    worker.resume()
+    assert [p.work.segment.text for p in worker.take(4, wait=5)] == ["Not while paused."]
+    assert worker.stop() == []

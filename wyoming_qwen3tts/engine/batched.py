@@ -250,7 +250,7 @@ class BatchedEngine(Engine):
 
     def _serve(self, source: WorkSource, intake: PromptWorker) -> None:
         pending: _Launched | None = None
-        while not source.closed():
+        while not self._stopping(source, intake):
             try:
                 self._admit(intake, block=not self._rows and pending is None)
             except Exception:  # noqa: BLE001 - a broken work source: keep serving, but not in a spin
@@ -280,6 +280,18 @@ class BatchedEngine(Engine):
                 row.finished = True
                 row.work.sink.done(row.frames)
         self._rows.clear()
+
+    @staticmethod
+    def _stopping(source: WorkSource, intake: PromptWorker) -> bool:
+        """Whether the source closed, with the worker paused so that it cannot be taking work
+        meanwhile (a source may open again: ``on_demand``'s relay)."""
+        if not source.closed():
+            return False
+        intake.pause()
+        if source.closed():
+            return True
+        intake.resume()
+        return False
 
     # --- admission ----------------------------------------------------------------------------
 

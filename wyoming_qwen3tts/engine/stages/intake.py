@@ -108,6 +108,11 @@ class PromptWorker:
     are prepared segments waiting (``set_free``), so work is never taken from the source
     (and its round-robin order) before a slot can hold it.
 
+    A source may close for a while and open again (``on_demand``'s relay closes when its
+    model is idle, unless a segment it handed out still runs). Before the engine stops on a
+    closed source it calls ``pause``: the worker is then not inside ``source.take``, so if the
+    source still says closed, nothing was taken behind the engine's back.
+
     Args:
         source: where work comes from (``scheduler.Scheduler``).
         build: a segment's prompt (raises for a segment that cannot start).
@@ -124,6 +129,8 @@ class PromptWorker:
         self._ready: deque[Prepared] = deque()
         self._free = 0
         self._stop = False
+        self._paused = False
+        self._taking = False  # inside source.take or preparing what it gave
         self._done = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -141,6 +148,20 @@ class PromptWorker:
             left = list(self._ready)
             self._ready.clear()
         return left
+
+    def pause(self) -> None:
+        """Stop taking from the source; returns once the worker is not inside ``take``."""
+        with self._cond:
+            self._paused = True
+            self._cond.notify_all()
+            while self._taking and not self._done:
+                self._cond.wait(_POLL_S)
+
+    def resume(self) -> None:
+        """Take from the source again (after ``pause``)."""
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
 
     def set_free(self, free: int) -> None:
         """The engine's free slots now (before it takes anything this step)."""
@@ -163,6 +184,16 @@ class PromptWorker:
             self._free -= len(out)
             return out
 
+    def _take_one(self) -> Prepared | None:
+        """One segment from the source, prepared; None if none came."""
+        try:
+            work = self._source.take(wait=_POLL_S)
+        except Exception:  # noqa: BLE001 - a broken work source: keep going, not in a spin
+            _LOGGER.exception("Taking work failed")
+            time.sleep(0.1)
+            return None
+        return None if work is None else prepare(work, self._build, self._stream)
+
     def _room(self) -> bool:
         return self._free > len(self._ready)
 
@@ -172,21 +203,16 @@ class PromptWorker:
             with context:
                 while True:
                     with self._cond:
-                        while not self._stop and not self._source.closed() and not self._room():
+                        while not self._stop and (self._paused or self._source.closed() or not self._room()):
                             self._cond.wait(_POLL_S)
-                        if self._stop or self._source.closed():
+                        if self._stop:
                             return
-                    try:
-                        work = self._source.take(wait=_POLL_S)
-                    except Exception:  # noqa: BLE001 - a broken work source: keep going, not in a spin
-                        _LOGGER.exception("Taking work failed")
-                        time.sleep(0.1)
-                        continue
-                    if work is None:
-                        continue
-                    item = prepare(work, self._build, self._stream)
+                        self._taking = True
+                    item = self._take_one()
                     with self._cond:
-                        self._ready.append(item)
+                        if item is not None:
+                            self._ready.append(item)
+                        self._taking = False
                         self._cond.notify_all()
         finally:
             with self._cond:
