@@ -26,7 +26,8 @@ One thread per model runs this loop:
    ``chunk_growth``: its first chunk at its first frame, then chunks of 2, 4, 8... frames up
    to ``chunk_frames``), and retire
    rows that hit EOS, their frame cap or the end of the cache, or whose client left. A
-   retired row's slot is filled at once by moving the last row into it.
+   retired row's slot is filled at once by moving the last row into it (``pool.SlotPool``
+   keeps the bookkeeping; ``_move`` moves the device state).
 
 On the CPU (tests) the same step runs eagerly, synchronously.
 """
@@ -36,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,8 @@ from ..voices import ModelKind
 from .base import Engine, ModelMismatchError, Work, WorkSource
 from .codec import StreamingDecoder
 from .graphs import StepGraphs, buckets
-from .planner import Planner, StreamClock
+from .planner import Planner
+from .pool import Row, SlotPool
 from .prefill import Prefill
 from .prompt import Prompt, PromptBuilder
 from .prompts import ClonePrompts
@@ -60,26 +62,10 @@ _LOGGER = logging.getLogger(__name__)
 
 
 @dataclass
-class _Row:
-    """One active segment in a slot."""
-
-    work: Work
-    max_frames: int
-    prompt_len: int
-    frames: int = 0
-    pcm: list[np.ndarray] = field(default_factory=list)
-    finished: bool = False
-    admitted: float = field(default_factory=time.monotonic)
-    first_audio: float | None = None  # seconds from admission to the first chunk
-    clock: StreamClock = field(default_factory=StreamClock)  # when its client runs out of audio
-    chunks: int = 0  # chunks sent
-
-
-@dataclass
 class _Launched:
     """A step in flight: which row was where, and where its outputs land."""
 
-    rows: list[_Row]
+    rows: list[Row]
     pcm: torch.Tensor  # float32 [b, samples_per_frame], host (pinned on CUDA)
     eos: torch.Tensor  # bool [b], host
     done: torch.cuda.Event | None
@@ -170,7 +156,7 @@ class BatchedEngine(Engine):
         self._decoded: torch.cuda.Event | None = None  # the last decode has finished
         self._host: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._flip = 0
-        self._rows: list[_Row] = []
+        self.pool = SlotPool(max_streams, self._move)
         self._on_join = on_join
         self._on_eager_prefill = on_eager_prefill
         self.chunk_growth = chunk_growth
@@ -279,7 +265,7 @@ class BatchedEngine(Engine):
             if not row.finished:
                 row.finished = True
                 row.work.sink.done(row.frames)
-        self._rows.clear()
+        self.pool.clear()
 
     @staticmethod
     def _stopping(source: WorkSource, intake: PromptWorker) -> bool:
@@ -319,8 +305,8 @@ class BatchedEngine(Engine):
         here, on the engine thread: warm-up and step-by-step tests)."""
         intake = source if isinstance(source, (PromptWorker, Inline)) else Inline(source, self._build)
         now = time.monotonic()
-        intake.set_free(self.capacity - len(self._rows))
-        take = self.planner.admissions(self.capacity - len(self._rows), [r.clock for r in self._rows], now)
+        intake.set_free(self.pool.free)
+        take = self.planner.admissions(self.pool.free, self.pool.clocks(), now)
         while take > 0:
             taken = self._admit_some(intake, block, min(take, self.prefill.max_rows))
             if taken < self.prefill.max_rows:
@@ -331,7 +317,7 @@ class BatchedEngine(Engine):
     def _admit_some(self, intake: Intake, block: bool, most: int) -> int:
         """Take up to ``most`` prepared segments and prefill them in one replay; returns how
         many it took (started, failed or cancelled)."""
-        items = intake.take(min(most, self.capacity - len(self._rows)), wait=None if block else 0)
+        items = intake.take(min(most, self.pool.free), wait=None if block else 0)
         batch: list[tuple[Work, Prompt]] = []
         for item in items:
             sink = item.work.sink
@@ -361,7 +347,7 @@ class BatchedEngine(Engine):
         if self.prefill.bucket(max(lengths)) is None and self._on_eager_prefill is not None:
             self._on_eager_prefill(len(batch))
         for (work, _prompt), length in zip(batch, lengths, strict=True):
-            self._rows.append(_Row(work, max(1, work.segment.max_new_tokens), length))
+            self.pool.add(Row(work, max(1, work.segment.max_new_tokens), length))
         _LOGGER.debug("Admitted %d stream(s): prompts of %s positions", len(batch), lengths)
         return len(items)
 
@@ -423,7 +409,7 @@ class BatchedEngine(Engine):
 
     def _bucket(self) -> tuple[int, int]:
         # a row's next position is prompt + frames delivered + (at most) one step in flight
-        return self.graphs.bucket(len(self._rows), max(r.prompt_len + r.frames for r in self._rows) + 2)
+        return self.graphs.bucket(len(self._rows), self.pool.longest() + 2)
 
     def _host_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         pin = self.device.type == "cuda"
@@ -491,7 +477,7 @@ class BatchedEngine(Engine):
             return self.chunk_frames
         return min(self.chunk_frames, 1 << min(sent, 16))
 
-    def _deliver_row(self, row: _Row, pcm: np.ndarray, eos: bool, rows: int) -> None:
+    def _deliver_row(self, row: Row, pcm: np.ndarray, eos: bool, rows: int) -> None:
         """One row's frame of a finished step: buffer it, send a chunk when one is full, and
         end the row at EOS, its frame cap, the end of its cache, or its client's cancel."""
         sink = row.work.sink
@@ -521,21 +507,18 @@ class BatchedEngine(Engine):
                     time.monotonic() - row.admitted, rows,
                 )
 
+    @property
+    def _rows(self) -> list[Row]:
+        """The running rows, by slot (``pool.rows``)."""
+        return self.pool.rows
+
     def _retire(self) -> None:
-        """Free the slots of finished rows, moving the last rows into the holes."""
-        i = 0
-        while i < len(self._rows):
-            if not self._rows[i].finished:
-                i += 1
-                continue
-            last = len(self._rows) - 1
-            if i != last:
-                self._move(last, i)
-                self._rows[i] = self._rows[last]
-            self._rows.pop()
+        """Free the slots of finished rows (``SlotPool.retire``)."""
+        self.pool.retire()
 
     @torch.inference_mode()
     def _move(self, src: int, dst: int) -> None:
+        """Slot ``src``'s device state into slot ``dst`` (after the decode in flight)."""
         self._decoder_quiet()
         for tensor in self.state.tensors():
             tensor[dst].copy_(tensor[src])
@@ -552,7 +535,7 @@ class BatchedEngine(Engine):
                     row.work.sink.failed(error)
                 except Exception:  # noqa: BLE001 - one broken sink must not stop the others
                     _LOGGER.exception("Reporting a failure to a stream failed")
-        self._rows.clear()
+        self.pool.clear()
         self._joins.clear()
         self._stall = None
 
