@@ -55,9 +55,23 @@ def wait_for(sinks: list[Collect], seconds: float = 120.0) -> None:
         time.sleep(0.01)
 
 
-@pytest.fixture(scope="module")
-def design(checkpoints: Path) -> BatchedEngine:
-    return load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN)
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def design(request: pytest.FixtureRequest, checkpoints: Path) -> BatchedEngine:
+    """The CPU engine, or on CUDA one with its graphs captured (prompts then built on the
+    worker's own CUDA stream), float32 without TF32."""
+    if request.param == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA device")
+        saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+
+        def restore() -> None:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+        request.addfinalizer(restore)
+    return load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN, device=request.param)
 
 
 @pytest.fixture
