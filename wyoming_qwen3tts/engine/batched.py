@@ -248,6 +248,7 @@ class BatchedEngine(Engine):
                     launched = self._launch()
                 except Exception as err:  # noqa: BLE001 - a broken step fails its rows, not the server
                     _LOGGER.exception("Batched step failed; failing %d stream(s)", len(self._rows))
+                    self._stall = None
                     for row in self._rows:
                         if not row.finished:
                             row.finished = True
@@ -333,6 +334,10 @@ class BatchedEngine(Engine):
             self._stall = self._mark()
             self._stall_replays = 0
         self._stall_replays += 1
+        if self.device.type == "cuda":  # prompts made on the worker's stream, read on this one
+            main = torch.cuda.current_stream(self.device)
+            for _work, prompt in batch:
+                hold(prompt, main)
         try:
             lengths = self.prefill.run(len(self._rows), [(w.segment, p) for w, p in batch], self._decoder_quiet)
         except Exception as err:  # noqa: BLE001 - fail these requests only
@@ -340,10 +345,6 @@ class BatchedEngine(Engine):
             for work, _prompt in batch:
                 work.sink.failed(err)
             return len(items)
-        if self.device.type == "cuda":
-            main = torch.cuda.current_stream(self.device)
-            for _work, prompt in batch:
-                hold(prompt, main)
         if self.prefill.bucket(max(lengths)) is None and self._on_eager_prefill is not None:
             self._on_eager_prefill(len(batch))
         for (work, _prompt), length in zip(batch, lengths, strict=True):
