@@ -77,6 +77,8 @@ def design(request: pytest.FixtureRequest, checkpoints: Path) -> BatchedEngine:
 @pytest.fixture
 def serving(design: BatchedEngine) -> Iterator[tuple[BatchedEngine, Source]]:
     """The engine thread serving a source (closed after the test)."""
+    if not design._host:
+        design._capture()  # what warm-up does before serving (host buffers; CUDA: graphs)
     source = Source()
     thread = threading.Thread(target=design.serve, args=(source,), name="engine-test", daemon=True)
     thread.start()
@@ -154,13 +156,16 @@ def test_the_join_stall_counts_only_admissions_that_running_streams_wait_for(
         alone = Collect()
         source.items.put(Work(seg("Alone in the pool.", seed=1, frames=4), alone))
         wait_for([alone])
-        assert stalls == []  # nobody was running: nobody waited
+        assert alone.error is None and stalls == []  # nobody was running: nobody waited
         first, joiner = Collect(), Collect()
-        source.items.put(Work(seg("Running first.", seed=2, frames=40), first))
-        while not first.chunks:
+        source.items.put(Work(seg("Running first.", seed=2, frames=120), first))
+        deadline = time.monotonic() + 60
+        while not first.chunks and not first.finished and time.monotonic() < deadline:
             time.sleep(0.005)
+        assert first.chunks and not first.finished, first.error
         source.items.put(Work(seg("Joins it.", seed=3, frames=4), joiner))
         wait_for([first, joiner])
+        assert first.error is None and joiner.error is None
     finally:
         engine._on_join = saved
     assert len(stalls) == 1 and stalls[0] > 0
