@@ -267,6 +267,8 @@ class BatchedEngine(Engine):
                 row.finished = True
                 row.work.sink.done(row.frames)
         self.pool.clear()
+        self._stall = None  # an admission's stall that no step closed: nobody waits any more
+        self._joins.clear()
 
     @staticmethod
     def _stopping(source: WorkSource, intake: PromptWorker) -> bool:
