@@ -191,9 +191,11 @@ def test_the_worker_takes_work_only_for_free_slots() -> None:
     deadline = time.monotonic() + 10
     while len(built) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    time.sleep(0.2)
+    got = worker.take(8, wait=10)
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += worker.take(8, wait=1)
+    time.sleep(0.2)  # were it to take more, it would have by now
     assert built == ["r0", "r1"] and source.items.qsize() == 1
-    got = worker.take(8, wait=0)
     assert [p.work.segment.text for p in got] == ["r0", "r1"]
     worker.set_free(1)
     assert [p.work.segment.text for p in worker.take(8, wait=5)] == ["r2"]
