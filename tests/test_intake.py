@@ -75,17 +75,29 @@ def design(request: pytest.FixtureRequest, checkpoints: Path) -> BatchedEngine:
 
 
 @pytest.fixture
-def serving(design: BatchedEngine) -> Iterator[tuple[BatchedEngine, Source]]:
-    """The engine thread serving a source (closed after the test)."""
+def serve(design: BatchedEngine) -> Iterator[Callable[[], Source]]:
+    """Starts the engine thread serving a source when called (closed after the test). Call it
+    after any step-by-step run of the same engine: two threads must never drive one engine."""
     if not design._host:
         design._capture()  # what warm-up does before serving (host buffers; CUDA: graphs)
     source = Source()
     thread = threading.Thread(target=design.serve, args=(source,), name="engine-test", daemon=True)
-    thread.start()
-    yield design, source
+
+    def start() -> Source:
+        thread.start()
+        return source
+
+    yield start
     source.stop.set()
-    thread.join(30)
-    assert not thread.is_alive()
+    if thread.is_alive():
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+@pytest.fixture
+def serving(design: BatchedEngine, serve: Callable[[], Source]) -> tuple[BatchedEngine, Source]:
+    """The engine thread serving a source from the start of the test."""
+    return design, serve()
 
 
 def spy_threads(engine: BatchedEngine, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -102,13 +114,14 @@ def spy_threads(engine: BatchedEngine, monkeypatch: pytest.MonkeyPatch) -> list[
 
 
 def test_prompts_are_built_off_the_engine_thread_and_a_bad_one_fails_alone(
-    serving: tuple[BatchedEngine, Source], monkeypatch: pytest.MonkeyPatch
+    design: BatchedEngine, serve: Callable[[], Source], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine, source = serving
+    engine = design
     good = seg("Built by the worker.", seed=3)
     expected = Collect()
     run(engine, {0: [(good, expected)]})  # prompts built inline, step by step
     names = spy_threads(engine, monkeypatch)
+    source = serve()
     got, long, cancelled = Collect(), Collect(), Collect()
     cancelled.cancel = True
     for segment, sink in ((seg("word " * 3000, seed=9), long), (seg("Gone.", seed=4), cancelled), (good, got)):
