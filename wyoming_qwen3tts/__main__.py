@@ -25,6 +25,8 @@ from .anchors import AnchorMode, Anchors, AnchorStore
 from .audio import SAMPLE_RATE
 from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, Segment, load_engine, pick_engine, resolve_checkpoint
+from .engine.cpu_defaults import cpu_default_voice, cpu_sources
+from .engine.gguf_files import DEFAULT_QUANT as DEFAULT_GGUF_QUANT, QUANTS as GGUF_QUANTS, resolve_gguf
 from .metrics import Metrics
 from .handler import DEFAULT_MAX_CONNECTIONS
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED
@@ -75,8 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--voice", help=f"Default voice (default: {DEFAULT_VOICE!r} if available, else the first by name)")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA when available")
     parser.add_argument("--chunk-size", type=int, default=1, help="Codec frames per audio chunk (80 ms each); 1 starts soonest and, on the batched engine, costs no speed")
-    parser.add_argument("--engine", choices=ENGINES, default="auto", help="auto: batched on CUDA, reference on the CPU")
+    parser.add_argument("--engine", choices=ENGINES, default="auto", help="auto: batched on CUDA; on the CPU ggml (qwentts.cpp) when its wheel runs here, else reference")
     parser.add_argument("--max-streams", type=int, default=8, help="Streams generated at once per model (batched engine)")
+    parser.add_argument("--ggml-streams", type=int, default=0, help="GGML engine: streams generated at once per model, each a native context with its own weights (0: one per 4 cores, at most 4)")
+    parser.add_argument("--gguf-quant", type=str.upper, choices=GGUF_QUANTS, default=DEFAULT_GGUF_QUANT, help="GGML engine: weights fetched or converted at this quantization")
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="Weights: auto is bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="Longest text per request")
     parser.add_argument("--seed", type=int, help="Seed for requests that bring none (default: random per stream)")
@@ -109,6 +113,8 @@ def check_args(args: argparse.Namespace) -> None:
     for flag, value in (("--chunk-size", args.chunk_size), ("--max-chars", args.max_chars), ("--fixed-frames", args.fixed_frames), ("--max-streams", args.max_streams)):
         if value is not None and value < 1:
             raise SystemExit(f"{flag} must be at least 1, got {value}")
+    if args.ggml_streams < 0:
+        raise SystemExit(f"--ggml-streams must be 0 (auto) or more, got {args.ggml_streams}")
     for flag, value in (("--max-queue", args.max_queue), ("--max-connections", args.max_connections)):
         if value < 1:
             raise SystemExit(f"{flag} must be at least 1, got {value}")
@@ -178,7 +184,9 @@ def _device(choice: str, engine: str) -> str:
         engine = pick_engine(engine, choice)
     except ValueError as err:
         raise SystemExit(f"--engine: {err}") from None
-    if choice == "cpu":
+    if choice == "cpu" and engine == "ggml":
+        _LOGGER.info("No CUDA GPU: running on the CPU with qwentts.cpp (GGML, quantized weights)")
+    elif choice == "cpu":
         how = (
             "the batched engine runs eagerly, frame by frame"
             if engine == "batched"
@@ -219,17 +227,28 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         ModelKind.VOICE_DESIGN: args.design_model,
         ModelKind.CUSTOM_VOICE: args.custom_voice_model,
     }
+    ggml = pick_engine(args.engine, device) == "ggml"
+    if ggml:
+        sources = cpu_sources(sources, DEFAULT_MODELS)
     engines: dict[ModelKind, Engine] = {}
     for kind, source in sources.items():
         if not source or source.lower() == "none":
             continue
         try:
-            checkpoint = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
-            _LOGGER.info("Loading %s model from %s on %s", kind.value, checkpoint, device)
-            engine = await asyncio.to_thread(
-                load_engine, kind, checkpoint, device, args.chunk_size, args.engine, args.max_streams,
-                metrics.join_stall.labels(kind.value).observe, args.dtype,
-            )
+            if ggml:
+                pair = await asyncio.to_thread(resolve_gguf, source, models_dir, args.gguf_quant, args.local_files_only)
+                _LOGGER.info("Loading %s model from %s and %s (GGML, CPU)", kind.value, *pair)
+                engine = await asyncio.to_thread(
+                    load_engine, kind, pair[0].parent, "cpu", args.chunk_size, "ggml",
+                    gguf=pair, contexts=args.ggml_streams, quant=args.gguf_quant,
+                )
+            else:
+                checkpoint = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
+                _LOGGER.info("Loading %s model from %s on %s", kind.value, checkpoint, device)
+                engine = await asyncio.to_thread(
+                    load_engine, kind, checkpoint, device, args.chunk_size, args.engine, args.max_streams,
+                    metrics.join_stall.labels(kind.value).observe, args.dtype,
+                )
         except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
             raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err
         try:
@@ -297,6 +316,8 @@ async def main(argv: list[str] | None = None) -> None:
     if not names:
         raise SystemExit(f"No voices: add a clone voice to {voices_dir} or enable the VoiceDesign model")
     default_voice = args.voice or (DEFAULT_VOICE if DEFAULT_VOICE in names else sorted(names)[0])
+    if not args.voice and custom is not None and custom.backend.startswith("qwentts.cpp"):
+        default_voice = cpu_default_voice(custom.speakers(), default_voice)  # a speaker: no design on the CPU
     try:
         default_voice = catalog.get(default_voice).name  # the catalogue's spelling (or an alias's voice)
     except KeyError as err:

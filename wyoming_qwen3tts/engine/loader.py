@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ _LOGGER = logging.getLogger(__name__)
 #: ``max_seq_len``; ``text.MAX_SEGMENT_SECONDS`` keeps every segment inside it).
 MAX_SEQ_LEN = 2048
 #: Engines ``load_engine`` can build.
-ENGINES = ("auto", "batched", "single", "reference")
+ENGINES = ("auto", "batched", "single", "reference", "ggml")
 #: Weight dtypes ``load_engine`` accepts ("auto": bfloat16 on CUDA, float32 on the CPU).
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -47,18 +48,43 @@ def resolve_checkpoint(source: str, models_dir: Path, local_files_only: bool) ->
 
 
 def pick_engine(engine: str, device: str) -> str:
-    """The engine ``auto`` means on ``device``: batched on CUDA, the reference model on the CPU.
+    """The engine ``auto`` means on ``device``: batched on CUDA; on the CPU the GGML engine
+    (qwentts.cpp) when its wheel loads and the CPU has its instructions, else the reference
+    model (the log says which and why). ``ggml`` runs on the CPU whatever ``device`` is.
 
     Raises:
         ValueError: an engine that cannot run on ``device``.
     """
     if engine == "auto":
-        return "batched" if device == "cuda" else "reference"
+        return _auto_engine(device)
+    if engine == "ggml":
+        from .ggml import native_support
+
+        ok, why = native_support()
+        if not ok:
+            raise ValueError(f"the GGML engine cannot run here: {why}")
+        return engine
     if engine == "single" and device != "cuda":
         raise ValueError("the single-stream engine (faster-qwen3-tts) needs CUDA")
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
     return engine
+
+
+@functools.lru_cache(maxsize=4)
+def _auto_engine(device: str) -> str:
+    """What ``auto`` picks on ``device``; logs the choice and why, once per device."""
+    if device == "cuda":
+        _LOGGER.info("Engine: batched (CUDA graphs), because a CUDA GPU is available")
+        return "batched"
+    from .ggml import native_support
+
+    ok, why = native_support()
+    if ok:
+        _LOGGER.info("Engine on the CPU: ggml (qwentts.cpp), because %s", why)
+        return "ggml"
+    _LOGGER.warning("Engine on the CPU: reference (qwen_tts, slow), because %s", why)
+    return "reference"
 
 
 def load_engine(
@@ -70,6 +96,9 @@ def load_engine(
     max_streams: int = 8,
     on_join: Callable[[float], None] | None = None,
     dtype: str = "auto",
+    gguf: tuple[Path, Path] | None = None,
+    contexts: int = 0,
+    quant: str = "",
 ) -> Engine:
     """Load a checkpoint through the real loaders (faster-qwen3-tts / qwen_tts).
 
@@ -85,15 +114,30 @@ def load_engine(
         on_join: the batched engine's join-stall observer (seconds).
         dtype: one of ``DTYPES``. float32 on CUDA also turns TF32 off (exact float32), for GPUs
             without bfloat16 and for exact comparisons.
+        gguf: the GGML engine's (talker, codec) files (``gguf_files.resolve_gguf``); without
+            them ``checkpoint`` must be a folder holding both.
+        contexts: the GGML engine's native contexts (streams at once); 0: ``default_contexts``.
+        quant: the GGUF files' quantization, for the GGML engine's description.
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
         ValueError: an engine that cannot run on ``device``.
         OSError: unreadable checkpoint.
     """
+    engine = pick_engine(engine, device)
+    if engine == "ggml":
+        import os
+
+        from .ggml import GgmlEngine, default_contexts
+        from .gguf_files import find_pair
+
+        pair = gguf or find_pair(checkpoint)
+        if pair is None:
+            raise FileNotFoundError(f"{checkpoint} holds no GGUF files for the GGML engine")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return GgmlEngine(kind, pair[0], pair[1], chunk_frames, contexts or default_contexts(cores), quant=quant)
     import torch
 
-    engine = pick_engine(engine, device)
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
     weights = getattr(torch, dtype if dtype != "auto" else "bfloat16" if device == "cuda" else "float32")

@@ -211,10 +211,10 @@ def _write_codec(folder: Path, path: Path, quant: str) -> None:
         for pattern, usage_suffix, target in CODEBOOKS:
             if pattern.match(hf_name):
                 usage = tensors[hf_name[: -len(usage_suffix)] + "cluster_usage"]
-                name = pattern.sub(target, hf_name)
+                book = pattern.sub(target, hf_name)
                 codebook = data / np.maximum(usage, CODEBOOK_EPSILON)[:, None]
-                shapes[name] = codebook.shape
-                _store(writer, name, codebook, quant, quantize=False)
+                shapes[book] = codebook.shape
+                _store(writer, book, codebook, quant, quantize=False)
         if is_codebook_part(hf_name):
             continue
         name = gguf_name(CODEC_RULES, hf_name)
