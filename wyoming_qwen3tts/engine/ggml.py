@@ -224,7 +224,7 @@ class GgmlEngine(Engine):
         its next frame.
 
         Raises:
-            ValueError: a clone segment without a reference, or a reference clip it cannot use.
+            ValueError: a clone segment without a reference, or an unknown speaker.
             qwentts_cpp_cpu.QwenTTSError: the library refused the request (unknown speaker...).
         """
         context = context or self._contexts[0]
@@ -257,7 +257,9 @@ class GgmlEngine(Engine):
         elif self.kind is ModelKind.VOICE_DESIGN:
             kwargs["instruct"] = segment.instruct or ""
         else:
-            kwargs["speaker"] = segment.speaker
+            if (segment.speaker or "").lower() not in self._speakers:
+                raise ValueError(f"unknown speaker {segment.speaker!r}; this model has {', '.join(self._speakers)}")
+            kwargs["speaker"] = segment.speaker.lower() if segment.speaker else None
             kwargs["instruct"] = segment.instruct or None
         generator = context.stream(**kwargs)
         try:
