@@ -146,6 +146,18 @@ def test_unknown_speaker_and_bad_files_give_clear_errors(
         GgmlEngine(ModelKind.BASE, *gguf["custom_voice"], chunk_frames=1)
 
 
+
+def test_checkpoints_narrower_than_the_release_are_refused_not_crashed(checkpoints: Path, tmp_path: Path) -> None:
+    """The tiny test checkpoints' codec is narrower than qwentts.cpp's hard-coded widths: the
+    engine says so (and ``--engine auto`` falls back to the reference engine for it)."""
+    from wyoming_qwen3tts.engine.ggml import NativeWidthError
+    from wyoming_qwen3tts.gguf import convert
+
+    pair = convert(checkpoints / "base", tmp_path, "Q8_0")
+    with pytest.raises(NativeWidthError, match="--engine reference"):
+        GgmlEngine(ModelKind.BASE, *pair, chunk_frames=1)
+
+
 def test_greedy_float32_frames_equal_qwen_tts(ggml_checkpoints: Path, gguf: dict[str, tuple[Path, Path]]) -> None:
     """Greedy, float32, no repetition penalty: each 80 ms frame of the GGML engine's audio
     matches qwen_tts's (the PyTorch reference) for the same prompt. The codes themselves are

@@ -26,6 +26,7 @@ from .audio import SAMPLE_RATE
 from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, Segment, load_engine, pick_engine, resolve_checkpoint
 from .engine.cpu_defaults import cpu_default_voice, cpu_sources
+from .engine.ggml import NativeWidthError
 from .engine.gguf_files import DEFAULT_QUANT as DEFAULT_GGUF_QUANT, QUANTS as GGUF_QUANTS, resolve_gguf
 from .metrics import Metrics
 from .handler import DEFAULT_MAX_CONNECTIONS
@@ -235,18 +236,25 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         if not source or source.lower() == "none":
             continue
         try:
+            choice = args.engine
             if ggml:
                 pair = await asyncio.to_thread(resolve_gguf, source, models_dir, args.gguf_quant, args.local_files_only)
                 _LOGGER.info("Loading %s model from %s and %s (GGML, CPU)", kind.value, *pair)
-                engine = await asyncio.to_thread(
-                    load_engine, kind, pair[0].parent, "cpu", args.chunk_size, "ggml",
-                    gguf=pair, contexts=args.ggml_streams, quant=args.gguf_quant,
-                )
-            else:
+                try:
+                    engine = await asyncio.to_thread(
+                        load_engine, kind, pair[0].parent, "cpu", args.chunk_size, "ggml",
+                        gguf=pair, contexts=args.ggml_streams, quant=args.gguf_quant,
+                    )
+                except NativeWidthError as err:  # test checkpoints narrower than the release
+                    if args.engine != "auto":
+                        raise
+                    _LOGGER.warning("The %s model falls back to the reference engine: %s", kind.value, err)
+                    choice = "reference"
+            if not ggml or choice == "reference":
                 checkpoint = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
                 _LOGGER.info("Loading %s model from %s on %s", kind.value, checkpoint, device)
                 engine = await asyncio.to_thread(
-                    load_engine, kind, checkpoint, device, args.chunk_size, args.engine, args.max_streams,
+                    load_engine, kind, checkpoint, device, args.chunk_size, choice, args.max_streams,
                     metrics.join_stall.labels(kind.value).observe, args.dtype,
                 )
         except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason

@@ -96,6 +96,41 @@ def gguf_model_type(talker: Path) -> str:
         raise ValueError(f"{talker} is not a Qwen3-TTS talker GGUF: {err}") from err
 
 
+#: Widths qwentts.cpp hard-codes (its streaming codec state and DAC, its ECAPA speaker
+#: encoder), as (GGUF tensor, ggml dimension, value): every released checkpoint has them,
+#: narrower test checkpoints abort the process inside the library instead of failing.
+NATIVE_WIDTHS = (
+    ("tok_dec.vq_first.output_proj.weight", 2, 512),  # RVQ output (pre-conv input) width
+    ("tok_dec.pre_conv.weight", 2, 1024),  # codec latent width
+    ("tok_dec.dec.0.conv.weight", 2, 1536),  # DAC input channels
+    ("spk_enc.conv0.weight", 2, 512),  # ECAPA hidden channels (Base only)
+)
+
+
+class NativeWidthError(ValueError):
+    """The files' widths are not those qwentts.cpp hard-codes (``NATIVE_WIDTHS``)."""
+
+
+def check_native_widths(talker: Path, codec: Path) -> None:
+    """Refuse, with a clear message, files whose codec or speaker encoder qwentts.cpp cannot run.
+
+    Raises:
+        NativeWidthError: a width differs from ``NATIVE_WIDTHS`` (message names it and says what to do).
+    """
+    from gguf import GGUFReader
+
+    shapes = {}
+    for path in (talker, codec):
+        shapes.update({t.name: [int(x) for x in t.shape] for t in GGUFReader(str(path)).tensors})
+    for name, dim, width in NATIVE_WIDTHS:
+        shape = shapes.get(name)
+        if shape is not None and shape[dim] != width:
+            raise NativeWidthError(
+                f"{name} is {shape[dim]} wide; qwentts.cpp runs only the released widths ({width}): "
+                "this checkpoint needs --engine reference"
+            )
+
+
 def default_contexts(cores: int) -> int:
     """Native contexts by default: one per 4 cores (each uses its share of threads), 1..4."""
     return max(1, min(4, cores // 4))
@@ -126,7 +161,7 @@ class GgmlEngine(Engine):
 
     Raises:
         ModelMismatchError: the talker file is of another kind.
-        ValueError: not a Qwen3-TTS talker GGUF.
+        ValueError: not a Qwen3-TTS talker GGUF, or widths qwentts.cpp cannot run.
         qwentts_cpp_cpu.QwenTTSError: the native library refused the files (message from it).
     """
 
@@ -144,6 +179,7 @@ class GgmlEngine(Engine):
         model_type = gguf_model_type(talker)
         if model_type != kind.value:
             raise ModelMismatchError(f"{talker.name} is a {model_type!r} model, expected {kind.value!r}")
+        check_native_widths(talker, codec)
         import qwentts_cpp_cpu
 
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
