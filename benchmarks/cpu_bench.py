@@ -7,7 +7,8 @@ it, and a Wyoming client asks for one sentence ``REQUESTS`` times, measuring
 
 * ``ttfa_ms``: Synthesize sent -> first AudioChunk received (median of the requests);
 * ``speed``: seconds of audio per second of wall time, whole requests (median);
-* ``rss_gb``: the server's peak resident memory (VmHWM) after the requests.
+* ``rss_gb``: the server's peak resident memory (VmHWM) after the requests; ``rss_anon_gb``
+  its anonymous part (without the page cache of weight files the library keeps mapped).
 
 Each request is capped at ``--frames`` codec frames (``--fixed-frames``: the reference engine
 generates exactly that many; the GGML engine stops there at the latest, and earlier if the
@@ -41,10 +42,11 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _rss_gb(pid: int) -> float:
-    """Peak resident set (VmHWM) of ``pid`` in GB."""
+def _status_gb(pid: int, key: str) -> float:
+    """A ``/proc/PID/status`` memory figure (``VmHWM``: peak resident set; ``RssAnon``: its
+    anonymous part now, i.e. without the mapped weight files' page cache) in GB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(key + ":"):
             return int(line.split()[1]) / 1024 / 1024
     return float("nan")
 
@@ -93,7 +95,7 @@ def run_row(engine: str, checkpoint: Path, data: Path, frames: int, quant: str) 
                 raise RuntimeError(f"{engine} server did not start:\n{log.read_text()[-3000:]}")
             time.sleep(1)
         results = [asyncio.run(_one_request(port)) for _ in range(REQUESTS)]
-        rss = _rss_gb(proc.pid)
+        rss, anon = _status_gb(proc.pid, "VmHWM"), _status_gb(proc.pid, "RssAnon")
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -101,6 +103,7 @@ def run_row(engine: str, checkpoint: Path, data: Path, frames: int, quant: str) 
         "ttfa_ms": round(statistics.median(r[0] for r in results), 1),
         "speed": round(statistics.median(r[1] for r in results), 4),
         "rss_gb": round(rss, 2),
+        "rss_anon_gb": round(anon, 2),
         "requests": [{"ttfa_ms": round(t, 1), "speed": round(s, 4)} for t, s in results],
     }
 
