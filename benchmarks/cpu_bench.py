@@ -7,8 +7,9 @@ it, and a Wyoming client asks for one sentence ``REQUESTS`` times, measuring
 
 * ``ttfa_ms``: Synthesize sent -> first AudioChunk received (median of the requests);
 * ``speed``: seconds of audio per second of wall time, whole requests (median);
-* ``rss_gb``: the server's peak resident memory (VmHWM) after the requests; ``rss_anon_gb``
-  its anonymous part (without the page cache of weight files the library keeps mapped).
+* ``rss_gb``: the server's resident memory (VmRSS) after the requests, serving; also
+  ``rss_peak_gb`` (VmHWM: the GGML engine peaks while loading, when the weight files are
+  resident beside the library's copy) and ``rss_anon_gb`` (the anonymous part).
 
 Each request is capped at ``--frames`` codec frames (``--fixed-frames``: the reference engine
 generates exactly that many; the GGML engine stops there at the latest, and earlier if the
@@ -95,7 +96,7 @@ def run_row(engine: str, checkpoint: Path, data: Path, frames: int, quant: str) 
                 raise RuntimeError(f"{engine} server did not start:\n{log.read_text()[-3000:]}")
             time.sleep(1)
         results = [asyncio.run(_one_request(port)) for _ in range(REQUESTS)]
-        rss, anon = _status_gb(proc.pid, "VmHWM"), _status_gb(proc.pid, "RssAnon")
+        rss, peak, anon = (_status_gb(proc.pid, key) for key in ("VmRSS", "VmHWM", "RssAnon"))
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -103,6 +104,7 @@ def run_row(engine: str, checkpoint: Path, data: Path, frames: int, quant: str) 
         "ttfa_ms": round(statistics.median(r[0] for r in results), 1),
         "speed": round(statistics.median(r[1] for r in results), 4),
         "rss_gb": round(rss, 2),
+        "rss_peak_gb": round(peak, 2),
         "rss_anon_gb": round(anon, 2),
         "requests": [{"ttfa_ms": round(t, 1), "speed": round(s, 4)} for t, s in results],
     }

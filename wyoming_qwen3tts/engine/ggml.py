@@ -199,6 +199,7 @@ class GgmlEngine(Engine):
         ]
         for context in self._contexts:
             context.set_log_callback(_native_log)
+        release_file_pages((talker, codec))
         self._speakers = [name.lower() for name in self._contexts[0].speaker_names()]
         self._refs: OrderedDict[str, Any] = OrderedDict()
         self._refs_lock = threading.Lock()
@@ -327,6 +328,34 @@ class GgmlEngine(Engine):
             if len(self._refs) > PROMPT_CACHE_SIZE:
                 self._refs.popitem(last=False)
         return ref
+
+
+def release_file_pages(paths: tuple[Path, ...]) -> int:
+    """Drop this process's resident pages of the mapped GGUF files; returns bytes released.
+
+    qwentts.cpp copies the weights into its own buffers at load but keeps each file mapped
+    (it reads a few embedding rows from the talker's mapping per frame, and the codec's
+    encoder half on first use). The pages touched by the copy would otherwise stay resident,
+    counting the weights twice (1.3 GB for 0.6B at Q8_0). ``MADV_DONTNEED`` on these
+    read-only private mappings only drops clean pages: a later read faults the rows it needs
+    back in from the file (Linux; elsewhere nothing happens).
+    """
+    import ctypes
+
+    if not Path("/proc/self/maps").exists():
+        return 0
+    targets = {str(p.resolve()) for p in paths}
+    libc = ctypes.CDLL(None, use_errno=True)
+    madvise = libc.madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    released = 0
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5] in targets and "w" not in parts[1]:
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            if madvise(start, end - start, 4) == 0:  # MADV_DONTNEED
+                released += end - start
+    return released
 
 
 def _at_native_rate(audio: np.ndarray, rate: int) -> np.ndarray:
