@@ -280,3 +280,68 @@ def test_both_doors_speak_and_a_seed_replays(ggml_server: Server) -> None:
         time.sleep(0.2)
     assert "cancelled" in ggml_server.output()
     assert len(speak(5)) > 0 and ggml_server.alive()
+
+
+class _Sink:
+    """Records when audio arrived and how the segment ended."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.ended: float | None = None
+        self.samples = 0
+        self.error: BaseException | None = None
+        self.finished = threading.Event()
+
+    def cancelled(self) -> bool:
+        return False
+
+    def audio(self, chunk: np.ndarray) -> None:
+        self.first = self.first or time.monotonic()
+        self.samples += len(chunk)
+
+    def done(self, frames: int) -> None:
+        self.ended = time.monotonic()
+        self.finished.set()
+
+    def failed(self, error: BaseException) -> None:
+        self.error = error
+        self.finished.set()
+
+
+class _Source:
+    """A work list handed out once, then closed when every sink finished (a test double of
+    the scheduler: only the order of ``take`` calls matters here)."""
+
+    def __init__(self, works: list) -> None:
+        self._all = list(works)
+        self._works = list(works)
+        self._lock = threading.Lock()
+
+    def take(self, wait: float | None):
+        with self._lock:
+            if self._works:
+                return self._works.pop(0)
+        time.sleep(0.05)
+        return None
+
+    def closed(self) -> bool:
+        with self._lock:
+            return not self._works and all(w.sink.finished.is_set() for w in self._all)
+
+
+def test_two_contexts_generate_two_streams_at_once(gguf: dict[str, tuple[Path, Path]]) -> None:
+    from wyoming_qwen3tts.engine import Work
+
+    engine = GgmlEngine(ModelKind.CUSTOM_VOICE, *gguf["custom_voice"], chunk_frames=1, contexts=2, threads=1)
+    try:
+        assert engine.capacity == 2 and "2 stream(s)" in engine.backend
+        works = [Work(_segment(ModelKind.CUSTOM_VOICE, max_new_tokens=20, seed=s), _Sink()) for s in (1, 2, 3)]
+        engine.start(_Source(works))
+        engine.join(120)
+        sinks = [w.sink for w in works]
+        assert all(s.error is None and s.samples > 0 for s in sinks)
+        a, b, c = sinks
+        assert a.first < b.ended and b.first < a.ended  # the first two overlapped
+        assert c.first > min(a.ended, b.ended)  # the third waited for a free context
+    finally:
+        engine.close()
