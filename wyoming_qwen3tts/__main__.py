@@ -26,8 +26,8 @@ from .audio import SAMPLE_RATE
 from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, Segment, load_engine, pick_engine, resolve_checkpoint
 from .engine.cpu_defaults import cpu_default_voice, cpu_sources
-from .engine.ggml import NativeWidthError
-from .engine.gguf_files import DEFAULT_QUANT as DEFAULT_GGUF_QUANT, QUANTS as GGUF_QUANTS, resolve_gguf
+from .engine.ggml import GgmlEngine, NativeWidthError
+from .engine.gguf_files import DEFAULT_QUANT as DEFAULT_GGUF_QUANT, QUANTS as GGUF_QUANTS, gguf_identity, resolve_gguf
 from .metrics import Metrics
 from .handler import DEFAULT_MAX_CONNECTIONS
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED
@@ -230,7 +230,8 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
     }
     ggml = pick_engine(args.engine, device) == "ggml"
     if ggml:
-        sources = cpu_sources(sources, DEFAULT_MODELS)
+        flags = {ModelKind.BASE: "--clone-model", ModelKind.VOICE_DESIGN: "--design-model", ModelKind.CUSTOM_VOICE: "--custom-voice-model"}
+        sources = cpu_sources(sources, {k for k, f in flags.items() if f in getattr(args, "given", set())})
     engines: dict[ModelKind, Engine] = {}
     for kind, source in sources.items():
         if not source or source.lower() == "none":
@@ -292,7 +293,10 @@ async def _anchors(
             args.anchors, ": one anchor takes minutes on the CPU" if args.anchors == "auto" else "",
         )
     try:
+        design = engines[ModelKind.VOICE_DESIGN]
         checkpoint = await asyncio.to_thread(
+            gguf_identity, design.files, Path(args.data_dir) / "models"
+        ) if isinstance(design, GgmlEngine) else await asyncio.to_thread(
             resolve_checkpoint, args.design_model, Path(args.data_dir) / "models", True
         )
     except FileNotFoundError as err:
@@ -305,6 +309,7 @@ async def _anchors(
 async def main(argv: list[str] | None = None) -> None:
     """Start everything, serve until SIGINT/SIGTERM, then shut down cleanly."""
     args = build_parser().parse_args(argv)
+    args.given = {a.split("=", 1)[0] for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")}
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -324,7 +329,7 @@ async def main(argv: list[str] | None = None) -> None:
     if not names:
         raise SystemExit(f"No voices: add a clone voice to {voices_dir} or enable the VoiceDesign model")
     default_voice = args.voice or (DEFAULT_VOICE if DEFAULT_VOICE in names else sorted(names)[0])
-    if not args.voice and custom is not None and custom.backend.startswith("qwentts.cpp"):
+    if not args.voice and custom is not None and isinstance(custom, GgmlEngine):
         default_voice = cpu_default_voice(custom.speakers(), default_voice)  # a speaker: no design on the CPU
     try:
         default_voice = catalog.get(default_voice).name  # the catalogue's spelling (or an alias's voice)

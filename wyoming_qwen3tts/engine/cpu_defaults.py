@@ -3,7 +3,7 @@
 On a machine without a GPU the configuration that speaks soonest is the 0.6B models at
 Q8_0 (about 3x faster than 1.7B per frame) and, as the default voice, a CustomVoice speaker
 (a preset would be designed live by the 1.7B VoiceDesign model, which is slow on a CPU).
-Models the user named are kept as they are.
+Models named on the command line are kept as they are.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ CPU_CUSTOM_VOICE = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
 CPU_DEFAULT_SPEAKER = "ryan"
 
 
-def cpu_sources(sources: dict[ModelKind, str], defaults: dict[ModelKind, str]) -> dict[ModelKind, str]:
-    """``sources`` with every model left at its CLI default swapped for the CPU default:
-    the 0.6B Base, and the 0.6B CustomVoice (so a speaker can be the default voice)."""
+def cpu_sources(sources: dict[ModelKind, str], given: set[ModelKind]) -> dict[ModelKind, str]:
+    """``sources`` with every model not ``given`` on the command line swapped for its CPU
+    default: the 0.6B Base for the 1.7B, and the 0.6B CustomVoice (so that a speaker can be
+    the default voice) where none was asked for. VoiceDesign (1.7B only) stays."""
     out = dict(sources)
     for kind, source in sources.items():
-        if source != defaults.get(kind):
+        if kind in given:
             continue
         if kind is ModelKind.CUSTOM_VOICE and source.lower() == "none":
             out[kind] = CPU_CUSTOM_VOICE

@@ -177,6 +177,7 @@ class GgmlEngine(Engine):
         quant: str = "",
     ) -> None:
         super().__init__(kind, chunk_frames, capacity=contexts)
+        self.files = (talker, codec)
         model_type = gguf_model_type(talker)
         if model_type != kind.value:
             raise ModelMismatchError(f"{talker.name} is a {model_type!r} model, expected {kind.value!r}")

@@ -123,3 +123,19 @@ def _download(model_id: str, models_dir: Path, quant: str, local_files_only: boo
         hint = " (--local-files-only is set: download it first or give a folder)" if local_files_only else ""
         raise FileNotFoundError(f"Cannot get the GGUF files of {model_id!r}{hint}: {err}") from err
     return talker, codec
+
+
+def gguf_identity(pair: tuple[Path, Path], models_dir: Path) -> Path:
+    """A folder standing for a GGUF model where a checkpoint folder is expected by identity
+    (``anchors.model_identity`` hashes ``config.json``): its ``config.json`` names the two
+    files with their sizes, so the identity changes exactly when the weights do.
+
+    Raises:
+        FileNotFoundError: a file of ``pair`` is gone.
+    """
+    entries = [{"name": p.name, "bytes": p.stat().st_size} for p in pair]
+    text = json.dumps({"gguf": entries}, sort_keys=True)
+    folder = models_dir / "gguf-identity" / hashlib.sha256(text.encode()).hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(text + "\n")
+    return folder
