@@ -345,3 +345,18 @@ def test_two_contexts_generate_two_streams_at_once(gguf: dict[str, tuple[Path, P
         assert c.first > min(a.ended, b.ended)  # the third waited for a free context
     finally:
         engine.close()
+
+
+def test_cpu_defaults_swap_only_models_not_named() -> None:
+    from wyoming_qwen3tts.__main__ import DEFAULT_MODELS
+    from wyoming_qwen3tts.engine.cpu_defaults import cpu_default_voice, cpu_sources
+
+    swapped = cpu_sources(dict(DEFAULT_MODELS), given=set())
+    assert swapped == {
+        ModelKind.BASE: "Qwen/Qwen3-TTS-12Hz-0.6B-Base",
+        ModelKind.VOICE_DESIGN: "Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign",
+        ModelKind.CUSTOM_VOICE: "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice",
+    }
+    assert cpu_sources(dict(DEFAULT_MODELS), given=set(ModelKind)) == DEFAULT_MODELS
+    assert cpu_default_voice(["aiden", "ryan"], "aria") == "ryan"
+    assert cpu_default_voice([], "aria") == "aria"
