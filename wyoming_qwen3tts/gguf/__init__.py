@@ -85,7 +85,8 @@ def _talker_quantized(name: str) -> bool:
 def _codec_quantized(name: str) -> bool:
     """Codec matrices that may be quantized: the transformers' and ConvNeXt's Linears only
     (codebooks are gathered and, on the encoder side, read back as float32 on the host)."""
-    return bool(re.search(r"\.(attn_[qkv]|attn_output|ffn_up|ffn_down|ffn_gate|pwconv[12]|input_proj|output_proj)\.weight$", name)) and not name.startswith(("tok_enc.vq_", "tok_dec.vq_"))
+    linear = re.search(r"\.(attn_[qkv]|attn_output|ffn_up|ffn_down|ffn_gate|pwconv[12]|input_proj|output_proj)\.weight$", name)
+    return bool(linear) and not name.startswith(("tok_enc.vq_", "tok_dec.vq_"))
 
 
 def _token_list(folder: Path) -> tuple[list[str], list[str]]:
@@ -113,8 +114,6 @@ def _token_list(folder: Path) -> tuple[list[str], list[str]]:
 
 def _talker_metadata(writer: Any, config: dict[str, Any], generation: dict[str, Any]) -> None:
     """The ``qwen3-tts.*``, ``generation.*`` keys qwentts.cpp reads from the talker file."""
-    import gguf
-
     t = config["talker_config"]
     p = t["code_predictor_config"]
     u32 = writer.add_uint32
@@ -170,7 +169,6 @@ def _talker_metadata(writer: Any, config: dict[str, Any], generation: dict[str, 
     f32("generation.subtalker_top_p", float(g.get("subtalker_top_p", 1.0)))
     f32("generation.subtalker_temperature", float(g.get("subtalker_temperature", 0.9)))
     u32("generation.max_new_tokens", int(g.get("max_new_tokens", 8192)))
-    del gguf
 
 
 def _codec_metadata(writer: Any, config: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> None:
