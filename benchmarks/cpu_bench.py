@@ -127,7 +127,8 @@ def main() -> None:
         checkpoint = build_checkpoint(args.work / size / "custom_voice", "custom_voice", size)
         for engine in args.engines:
             print(f"{engine} {SIZES[size]} ...", flush=True)
-            row = {"engine": engine, "model": SIZES[size], "quant": args.quant if engine == "ggml" else "F32"}
+            weights = f"GGUF {args.quant} (qwentts.cpp)" if engine == "ggml" else "float32 (qwen_tts on the CPU)"
+            row = {"engine": engine, "model": SIZES[size], "quant": args.quant, "weights": weights}
             row.update(run_row(engine, checkpoint, args.work / "data", args.frames, args.quant))
             print(row, flush=True)
             rows.append(row)
@@ -140,7 +141,7 @@ def main() -> None:
         "frames_per_request": args.frames,
         "requests_per_row": REQUESTS,
         "text": TEXT,
-        "note": "reference rows: qwen_tts float32 (its weights are float32 on the CPU); quant names the GGML rows' GGUF",
+        "note": "quant: the configuration a row belongs to; the reference engine runs float32 weights (see weights)",
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"rows": rows, "meta": meta}, indent=2) + "\n")
