@@ -184,6 +184,7 @@ class GgmlEngine(Engine):
         check_native_widths(talker, codec)
         import qwentts_cpp_cpu
 
+        _route_native_log()
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.threads = threads or max(1, cores // contexts)
         # The codec decodes beside generation on its own threads when there are two or more
@@ -198,8 +199,6 @@ class GgmlEngine(Engine):
             )
             for _ in range(contexts)
         ]
-        for context in self._contexts:
-            context.set_log_callback(_native_log)
         release_file_pages((talker, codec))
         self._speakers = [name.lower() for name in self._contexts[0].speaker_names()]
         self._refs: OrderedDict[str, Any] = OrderedDict()
@@ -370,6 +369,22 @@ def _at_native_rate(audio: np.ndarray, rate: int) -> np.ndarray:
 
     g = gcd(rate, NATIVE_RATE)
     return resample_poly(audio, NATIVE_RATE // g, rate // g).astype(np.float32)
+
+
+#: The library object that holds our log callback. The native callback is process-wide and
+#: the binding keeps its ctypes wrapper on the library object that installed it: installing
+#: it from a context would leave the library calling freed memory once that context is gone.
+_LOG_OWNER: Any = None
+
+
+def _route_native_log() -> None:
+    """Send the library's log lines to ours, once per process."""
+    global _LOG_OWNER
+    if _LOG_OWNER is None:
+        import qwentts_cpp_cpu
+
+        _LOG_OWNER = qwentts_cpp_cpu.QwenLibrary()
+        _LOG_OWNER.set_log_callback(_native_log)
 
 
 def _native_log(level: int, message: str) -> None:
