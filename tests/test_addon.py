@@ -481,7 +481,8 @@ def test_run_script_auto_is_the_server_cli_default(sandbox, config):
     from wyoming_qwen3tts.engine.cpu_defaults import cpu_sources
     from wyoming_qwen3tts.voices import ModelKind
 
-    args = parse_server_args(server_argv(sandbox, run_service(sandbox, config)))
+    argv = server_argv(sandbox, run_service(sandbox, config))
+    args = parse_server_args(argv)
     assert args.clone_model == main.DEFAULT_MODELS[ModelKind.BASE] == f"{HUB}1.7B-Base"
     assert args.custom_voice_model == main.DEFAULT_MODELS[ModelKind.CUSTOM_VOICE] == "none"
     assert args.voice is None  # main() then takes DEFAULT_VOICE, aria, or ryan on GGML
@@ -490,7 +491,10 @@ def test_run_script_auto_is_the_server_cli_default(sandbox, config):
         ModelKind.VOICE_DESIGN: args.design_model,
         ModelKind.CUSTOM_VOICE: args.custom_voice_model,
     }
-    assert cpu_sources(sources, {ModelKind.VOICE_DESIGN}) == {
+    flags = {"--clone-model": ModelKind.BASE, "--design-model": ModelKind.VOICE_DESIGN,
+             "--custom-voice-model": ModelKind.CUSTOM_VOICE}
+    given = {kind for flag, kind in flags.items() if flag in argv}  # as main() sees them
+    assert cpu_sources(sources, given) == {
         ModelKind.BASE: f"{HUB}0.6B-Base",
         ModelKind.VOICE_DESIGN: f"{HUB}1.7B-VoiceDesign",
         ModelKind.CUSTOM_VOICE: f"{HUB}0.6B-CustomVoice",
