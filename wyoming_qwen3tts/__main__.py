@@ -275,10 +275,11 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         ModelKind.VOICE_DESIGN: args.design_model,
         ModelKind.CUSTOM_VOICE: args.custom_voice_model,
     }
-    ggml = pick_engine(args.engine, device) == "ggml"
-    if ggml:
+    args.on_cpu = device == "cpu"
+    if args.on_cpu:  # the configuration that speaks soonest without a GPU (either CPU engine)
         flags = {ModelKind.BASE: "--clone-model", ModelKind.VOICE_DESIGN: "--design-model", ModelKind.CUSTOM_VOICE: "--custom-voice-model"}
         sources = cpu_sources(sources, {k for k, f in flags.items() if f in getattr(args, "given", set())})
+    if pick_engine(args.engine, device) == "ggml":
         return await _load_ggml_engines(args, sources, models_dir, metrics)
     checkpoints: dict[ModelKind, Path] = {}
     for kind in LOAD_ORDER:
@@ -506,7 +507,7 @@ async def main(argv: list[str] | None = None) -> None:
     if not names:
         raise SystemExit(f"No voices: add a clone voice to {voices_dir} or enable the VoiceDesign model")
     default_voice = args.voice or (DEFAULT_VOICE if DEFAULT_VOICE in names else sorted(names)[0])
-    if not args.voice and custom is not None and isinstance(custom, GgmlEngine):
+    if not args.voice and custom is not None and getattr(args, "on_cpu", False):
         default_voice = cpu_default_voice(custom.speakers(), default_voice)  # a speaker: no design on the CPU
     try:
         default_voice = catalog.get(default_voice).name  # the catalogue's spelling (or an alias's voice)

@@ -1,4 +1,4 @@
-"""What the server loads by default when it generates on the CPU with the GGML engine.
+"""What the server loads by default on the CPU (the GGML engine, or the reference engine where GGML cannot run).
 
 On a machine without a GPU the configuration that speaks soonest is the 0.6B models at
 Q8_0 (about 3x faster than 1.7B per frame) and, as the default voice, a CustomVoice speaker
