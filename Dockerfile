@@ -75,6 +75,12 @@ COPY wyoming_qwen3tts ./wyoming_qwen3tts
 RUN pip install --no-deps . \
     && python3 -m wyoming_qwen3tts.healthcheck --help > /dev/null
 
+# MIT notices of the CPU engine's native code (qwentts.cpp, ggml) and of its wheel.
+COPY licenses /usr/share/licenses/wyoming-qwen3tts
+RUN for f in "${VIRTUAL_ENV}"/lib/python3*/site-packages/realtimetts_qwen_native_cpu-*.dist-info/licenses/LICENSE; do \
+        if [ -e "$f" ]; then cp "$f" /usr/share/licenses/wyoming-qwen3tts/realtimetts-qwen-native-cpu.LICENSE; fi; \
+    done
+
 COPY addon/rootfs /
 COPY addon/docker-entrypoint.sh /usr/local/bin/docker-entrypoint
 RUN chmod a+x /usr/local/bin/docker-entrypoint \

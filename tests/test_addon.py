@@ -429,34 +429,91 @@ def server_argv(sandbox: Sandbox, result: subprocess.CompletedProcess) -> list[s
 
 
 def expected(**overrides) -> list[str]:
-    """The server flags for the default options, with some flag values replaced."""
+    """The server flags for the default options, with some flag values replaced. The
+    model and voice flags that ``auto`` omits (``--clone-model``, ``--custom-voice-model``,
+    ``--voice``) come after the others, in that order, only when given."""
     values = {
         "--uri": "tcp://0.0.0.0:10200",
         "--data-dir": "/data",
         "--voices-dir": "/share/qwen3tts/voices",
-        "--clone-model": f"{HUB}1.7B-Base",
         "--design-model": f"{HUB}1.7B-VoiceDesign",
-        "--custom-voice-model": "none",
-        "--voice": "aria",
         "--device": "auto",
         "--chunk-size": "1",
         "--design-model-memory": "auto",
     }
-    values.update({f"--{k.replace('_', '-')}": v for k, v in overrides.items()})
+    optional = dict.fromkeys(["--clone-model", "--custom-voice-model", "--voice"])
+    for key, value in overrides.items():
+        flag = f"--{key.replace('_', '-')}"
+        assert flag in values or flag in optional, flag
+        (values if flag in values else optional)[flag] = value
+    values.update({flag: value for flag, value in optional.items() if value is not None})
     return [item for pair in values.items() for item in pair]
 
 
-def test_run_script_defaults(sandbox, config):
+HTTP_ON = ["--http-host", "0.0.0.0", "--http-port", "8880", "--no-zeroconf"]
+
+
+def test_run_script_defaults_leave_models_and_voice_to_the_server(sandbox, config):
+    """``auto`` omits the model and voice flags: the server picks by hardware (1.7B Base
+    and aria on a GPU; 0.6B Base, 0.6B CustomVoice and ryan on the CPU's GGML engine)."""
+    assert (config["options"]["clone_model"], config["options"]["custom_voice_model"]) == (
+        "auto", "auto"
+    )
+    assert config["options"]["voice"] == "auto"
     result = run_service(sandbox, config)
     argv = server_argv(sandbox, result)
-    assert argv == expected() + [
-        "--http-host", "0.0.0.0", "--http-port", "8880", "--no-zeroconf",
-    ]
+    assert argv == expected() + HTTP_ON
     args = parse_server_args(argv)
     assert (args.chunk_size, args.http_port, args.no_zeroconf) == (1, 8880, True)
     assert (args.data_dir, args.voices_dir) == ("/data", "/share/qwen3tts/voices")
     assert sandbox.argvs("mkdir") == [["-p", "/share/qwen3tts/voices"]]
     assert "[warning]" not in result.stderr  # port 8880 not published: no key needed
+    note = "auto (server default by hardware)"
+    assert f"clone={note} design={HUB}1.7B-VoiceDesign custom_voice={note}; voice={note};" in (
+        result.stderr
+    )
+
+
+def test_run_script_auto_is_the_server_cli_default(sandbox, config):
+    """What the omitted flags mean: the CLI's own defaults, which ``load_engines`` swaps
+    for the CPU set-up (``cpu_sources``) only when the flag was not given."""
+    main = pytest.importorskip("wyoming_qwen3tts.__main__")
+    from wyoming_qwen3tts.engine.cpu_defaults import cpu_sources
+    from wyoming_qwen3tts.voices import ModelKind
+
+    argv = server_argv(sandbox, run_service(sandbox, config))
+    args = parse_server_args(argv)
+    assert args.clone_model == main.DEFAULT_MODELS[ModelKind.BASE] == f"{HUB}1.7B-Base"
+    assert args.custom_voice_model == main.DEFAULT_MODELS[ModelKind.CUSTOM_VOICE] == "none"
+    assert args.voice is None  # main() then takes DEFAULT_VOICE, aria, or ryan on GGML
+    sources = {
+        ModelKind.BASE: args.clone_model,
+        ModelKind.VOICE_DESIGN: args.design_model,
+        ModelKind.CUSTOM_VOICE: args.custom_voice_model,
+    }
+    flags = {"--clone-model": ModelKind.BASE, "--design-model": ModelKind.VOICE_DESIGN,
+             "--custom-voice-model": ModelKind.CUSTOM_VOICE}
+    given = {kind for flag, kind in flags.items() if flag in argv}  # as main() sees them
+    assert cpu_sources(sources, given) == {
+        ModelKind.BASE: f"{HUB}0.6B-Base",
+        ModelKind.VOICE_DESIGN: f"{HUB}1.7B-VoiceDesign",
+        ModelKind.CUSTOM_VOICE: f"{HUB}0.6B-CustomVoice",
+    }
+
+
+@pytest.mark.parametrize("voice", ["auto", ""])
+def test_run_script_voice_auto_or_empty_omits_the_flag(sandbox, config, voice):
+    result = run_service(sandbox, config, voice=voice)
+    assert "--voice" not in server_argv(sandbox, result)
+
+
+def test_run_script_previous_defaults_still_pass_every_flag(sandbox, config):
+    """Options saved before ``auto`` existed keep their explicit meaning."""
+    result = run_service(sandbox, config, clone_model="1.7B", custom_voice_model="off", voice="aria")
+    assert server_argv(sandbox, result) == expected(
+        clone_model=f"{HUB}1.7B-Base", custom_voice_model="none", voice="aria"
+    ) + HTTP_ON
+    assert "server default" not in result.stderr
 
 
 def test_run_script_only_custom_voice_model(sandbox, config):
@@ -469,16 +526,39 @@ def test_run_script_only_custom_voice_model(sandbox, config):
         design_model="none",
         custom_voice_model=f"{HUB}0.6B-CustomVoice",
         voice="ryan",
-    ) + ["--http-host", "0.0.0.0", "--http-port", "8880", "--no-zeroconf"]
+    ) + HTTP_ON
+    assert "[warning]" not in result.stderr
+
+
+def test_run_script_only_custom_voice_model_at_auto_warns(sandbox, config):
+    """Base and VoiceDesign off, CustomVoice at auto: the GGML engine loads the 0.6B
+    CustomVoice model, a GPU none (the server then stops); the log says so beforehand."""
+    result = run_service(sandbox, config, clone_model="off", design_model=False)
+    assert server_argv(sandbox, result) == expected(clone_model="none", design_model="none") + HTTP_ON
+    assert "[warning] Only custom_voice_model is on, at auto" in result.stderr
 
 
 def test_run_script_small_clone_model_and_large_custom_voice(sandbox, config):
     result = run_service(sandbox, config, clone_model="0.6B", custom_voice_model="1.7B")
-    assert server_argv(sandbox, result)[6:12] == [
-        "--clone-model", f"{HUB}0.6B-Base",
-        "--design-model", f"{HUB}1.7B-VoiceDesign",
-        "--custom-voice-model", f"{HUB}1.7B-CustomVoice",
-    ]
+    assert server_argv(sandbox, result) == expected(
+        clone_model=f"{HUB}0.6B-Base", custom_voice_model=f"{HUB}1.7B-CustomVoice"
+    ) + HTTP_ON
+
+
+@pytest.mark.parametrize(
+    ("clone", "custom", "flags"),
+    [
+        ("auto", "0.6B", ["--custom-voice-model", f"{HUB}0.6B-CustomVoice"]),
+        ("0.6B", "auto", ["--clone-model", f"{HUB}0.6B-Base"]),
+        ("off", "auto", ["--clone-model", "none"]),
+        ("auto", "off", ["--custom-voice-model", "none"]),
+    ],
+)
+def test_run_script_mixes_auto_and_explicit_models(sandbox, config, clone, custom, flags):
+    result = run_service(sandbox, config, clone_model=clone, custom_voice_model=custom)
+    argv = server_argv(sandbox, result)
+    assert argv[: len(expected())] == expected()
+    assert argv[len(expected()):-len(HTTP_ON)] == flags
 
 
 def test_run_script_http_off(sandbox, config):
@@ -527,7 +607,9 @@ def test_run_script_debug_and_everything_else(sandbox, config):
 
 
 def test_run_script_refuses_all_models_off(sandbox, config):
-    result = run_service(sandbox, config, clone_model="off", design_model=False)
+    result = run_service(
+        sandbox, config, clone_model="off", design_model=False, custom_voice_model="off"
+    )
     assert result.returncode == 1
     message = "All models are off: turn on clone_model, design_model or custom_voice_model."
     assert f"[fatal] {message}" in result.stderr

@@ -31,6 +31,9 @@ from .engine.cuda_env import check_driver, cuda_bf16_supported, pick_dtype
 from .engine.loader import MemoryFitError, checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers
 from .engine.on_demand import DEFAULT_IDLE_S, GpuLease, OnDemandEngine
 from .engine.sizing import DESIGN_MEMORY, GB, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions
+from .engine.cpu_defaults import cpu_default_voice, cpu_sources
+from .engine.ggml import GgmlEngine, NativeWidthError
+from .engine.gguf_files import DEFAULT_QUANT as DEFAULT_GGUF_QUANT, QUANTS as GGUF_QUANTS, gguf_identity, resolve_gguf
 from .metrics import Metrics
 from .handler import DEFAULT_MAX_CONNECTIONS
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED
@@ -82,11 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA when available")
     parser.add_argument("--chunk-size", type=int, default=1, help="Codec frames per audio chunk (80 ms each); 1 starts soonest and, on the batched engine, costs no speed")
     parser.add_argument("--chunk-growth", action="store_true", help="Batched engine: first chunk of one frame, then 2, 4, 8... frames up to --chunk-size (first audio as with --chunk-size 1, fewer chunks after)")
-    parser.add_argument("--engine", choices=ENGINES, default="auto", help="auto: batched on CUDA, reference on the CPU")
+    parser.add_argument("--engine", choices=ENGINES, default="auto", help="auto: batched on CUDA; on the CPU ggml (qwentts.cpp) when its wheel runs here, else reference")
     parser.add_argument("--max-streams", type=_streams, default="auto", help="Streams generated at once per model (batched engine); auto: as many as the GPU memory left after the weights holds (8 on the CPU)")
     parser.add_argument("--gpu-memory", type=float, metavar="GB", help="Most GPU memory this server may use, in GB (to share the card with another program, e.g. an LLM); streams are sized within it (default: the whole card)")
     parser.add_argument("--design-model-memory", choices=DESIGN_MEMORY, default="auto", help="VoiceDesign model in GPU memory: resident (always), on-demand (loaded for anchors, designs and instructions, dropped when idle), auto (resident when both models fit, else the models take turns on the GPU)")
     parser.add_argument("--design-model-idle", type=float, default=DEFAULT_IDLE_S, metavar="SECONDS", help="--design-model-memory on-demand: seconds without work before the VoiceDesign model leaves GPU memory")
+    parser.add_argument("--ggml-streams", type=int, default=0, help="GGML engine: streams generated at once per model, each a native context with its own weights (0: one per 4 cores, at most 4)")
+    parser.add_argument("--gguf-quant", type=str.upper, choices=GGUF_QUANTS, default=DEFAULT_GGUF_QUANT, help="GGML engine: weights fetched or converted at this quantization")
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="Weights: auto is bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="Longest text per request")
     parser.add_argument("--seed", type=int, help="Seed for requests that bring none (default: random per stream)")
@@ -131,6 +136,8 @@ def check_args(args: argparse.Namespace) -> None:
     for flag, value in (("--chunk-size", args.chunk_size), ("--max-chars", args.max_chars), ("--fixed-frames", args.fixed_frames), ("--max-streams", args.max_streams)):
         if value is not None and value < 1:
             raise SystemExit(f"{flag} must be at least 1, got {value}")
+    if args.ggml_streams < 0:
+        raise SystemExit(f"--ggml-streams must be 0 (auto) or more, got {args.ggml_streams}")
     for flag, value in (("--max-queue", args.max_queue), ("--max-connections", args.max_connections)):
         if value < 1:
             raise SystemExit(f"{flag} must be at least 1, got {value}")
@@ -212,7 +219,9 @@ def _device(choice: str, engine: str) -> str:
         engine = pick_engine(engine, choice)
     except ValueError as err:
         raise SystemExit(f"--engine: {err}") from None
-    if choice == "cpu":
+    if choice == "cpu" and engine == "ggml":
+        _LOGGER.info("No CUDA GPU: running on the CPU with qwentts.cpp (GGML, quantized weights)")
+    elif choice == "cpu":
         how = (
             "the batched engine runs eagerly, frame by frame"
             if engine == "batched"
@@ -267,6 +276,12 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         ModelKind.VOICE_DESIGN: args.design_model,
         ModelKind.CUSTOM_VOICE: args.custom_voice_model,
     }
+    args.on_cpu = device == "cpu"
+    if args.on_cpu:  # the configuration that speaks soonest without a GPU (either CPU engine)
+        flags = {ModelKind.BASE: "--clone-model", ModelKind.VOICE_DESIGN: "--design-model", ModelKind.CUSTOM_VOICE: "--custom-voice-model"}
+        sources = cpu_sources(sources, {k for k, f in flags.items() if f in getattr(args, "given", set())})
+    if pick_engine(args.engine, device) == "ggml":
+        return await _load_ggml_engines(args, sources, models_dir, metrics)
     checkpoints: dict[ModelKind, Path] = {}
     for kind in LOAD_ORDER:
         source = sources[kind]
@@ -328,6 +343,52 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         engines[kind] = engine
         _LOGGER.info("%s model ready (%s)", kind.value, engine.backend)
     return {kind: engines[kind] for kind in sorted(engines, key=list(sources).index)}
+
+
+async def _load_ggml_engines(
+    args: argparse.Namespace, sources: dict[ModelKind, str], models_dir: Path, metrics: Metrics
+) -> dict[ModelKind, Engine]:
+    """The CPU's GGML engines (qwentts.cpp), one per enabled model, warmed up; a checkpoint
+    narrower than the widths the native library hard-codes (the tiny test checkpoints) falls
+    back to the reference engine under ``--engine auto``.
+
+    Raises:
+        SystemExit: no model enabled, or a model failed to load or warm up.
+    """
+    engines: dict[ModelKind, Engine] = {}
+    for kind, source in sources.items():
+        if not source or source.lower() == "none":
+            continue
+        engine: Engine
+        try:
+            pair = await asyncio.to_thread(resolve_gguf, source, models_dir, args.gguf_quant, args.local_files_only)
+            _LOGGER.info("Loading %s model from %s and %s (GGML, CPU)", kind.value, *pair)
+            try:
+                engine = await asyncio.to_thread(
+                    load_engine, kind, pair[0].parent, "cpu", args.chunk_size, "ggml",
+                    gguf=pair, contexts=args.ggml_streams, quant=args.gguf_quant,
+                )
+            except NativeWidthError as err:  # test checkpoints narrower than the release
+                if args.engine != "auto":
+                    raise
+                _LOGGER.warning("The %s model falls back to the reference engine: %s", kind.value, err)
+                checkpoint = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
+                _LOGGER.info("Loading %s model from %s on cpu", kind.value, checkpoint)
+                engine = await asyncio.to_thread(
+                    load_engine, kind, checkpoint, "cpu", args.chunk_size, "reference", args.max_streams,
+                    metrics.join_stall.labels(kind.value).observe, args.dtype,
+                )
+        except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
+            raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err
+        try:
+            await asyncio.to_thread(engine.warm, _warm_segment(kind, engine))
+        except Exception as err:  # noqa: BLE001 - any warm-up failure ends start-up with its reason
+            raise SystemExit(f"Warm-up of the {kind.value} model failed: {err!r}") from err
+        engines[kind] = engine
+        _LOGGER.info("%s model ready (%s)", kind.value, engine.backend)
+    if not engines:
+        raise SystemExit("No model enabled: set at least one of --clone-model, --design-model, --custom-voice-model")
+    return engines
 
 
 def _load_and_warm(load: Callable[[], Engine], kind: ModelKind) -> Engine:
@@ -412,7 +473,10 @@ async def _anchors(
             args.anchors, ": one anchor takes minutes on the CPU" if args.anchors == "auto" else "",
         )
     try:
+        design = engines[ModelKind.VOICE_DESIGN]
         checkpoint = await asyncio.to_thread(
+            gguf_identity, design.files, Path(args.data_dir) / "models"
+        ) if isinstance(design, GgmlEngine) else await asyncio.to_thread(
             resolve_checkpoint, args.design_model, Path(args.data_dir) / "models", True
         )
     except FileNotFoundError as err:
@@ -425,6 +489,7 @@ async def _anchors(
 async def main(argv: list[str] | None = None) -> None:
     """Start everything, serve until SIGINT/SIGTERM, then shut down cleanly."""
     args = build_parser().parse_args(argv)
+    args.given = {a.split("=", 1)[0] for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")}
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -444,6 +509,8 @@ async def main(argv: list[str] | None = None) -> None:
     if not names:
         raise SystemExit(f"No voices: add a clone voice to {voices_dir} or enable the VoiceDesign model")
     default_voice = args.voice or (DEFAULT_VOICE if DEFAULT_VOICE in names else sorted(names)[0])
+    if not args.voice and custom is not None and getattr(args, "on_cpu", False):
+        default_voice = cpu_default_voice(custom.speakers(), default_voice)  # a speaker: no design on the CPU
     try:
         default_voice = catalog.get(default_voice).name  # the catalogue's spelling (or an alias's voice)
     except KeyError as err:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ _LOGGER = logging.getLogger(__name__)
 #: ``max_seq_len``; ``text.MAX_SEGMENT_SECONDS`` keeps every segment inside it).
 MAX_SEQ_LEN = 2048
 #: Engines ``load_engine`` can build.
-ENGINES = ("auto", "batched", "single", "reference")
+ENGINES = ("auto", "batched", "single", "reference", "ggml")
 #: Weight dtypes ``load_engine`` accepts ("auto": bfloat16 on CUDA, float32 on the CPU).
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -50,18 +51,43 @@ def resolve_checkpoint(source: str, models_dir: Path, local_files_only: bool) ->
 
 
 def pick_engine(engine: str, device: str) -> str:
-    """The engine ``auto`` means on ``device``: batched on CUDA, the reference model on the CPU.
+    """The engine ``auto`` means on ``device``: batched on CUDA; on the CPU the GGML engine
+    (qwentts.cpp) when its wheel loads and the CPU has its instructions, else the reference
+    model (the log says which and why). ``ggml`` runs on the CPU whatever ``device`` is.
 
     Raises:
         ValueError: an engine that cannot run on ``device``.
     """
     if engine == "auto":
-        return "batched" if device == "cuda" else "reference"
+        return _auto_engine(device)
+    if engine == "ggml":
+        from .ggml import native_support
+
+        ok, why = native_support()
+        if not ok:
+            raise ValueError(f"the GGML engine cannot run here: {why}")
+        return engine
     if engine == "single" and device != "cuda":
         raise ValueError("the single-stream engine (faster-qwen3-tts) needs CUDA")
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
     return engine
+
+
+@functools.lru_cache(maxsize=4)
+def _auto_engine(device: str) -> str:
+    """What ``auto`` picks on ``device``; logs the choice and why, once per device."""
+    if device == "cuda":
+        _LOGGER.info("Engine: batched (CUDA graphs), because a CUDA GPU is available")
+        return "batched"
+    from .ggml import native_support
+
+    ok, why = native_support()
+    if ok:
+        _LOGGER.info("Engine on the CPU: ggml (qwentts.cpp), because %s", why)
+        return "ggml"
+    _LOGGER.warning("Engine on the CPU: reference (qwen_tts, slow), because %s", why)
+    return "reference"
 
 
 def load_engine(
@@ -76,6 +102,9 @@ def load_engine(
     max_len: int = MAX_SEQ_LEN,
     reserve: int = 0,
     cap_gb: float | None = None,
+    gguf: tuple[Path, Path] | None = None,
+    contexts: int = 0,
+    quant: str = "",
     on_eager_prefill: Callable[[int], None] | None = None,
     chunk_growth: bool = False,
 ) -> Engine:
@@ -88,7 +117,9 @@ def load_engine(
         chunk_frames: codec frames per streamed chunk.
         engine: "batched" (the slot pool; CUDA graphs on CUDA, eager elsewhere), "single"
             (faster-qwen3-tts's own single-stream generator, CUDA only), "reference"
-            (qwen_tts's own generator, streamed by hooks; the CPU path) or "auto" (see ``pick_engine``).
+            (qwen_tts's own generator, streamed by hooks; the CPU fallback), "ggml" (qwentts.cpp
+            on GGML, quantized GGUF weights; the CPU default where its wheel runs) or "auto"
+            (see ``pick_engine``).
         max_streams: slots of the batched engine; None sizes them from the GPU memory left
             after the weights (``sizing.plan_streams``; 8 off CUDA).
         on_join: the batched engine's join-stall observer (seconds).
@@ -98,6 +129,10 @@ def load_engine(
         max_len: talker KV positions per slot of the batched engine (``sizing.slot_positions``).
         reserve: bytes the stream sizing leaves free for models loaded later.
         cap_gb: ``--gpu-memory`` (the sizing's budget; the cap itself is set by the caller).
+        gguf: the GGML engine's (talker, codec) files (``gguf_files.resolve_gguf``); without
+            them ``checkpoint`` must be a folder holding both.
+        contexts: the GGML engine's native contexts (streams at once); 0: ``default_contexts``.
+        quant: the GGUF files' quantization, for the GGML engine's description.
         on_eager_prefill: the batched engine's observer of rows prefilled eagerly (no graph).
         chunk_growth: the batched engine's chunks grow 1, 2, 4... up to ``chunk_frames``.
 
@@ -108,9 +143,20 @@ def load_engine(
         torch.OutOfMemoryError: the weights do not fit.
         OSError: unreadable checkpoint.
     """
+    engine = pick_engine(engine, device)
+    if engine == "ggml":
+        import os
+
+        from .ggml import GgmlEngine, default_contexts
+        from .gguf_files import find_pair
+
+        pair = gguf or find_pair(checkpoint)
+        if pair is None:
+            raise FileNotFoundError(f"{checkpoint} holds no GGUF files for the GGML engine")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return GgmlEngine(kind, pair[0], pair[1], chunk_frames, contexts or default_contexts(cores), quant=quant)
     import torch
 
-    engine = pick_engine(engine, device)
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
     bf16 = device == "cuda" and cuda_bf16_supported()

@@ -42,8 +42,7 @@ import math
 import sys
 import time
 import zlib
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +54,7 @@ from typing import Any
 # ---------------------------------------------------------------------------------------
 
 MODEL_TYPES: tuple[str, ...] = ("base", "voice_design", "custom_voice")
-SIZES: tuple[str, ...] = ("tiny", "full", "full-0.6b")
+SIZES: tuple[str, ...] = ("tiny", "full", "0.6b", "full-0.6b", "ggml")
 
 SAMPLE_RATE = 24_000  #: Hz, codec input and output
 SAMPLES_PER_FRAME = 1920  #: audio samples per codec frame (12.5 frames per second, 80 ms)
@@ -286,11 +285,37 @@ TINY = Arch(
     },
 )
 
-#: The 0.6B Base model: the 1.7B layout with a 1024-wide talker (the predictor's width,
-#: so no ``small_to_mtp_projection``); for memory figures (``benchmarks/memory.py``).
-FULL_06B = dataclasses.replace(FULL, talker_hidden=1024, talker_intermediate=3072)
+#: The real 0.6B architecture (talker 1024 wide, no small_to_mtp projection), for the CPU and memory benchmarks.
+SMALL = replace(
+    FULL,
+    talker_hidden=1024,
+    talker_intermediate=3072,
+    text_hidden=2048,
+)
 
-ARCHS: dict[str, Arch] = {"tiny": TINY, "full": FULL, "full-0.6b": FULL_06B}
+#: The tiny talker with a speaker encoder and codec of the widths qwentts.cpp (the GGML
+#: engine) hard-codes (ECAPA 512/1536 channels; codec latent 1024, RVQ hidden 512, DAC
+#: 1536..96), their transformers cut to one small layer: the smallest checkpoint the native
+#: library can run (about 100M codec parameters; tiny's codec trips its shape asserts).
+GGML = replace(
+    TINY,
+    speaker_channels=FULL.speaker_channels,
+    speaker_attention_channels=FULL.speaker_attention_channels,
+    speaker_se_channels=FULL.speaker_se_channels,
+    codec_encoder={**FULL.codec_encoder, "num_hidden_layers": 1, "num_quantizers": 16},
+    codec_decoder={
+        **FULL.codec_decoder,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+    },
+)
+
+#: "full-0.6b" is the same 0.6B build under the name the memory benchmark uses.
+ARCHS: dict[str, Arch] = {"tiny": TINY, "full": FULL, "0.6b": SMALL, "full-0.6b": SMALL, "ggml": GGML}
 
 
 # ---------------------------------------------------------------------------------------
@@ -393,7 +418,7 @@ def tts_config(model_type: str, size: str, seed: int = 0) -> dict[str, Any]:
         "tokenizer_type": "qwen3_tts_tokenizer_12hz",
         # "1b7" for both sizes: the packages test `tts_model_size in "0b6"` to drop
         # `instruct`, and tiny stands in for the 1.7B models' feature set.
-        "tts_model_size": "1b7",
+        "tts_model_size": "0b6" if size == "0.6b" else "1b7",
         "tts_model_type": model_type,
         "im_start_token_id": SPECIAL_TEXT_TOKENS["<|im_start|>"],
         "im_end_token_id": SPECIAL_TEXT_TOKENS["<|im_end|>"],
@@ -797,7 +822,7 @@ def build_checkpoint(out_dir: Path, model_type: str, size: str, seed: int = 0) -
         if is_complete(out_dir, model_type, size, seed):
             return out_dir
         (out_dir / MARKER_NAME).unlink(missing_ok=True)
-        with _torch_threads(1 if size == "tiny" else None):
+        with _torch_threads(1 if size in ("tiny", "ggml") else None):
             _write_checkpoint(out_dir, model_type, size, seed)
         _write_json(out_dir / MARKER_NAME, _marker(model_type, size, seed))
     return out_dir

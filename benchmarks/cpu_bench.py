@@ -1,0 +1,152 @@
+"""CPU benchmark: the GGML engine against the PyTorch reference engine, same run, same machine.
+
+For each model size (full-size random 0.6B and 1.7B CustomVoice checkpoints, built by
+``wyoming_qwen3tts.testing.checkpoint``; the GGML engine gets them converted to GGUF by our
+converter at the given quantization) and each engine, a server is started as a user starts
+it, and a Wyoming client asks for one sentence ``REQUESTS`` times, measuring
+
+* ``ttfa_ms``: Synthesize sent -> first AudioChunk received (median of the requests);
+* ``speed``: seconds of audio per second of wall time, whole requests (median);
+* ``rss_gb``: the server's resident memory (VmRSS) after the requests, serving; also
+  ``rss_peak_gb`` (VmHWM: the GGML engine peaks while loading, when the weight files are
+  resident beside the library's copy) and ``rss_anon_gb`` (the anonymous part).
+
+Each request is capped at ``--frames`` codec frames (``--fixed-frames``: the reference engine
+generates exactly that many; the GGML engine stops there at the latest, and earlier if the
+random weights emit EOS; speed counts the audio actually delivered). Figures, not tests.
+
+    python -m benchmarks.cpu_bench --out benchmarks/results/cpu-2core [--frames 25] [--sizes 0.6b full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
+REQUESTS = 2
+SIZES = {"0.6b": "0.6B", "full": "1.7B"}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _status_gb(pid: int, key: str) -> float:
+    """A ``/proc/PID/status`` memory figure (``VmHWM``: peak resident set; ``RssAnon``: its
+    anonymous part now, i.e. without the mapped weight files' page cache) in GB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024 / 1024
+    return float("nan")
+
+
+async def _one_request(port: int) -> tuple[float, float]:
+    """(TTFA ms, audio s per wall s) of one Synthesize."""
+    from wyoming.audio import AudioChunk, AudioStop
+    from wyoming.client import AsyncTcpClient
+    from wyoming.tts import Synthesize, SynthesizeVoice
+
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        started = time.perf_counter()
+        await client.write_event(Synthesize(text=TEXT, voice=SynthesizeVoice(name="ryan")).event())
+        first = None
+        samples = 0
+        while True:
+            event = await client.read_event()
+            if event is None:
+                raise RuntimeError("server closed the connection")
+            if AudioChunk.is_type(event.type):
+                chunk = AudioChunk.from_event(event)
+                first = first or time.perf_counter()
+                samples += len(chunk.audio) // chunk.width
+            elif AudioStop.is_type(event.type):
+                wall = time.perf_counter() - started
+                assert first is not None
+                return (first - started) * 1000, samples / 24000 / wall
+
+
+def run_row(engine: str, checkpoint: Path, data: Path, frames: int, quant: str) -> dict:
+    port = _free_port()
+    log = data / f"server-{engine}-{checkpoint.name}.log"
+    args = [
+        sys.executable, "-m", "wyoming_qwen3tts", "--uri", f"tcp://127.0.0.1:{port}", "--http-port", "0",
+        "--data-dir", str(data), "--clone-model", "none", "--design-model", "none",
+        "--custom-voice-model", str(checkpoint), "--voice", "ryan", "--engine", engine, "--device", "cpu",
+        "--anchors", "off", "--no-zeroconf", "--fixed-frames", str(frames), "--gguf-quant", quant,
+        "--local-files-only",
+    ]
+    with log.open("w") as handle:
+        proc = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 3600
+        while "Ready: Wyoming" not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{engine} server did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(1)
+        results = [asyncio.run(_one_request(port)) for _ in range(REQUESTS)]
+        rss, peak, anon = (_status_gb(proc.pid, key) for key in ("VmRSS", "VmHWM", "RssAnon"))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    return {
+        "ttfa_ms": round(statistics.median(r[0] for r in results), 1),
+        "speed": round(statistics.median(r[1] for r in results), 4),
+        "rss_gb": round(rss, 2),
+        "rss_peak_gb": round(peak, 2),
+        "rss_anon_gb": round(anon, 2),
+        "requests": [{"ttfa_ms": round(t, 1), "speed": round(s, 4)} for t, s in results],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu-2core"))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/cpu-bench"), help="checkpoints and data folder")
+    parser.add_argument("--frames", type=int, default=25, help="codec frames per request (80 ms each)")
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--engines", nargs="+", default=["ggml", "reference"], choices=["ggml", "reference"])
+    parser.add_argument("--quant", default="Q8_0")
+    args = parser.parse_args()
+    from wyoming_qwen3tts.testing.checkpoint import build_checkpoint
+
+    load_before = os.getloadavg()
+    rows = []
+    for size in args.sizes:
+        checkpoint = build_checkpoint(args.work / size / "custom_voice", "custom_voice", size)
+        for engine in args.engines:
+            print(f"{engine} {SIZES[size]} ...", flush=True)
+            weights = f"GGUF {args.quant} (qwentts.cpp)" if engine == "ggml" else "float32 (qwen_tts on the CPU)"
+            row = {"engine": engine, "model": SIZES[size], "quant": args.quant, "weights": weights}
+            row.update(run_row(engine, checkpoint, args.work / "data", args.frames, args.quant))
+            print(row, flush=True)
+            rows.append(row)
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "cpu": next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name")), platform.processor()),
+        "cores": len(os.sched_getaffinity(0)),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "frames_per_request": args.frames,
+        "requests_per_row": REQUESTS,
+        "text": TEXT,
+        "note": "quant: the configuration a row belongs to; the reference engine runs float32 weights (see weights)",
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps({"rows": rows, "meta": meta}, indent=2) + "\n")
+    print(json.dumps({"rows": rows, "meta": meta}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

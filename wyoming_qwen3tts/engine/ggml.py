@@ -1,0 +1,392 @@
+"""The CPU engine: qwentts.cpp (GGML) through its Python binding ``qwentts_cpp_cpu``.
+
+realtimetts-qwen-native-cpu ships qwentts.cpp, a native Qwen3-TTS (talker, code predictor,
+speaker encoder, codec) on GGML, as one shared library per platform. One ``QwenTTS`` context
+holds one copy of the weights and generates one stream at a time; this engine keeps
+``contexts`` of them, each served by its own thread that takes work from the scheduler, so
+that many streams run at once and the rest wait in the queue as on the other engines.
+
+The native generator streams audio through a callback as the codec decodes it, checks a
+cancel callback at every frame (so a client that leaves stops its generation within a
+frame), takes the request's seed (its sampler is a pure function of it), language and
+sampling settings, and serves every voice kind: Base clones (ICL with a transcript: the
+clip's codec codes and x-vector; x-vector alone without one), CustomVoice speakers (with an
+optional instruction) and VoiceDesign descriptions. A clip's x-vector and codes are
+extracted once (natively) and cached by its digest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..voices import ModelKind, Reference
+from .base import Engine, ModelMismatchError, Work, WorkSource
+from .prompts import PROMPT_CACHE_SIZE, REFERENCE_TAIL_SECONDS
+from .segment import Segment
+
+_LOGGER = logging.getLogger(__name__)
+
+#: x86-64 instructions the published wheels are built for (``GGML_NATIVE=OFF`` with a fixed
+#: AVX2/FMA/F16C/BMI2 baseline and no runtime dispatch: without them the library faults).
+REQUIRED_X86_FLAGS = ("avx2", "fma", "f16c", "bmi2")
+#: Sample rate the native library takes reference clips at (Hz).
+NATIVE_RATE = 24_000
+#: Seconds a cancelled native generation gets to return before its context is reused.
+CANCEL_JOIN_S = 5.0
+
+
+def native_support() -> tuple[bool, str]:
+    """Whether the GGML engine can run here, and why (one line for the log).
+
+    Checks the CPU's instructions (x86-64: ``REQUIRED_X86_FLAGS`` in /proc/cpuinfo) before
+    loading the library, because a wheel built for them crashes the process on a CPU without.
+    """
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        try:
+            text = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace")
+        except OSError:
+            text = ""
+        flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+        missing = [flag for flag in REQUIRED_X86_FLAGS if flag not in flags]
+        if missing:
+            return False, f"the CPU lacks {'/'.join(f.upper() for f in missing)} (the qwentts.cpp wheel needs AVX2/FMA/F16C/BMI2)"
+    elif not (machine in ("arm64", "aarch64") and platform.system() == "Darwin"):
+        return False, f"no qwentts.cpp wheel for {platform.system()} {machine}"
+    try:
+        import qwentts_cpp_cpu
+
+        library = qwentts_cpp_cpu.QwenLibrary()
+        version = library.version()
+    except Exception as err:  # noqa: BLE001 - not installed, ABI mismatch, missing libc: all "no"
+        return False, f"the qwentts.cpp wheel (realtimetts-qwen-native-cpu) does not load: {err}"
+    return True, f"qwentts.cpp {version} loads and the CPU has AVX2/FMA/F16C/BMI2"
+
+
+def gguf_model_type(talker: Path) -> str:
+    """The talker file's ``qwen3-tts.model_type`` ("base", "custom_voice", "voice_design").
+
+    Raises:
+        ValueError: not a readable qwen3-tts talker GGUF (message names the file).
+    """
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(talker))
+        fields = reader.fields
+
+        def text(key: str) -> str:
+            field = fields[key]
+            return bytes(field.parts[field.data[0]]).decode()
+
+        arch = text("general.architecture")
+        if arch != "qwen3-tts":
+            raise ValueError(f"architecture {arch!r}, expected 'qwen3-tts'")
+        return text("qwen3-tts.model_type")
+    except Exception as err:  # noqa: BLE001 - the reader raises many types on a bad file
+        raise ValueError(f"{talker} is not a Qwen3-TTS talker GGUF: {err}") from err
+
+
+#: Widths qwentts.cpp hard-codes (its streaming codec state and DAC, its ECAPA speaker
+#: encoder), as (GGUF tensor, ggml dimension, value): every released checkpoint has them,
+#: narrower test checkpoints abort the process inside the library instead of failing.
+NATIVE_WIDTHS = (
+    ("tok_dec.vq_first.output_proj.weight", 2, 512),  # RVQ output (pre-conv input) width
+    ("tok_dec.pre_conv.weight", 2, 1024),  # codec latent width
+    ("tok_dec.dec.0.conv.weight", 2, 1536),  # DAC input channels
+    ("spk_enc.conv0.weight", 2, 512),  # ECAPA hidden channels (Base only)
+)
+
+
+class NativeWidthError(ValueError):
+    """The files' widths are not those qwentts.cpp hard-codes (``NATIVE_WIDTHS``)."""
+
+
+def check_native_widths(talker: Path, codec: Path) -> None:
+    """Refuse, with a clear message, files whose codec or speaker encoder qwentts.cpp cannot run.
+
+    Raises:
+        NativeWidthError: a width differs from ``NATIVE_WIDTHS`` (message names it and says what to do).
+    """
+    from gguf import GGUFReader
+
+    shapes = {}
+    for path in (talker, codec):
+        shapes.update({t.name: [int(x) for x in t.shape] for t in GGUFReader(str(path)).tensors})
+    for name, dim, width in NATIVE_WIDTHS:
+        shape = shapes.get(name)
+        if shape is not None and shape[dim] != width:
+            raise NativeWidthError(
+                f"{name} is {shape[dim]} wide; qwentts.cpp runs only the released widths ({width}): "
+                "this checkpoint needs --engine reference"
+            )
+
+
+def default_contexts(cores: int) -> int:
+    """Native contexts by default: one per 4 cores (each uses its share of threads), 1..4."""
+    return max(1, min(4, cores // 4))
+
+
+class _Cancel:
+    """The binding's ``cancel_event``: set once the client left or the stream was closed."""
+
+    def __init__(self, cancelled: Any) -> None:
+        self._cancelled = cancelled
+        self.stop = False
+
+    def is_set(self) -> bool:
+        return self.stop or bool(self._cancelled())
+
+
+class GgmlEngine(Engine):
+    """qwentts.cpp on the CPU: ``contexts`` native contexts, each streaming one segment.
+
+    Args:
+        kind: the model kind (checked against the talker file's ``model_type``).
+        talker: talker GGUF file; codec: codec GGUF file (see ``gguf_files``).
+        chunk_frames: codec frames per native chunk (1, 2 or 4; 80 ms each): the library's
+            ``cpu_stream_frames``. Larger values are clamped to 4.
+        contexts: native contexts, i.e. streams generated at once (each holds the weights).
+        threads: CPU threads per context (default: the cores this process may use / contexts);
+            with two or more, a quarter (at least one) decode audio beside generation.
+        quant: a label for ``backend`` (e.g. "Q8_0").
+
+    Raises:
+        ModelMismatchError: the talker file is of another kind.
+        ValueError: not a Qwen3-TTS talker GGUF, or widths qwentts.cpp cannot run.
+        qwentts_cpp_cpu.QwenTTSError: the native library refused the files (message from it).
+    """
+
+    def __init__(
+        self,
+        kind: ModelKind,
+        talker: Path,
+        codec: Path,
+        chunk_frames: int,
+        contexts: int = 1,
+        threads: int | None = None,
+        quant: str = "",
+    ) -> None:
+        super().__init__(kind, chunk_frames, capacity=contexts)
+        self.files = (talker, codec)
+        model_type = gguf_model_type(talker)
+        if model_type != kind.value:
+            raise ModelMismatchError(f"{talker.name} is a {model_type!r} model, expected {kind.value!r}")
+        check_native_widths(talker, codec)
+        import qwentts_cpp_cpu
+
+        _route_native_log()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.threads = threads or max(1, cores // contexts)
+        # The codec decodes beside generation on its own threads when there are two or more
+        # (measured here on 2 cores, 0.6B Q8_0: speed 0.29 with 1 + 1 threads, 0.16 with 2
+        # threads taking turns).
+        codec_threads = max(1, self.threads // 4) if self.threads >= 2 else 0
+        stream_frames = 1 if chunk_frames <= 1 else 2 if chunk_frames < 4 else 4
+        self._contexts = [
+            qwentts_cpp_cpu.QwenTTS(
+                talker, codec, cpu_threads=self.threads - codec_threads,
+                cpu_codec_threads=codec_threads, cpu_stream_frames=stream_frames,
+            )
+            for _ in range(contexts)
+        ]
+        release_file_pages((talker, codec))
+        self._speakers = [name.lower() for name in self._contexts[0].speaker_names()]
+        self._refs: OrderedDict[str, Any] = OrderedDict()
+        self._refs_lock = threading.Lock()
+        self.backend = (
+            f"qwentts.cpp GGML on the CPU ({quant or 'GGUF'}, {contexts} stream(s) x {self.threads} threads)"
+        )
+
+    def speakers(self) -> list[str]:
+        return list(self._speakers) if self.kind is ModelKind.CUSTOM_VOICE else []
+
+    def warmup(self, segment: Segment) -> None:
+        for context in self._contexts:
+            if sum(len(chunk) for chunk in self.stream(segment, context=context)) == 0:
+                raise RuntimeError("warm-up generation produced no audio")
+
+    def serve(self, source: WorkSource) -> None:
+        helpers = [
+            threading.Thread(target=self._worker, args=(source, c), name=f"ggml-{self.kind.value}-{i}", daemon=True)
+            for i, c in enumerate(self._contexts[1:], start=1)
+        ]
+        for helper in helpers:
+            helper.start()
+        self._worker(source, self._contexts[0])
+        for helper in helpers:
+            helper.join()
+
+    def close(self) -> None:
+        """Free the native contexts (after the source closed and ``join``)."""
+        for context in self._contexts:
+            context.close()
+
+    # --- one context's loop ---------------------------------------------------------
+
+    def _worker(self, source: WorkSource, context: Any) -> None:
+        while not source.closed():
+            work = source.take(wait=0.5)
+            if work is not None:
+                self._run(work, context)
+
+    def _run(self, work: Work, context: Any) -> None:
+        sink = work.sink
+        if sink.cancelled():
+            sink.done(0)
+            return
+        samples = 0
+        chunks = self.stream(work.segment, context=context, cancelled=sink.cancelled)
+        try:
+            for chunk in chunks:
+                if sink.cancelled():
+                    break
+                samples += len(chunk)
+                sink.audio(chunk)
+        except Exception as err:  # noqa: BLE001 - reported to the client, the engine lives on
+            _LOGGER.warning("Generation failed for %r: %s", work.segment.text[:80], err)
+            sink.failed(err)
+            return
+        finally:
+            chunks.close()  # type: ignore[attr-defined]
+        sink.done(samples // 1920)
+
+    def stream(self, segment: Segment, context: Any = None, cancelled: Any = None) -> Iterator[np.ndarray]:
+        """Generate ``segment``; yield float32 [n] chunks at 24 kHz as the library makes them.
+
+        Closing the iterator, or ``cancelled()`` turning true, stops the native generation at
+        its next frame.
+
+        Raises:
+            ValueError: a clone segment without a reference, or an unknown speaker.
+            qwentts_cpp_cpu.QwenTTSError: the library refused the request (unknown speaker...).
+        """
+        context = context or self._contexts[0]
+        cancel = _Cancel(cancelled or (lambda: False))
+        s = segment.sampling
+        kwargs: dict[str, Any] = dict(
+            text=segment.text,
+            lang=None if segment.language in ("", "auto") else segment.language,
+            seed=-1 if segment.seed is None else int(segment.seed),
+            max_new_tokens=segment.max_new_tokens,
+            do_sample=s.temperature > 0,
+            temperature=s.temperature or 1.0,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            repetition_penalty=s.repetition_penalty,
+            subtalker_do_sample=s.predictor_temperature > 0,
+            subtalker_temperature=s.predictor_temperature or 1.0,
+            subtalker_top_k=s.predictor_top_k,
+            subtalker_top_p=s.predictor_top_p,
+            cancel_event=cancel,
+        )
+        if self.kind is ModelKind.BASE:
+            if segment.reference is None:
+                raise ValueError("a clone voice needs a reference clip")
+            ref = self._voice_ref(segment.reference, context)
+            kwargs["ref_spk_emb"] = ref.ref_spk_emb
+            if segment.reference.transcript:
+                kwargs["ref_codes"] = ref.ref_codes
+                kwargs["ref_text"] = segment.reference.transcript
+        elif self.kind is ModelKind.VOICE_DESIGN:
+            kwargs["instruct"] = segment.instruct or ""
+        else:
+            if (segment.speaker or "").lower() not in self._speakers:
+                raise ValueError(f"unknown speaker {segment.speaker!r}; this model has {', '.join(self._speakers)}")
+            kwargs["speaker"] = segment.speaker.lower() if segment.speaker else None
+            kwargs["instruct"] = segment.instruct or None
+        generator = context.stream(**kwargs)
+        try:
+            for chunk, _rate in generator:
+                yield np.asarray(chunk, dtype=np.float32).reshape(-1)
+        finally:
+            cancel.stop = True
+            generator.close()
+
+    def _voice_ref(self, reference: Reference, context: Any) -> Any:
+        """The clip's native x-vector and codec codes (``VoiceRef``), extracted once per digest."""
+        with self._refs_lock:
+            cached = self._refs.get(reference.digest)
+            if cached is not None:
+                self._refs.move_to_end(reference.digest)
+                return cached
+        audio = _at_native_rate(reference.audio, reference.sample_rate)
+        if reference.transcript:  # end the ICL prompt on silence, as the other engines do
+            audio = np.concatenate([audio, np.zeros(int(REFERENCE_TAIL_SECONDS * NATIVE_RATE), np.float32)])
+        ref = context.extract_voice_ref(audio)
+        with self._refs_lock:
+            self._refs[reference.digest] = ref
+            if len(self._refs) > PROMPT_CACHE_SIZE:
+                self._refs.popitem(last=False)
+        return ref
+
+
+def release_file_pages(paths: tuple[Path, ...]) -> int:
+    """Drop this process's resident pages of the mapped GGUF files; returns bytes released.
+
+    qwentts.cpp copies the weights into its own buffers at load but keeps each file mapped
+    (it reads a few embedding rows from the talker's mapping per frame, and the codec's
+    encoder half on first use). The pages touched by the copy would otherwise stay resident,
+    counting the weights twice (1.3 GB for 0.6B at Q8_0). ``MADV_DONTNEED`` on these
+    read-only private mappings only drops clean pages: a later read faults the rows it needs
+    back in from the file (Linux; elsewhere nothing happens).
+    """
+    import ctypes
+
+    if not Path("/proc/self/maps").exists():
+        return 0
+    targets = {str(p.resolve()) for p in paths}
+    libc = ctypes.CDLL(None, use_errno=True)
+    madvise = libc.madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    released = 0
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5] in targets and "w" not in parts[1]:
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            if madvise(start, end - start, 4) == 0:  # MADV_DONTNEED
+                released += end - start
+    return released
+
+
+def _at_native_rate(audio: np.ndarray, rate: int) -> np.ndarray:
+    """float32 [n] at ``NATIVE_RATE`` (polyphase resampling when ``rate`` differs)."""
+    audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+    if rate == NATIVE_RATE:
+        return audio
+    from math import gcd
+
+    from scipy.signal import resample_poly
+
+    g = gcd(rate, NATIVE_RATE)
+    return resample_poly(audio, NATIVE_RATE // g, rate // g).astype(np.float32)
+
+
+#: The library object that holds our log callback. The native callback is process-wide and
+#: the binding keeps its ctypes wrapper on the library object that installed it: installing
+#: it from a context would leave the library calling freed memory once that context is gone.
+_LOG_OWNER: Any = None
+
+
+def _route_native_log() -> None:
+    """Send the library's log lines to ours, once per process."""
+    global _LOG_OWNER
+    if _LOG_OWNER is None:
+        import qwentts_cpp_cpu
+
+        _LOG_OWNER = qwentts_cpp_cpu.QwenLibrary()
+        _LOG_OWNER.set_log_callback(_native_log)
+
+
+def _native_log(level: int, message: str) -> None:
+    """The library's log lines (0 debug .. 3 error) into ours; routine ones at debug."""
+    _LOGGER.log(logging.WARNING if level >= 2 else logging.DEBUG, "%s", message)
