@@ -418,8 +418,14 @@ async def run(args: argparse.Namespace) -> list[Row]:
                     f"{row.errors[:1]}",
                     flush=True,
                 )
+                write(rows, _config(args), args.out)  # after every row: a run cut short keeps its rows
                 await asyncio.sleep(args.pause_s)  # let the last replies drain from the server
     return rows
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's settings as JSON values (written beside the rows)."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -453,8 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown voice kinds {unknown}; choose from {sorted(VOICES)}")
     wait_ready(args)
     rows = asyncio.run(run(args))
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    print(write(rows, config, args.out))
+    print(write(rows, _config(args), args.out))
     return 0
 
 
