@@ -97,17 +97,19 @@ class Server:
 def start_server(
     checkpoints: Path, voices_dir: Path, log: Path, device: str = "cpu", extra: list[str] | None = None,
     wrap: list[str] | None = None, uri_host: str = "127.0.0.1", timeout: float = 240.0,
-    engine: str = "reference",
+    engine: str | None = None,
 ) -> Server:
     """Start ``python -m wyoming_qwen3tts`` as a user would; wait until it serves.
 
     ``engine`` defaults to the CPU reference engine: ``auto`` picks the GGML engine where its
     wheel runs, and the tiny checkpoints' codec is narrower than qwentts.cpp can run (see
-    ``checkpoint.GGML`` and tests/test_ggml.py). CUDA servers pass ``auto``.
+    ``checkpoint.GGML`` and tests/test_ggml.py). On CUDA it defaults to ``auto`` (the batched
+    CUDA-graph engine).
 
     Raises:
         RuntimeError: the process exited or did not get ready in ``timeout`` seconds.
     """
+    engine = engine or ("auto" if device == "cuda" else "reference")
     port, http_port = free_port(), free_port()
     args = [
         sys.executable, "-m", "wyoming_qwen3tts",

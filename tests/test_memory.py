@@ -211,7 +211,7 @@ def _warm(engine: Engine) -> Segment:
 
 
 async def test_on_demand_model_leaves_when_idle_and_comes_back(checkpoints: Path, caplog: pytest.LogCaptureFixture) -> None:
-    def load() -> Engine:
+    def load(shrink: float = 1.0) -> Engine:
         return load_engine(ModelKind.VOICE_DESIGN, checkpoints / "voice_design", "cpu", 1, "batched", 2, dtype="float32", max_len=512)
 
     engine = OnDemandEngine(ModelKind.VOICE_DESIGN, 1, load, _warm, idle_s=0.5)
@@ -241,7 +241,7 @@ async def test_models_that_do_not_fit_together_take_turns(checkpoints: Path, voi
     lease = GpuLease()
 
     def loader(kind: ModelKind, folder: str) -> Any:
-        return lambda: load_engine(kind, checkpoints / folder, "cpu", 1, "batched", 2, dtype="float32", max_len=512)
+        return lambda shrink=1.0: load_engine(kind, checkpoints / folder, "cpu", 1, "batched", 2, dtype="float32", max_len=512)
 
     base = OnDemandEngine(ModelKind.BASE, 1, loader(ModelKind.BASE, "base"), lambda e: _clone_warm(), idle_s=None, lease=lease)
     design = OnDemandEngine(ModelKind.VOICE_DESIGN, 1, loader(ModelKind.VOICE_DESIGN, "voice_design"), _warm, idle_s=60, lease=lease)
@@ -354,3 +354,48 @@ async def test_a_voice_design_model_that_does_not_fit_at_start_does_not_stop_the
             await _speak(service, "A preset needs the VoiceDesign model.")
     finally:
         await asyncio.to_thread(service.stop)
+
+
+def test_auto_streams_retry_with_fewer_after_an_out_of_memory_at_capture(caplog: pytest.LogCaptureFixture) -> None:
+    """Graph capture needs more than the sizing can know: under ``--max-streams auto`` an
+    out-of-memory while loading or warming up is retried with fewer streams, a fixed
+    ``--max-streams`` is not, and a model that never fits gives up with the error."""
+    import torch
+
+    from wyoming_qwen3tts.engine.loader import MIN_SHRINK, RETRY_SHRINK, load_fitting
+
+    tried: list[float] = []
+
+    class Fake:
+        def __init__(self, shrink: float) -> None:
+            self.shrink = shrink
+
+    def load(shrink: float) -> Any:
+        tried.append(shrink)
+        return Fake(shrink)
+
+    def warm_fits_below(limit: float) -> Any:
+        def warm(engine: Any) -> None:
+            if engine.shrink > limit:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return warm
+
+    with caplog.at_level(logging.WARNING):
+        engine = load_fitting(load, warm_fits_below(0.5), ModelKind.BASE, auto=True)
+    assert engine.shrink == pytest.approx(RETRY_SHRINK**2) and tried == pytest.approx([1.0, RETRY_SHRINK, RETRY_SHRINK**2])
+    assert "out of GPU memory while loading or capturing its graphs; trying again with 60%" in caplog.text
+
+    tried.clear()
+    with pytest.raises(torch.OutOfMemoryError):
+        load_fitting(load, warm_fits_below(0.5), ModelKind.BASE, auto=False)
+    assert tried == [1.0]
+
+    tried.clear()
+    with pytest.raises(torch.OutOfMemoryError):
+        load_fitting(load, warm_fits_below(MIN_SHRINK / 10), ModelKind.BASE, auto=True)
+    assert min(tried) >= MIN_SHRINK and len(tried) > 2
+
+    tried.clear()
+    with pytest.raises(ValueError):  # not a memory error: never retried
+        load_fitting(load, lambda e: (_ for _ in ()).throw(ValueError("bad checkpoint")), ModelKind.BASE, auto=True)
+    assert tried == [1.0]

@@ -28,7 +28,7 @@ from .audio import SAMPLE_RATE
 from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, Segment, load_engine, pick_engine, resolve_checkpoint
 from .engine.cuda_env import check_driver, cuda_bf16_supported, pick_dtype
-from .engine.loader import MemoryFitError, checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers
+from .engine.loader import MemoryFitError, checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers, is_out_of_memory, load_fitting
 from .engine.on_demand import DEFAULT_IDLE_S, GpuLease, OnDemandEngine
 from .engine.sizing import DESIGN_MEMORY, GB, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions
 from .engine.cpu_defaults import cpu_default_voice, cpu_sources
@@ -277,9 +277,10 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         ModelKind.CUSTOM_VOICE: args.custom_voice_model,
     }
     args.on_cpu = device == "cpu"
-    if args.on_cpu:  # the configuration that speaks soonest without a GPU (either CPU engine)
+    given = getattr(args, "given", None)  # flags on the command line (set by ``main``)
+    if args.on_cpu and given is not None:  # the configuration that speaks soonest without a GPU
         flags = {ModelKind.BASE: "--clone-model", ModelKind.VOICE_DESIGN: "--design-model", ModelKind.CUSTOM_VOICE: "--custom-voice-model"}
-        sources = cpu_sources(sources, {k for k, f in flags.items() if f in getattr(args, "given", set())})
+        sources = cpu_sources(sources, {k for k, f in flags.items() if f in given})
     if pick_engine(args.engine, device) == "ggml":
         return await _load_ggml_engines(args, sources, models_dir, metrics)
     checkpoints: dict[ModelKind, Path] = {}
@@ -300,11 +301,12 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
     for kind, checkpoint in checkpoints.items():
         reserve = plan.reserves.get(kind.value, 0) if plan is not None else 0
 
-        def load(kind: ModelKind = kind, checkpoint: Path = checkpoint, reserve: int = reserve) -> Engine:
+        def load(shrink: float = 1.0, kind: ModelKind = kind, checkpoint: Path = checkpoint, reserve: int = reserve) -> Engine:
             return load_engine(
                 kind, checkpoint, device, args.chunk_size, args.engine, args.max_streams,
                 metrics.join_stall.labels(kind.value).observe, args.dtype, max_len, reserve, args.gpu_memory,
                 on_eager_prefill=metrics.eager_prefill.labels(kind.value).inc, chunk_growth=args.chunk_growth,
+                shrink=shrink,
             )
 
         engine: Engine
@@ -312,7 +314,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
             design = kind is ModelKind.VOICE_DESIGN
             engine = OnDemandEngine(
                 kind, args.chunk_size, load, functools.partial(_warm_segment, kind),
-                idle_s=args.design_model_idle if design else None, lease=lease,
+                idle_s=args.design_model_idle if design else None, lease=lease, auto_streams=args.max_streams is None,
                 why=" (preset anchors, voice studio designs, instructions)" if design else "",
                 speakers=checkpoint_speakers(checkpoint) if kind is ModelKind.CUSTOM_VOICE else [],
                 home=kind is ModelKind.BASE,
@@ -325,7 +327,9 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         else:
             _LOGGER.info("Loading %s model from %s on %s", kind.value, checkpoint, device)
             try:
-                engine = await asyncio.to_thread(_load_and_warm, load, kind)
+                engine = await asyncio.to_thread(
+                    load_fitting, load, functools.partial(_warm, kind), kind, args.max_streams is None,
+                )
             except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
                 if not (kind is ModelKind.VOICE_DESIGN and engines and _is_memory(err)):
                     raise SystemExit(_load_failure(kind, sources[kind], err)) from err
@@ -338,6 +342,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
                 _free_gpu()
                 engine = OnDemandEngine(
                     kind, args.chunk_size, load, functools.partial(_warm_segment, kind), idle_s=args.design_model_idle,
+                    auto_streams=args.max_streams is None,
                 )
                 engine.ready.set()
         engines[kind] = engine
@@ -391,16 +396,15 @@ async def _load_ggml_engines(
     return engines
 
 
-def _load_and_warm(load: Callable[[], Engine], kind: ModelKind) -> Engine:
-    """Load an engine and warm it up (blocking); a failure frees what was loaded."""
-    engine = load()
+
+def _warm(kind: ModelKind, engine: Engine) -> None:
+    """Warm ``engine`` up (graph capture and one short generation; blocking)."""
     engine.warm(_warm_segment(kind, engine))
-    return engine
 
 
 def _is_memory(err: BaseException) -> bool:
     """A CUDA out-of-memory, or no room for even one stream."""
-    return isinstance(err, MemoryFitError) or type(err).__name__ == "OutOfMemoryError"
+    return isinstance(err, MemoryFitError) or is_out_of_memory(err)
 
 
 def _free_gpu() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from ..voices import ModelKind
 from .base import Engine
 from .cuda_env import cuda_bf16_supported, pick_dtype
-from .sizing import memory_budget, plan_streams
+from .sizing import MIN_STREAMS, memory_budget, plan_streams
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ def load_engine(
     quant: str = "",
     on_eager_prefill: Callable[[int], None] | None = None,
     chunk_growth: bool = False,
+    shrink: float = 1.0,
 ) -> Engine:
     """Load a checkpoint through the real loaders (faster-qwen3-tts / qwen_tts).
 
@@ -123,6 +124,8 @@ def load_engine(
         max_streams: slots of the batched engine; None sizes them from the GPU memory left
             after the weights (``sizing.plan_streams``; 8 off CUDA).
         on_join: the batched engine's join-stall observer (seconds).
+        shrink: ``--max-streams auto`` takes this fraction of the streams that the free memory
+            seems to hold (``load_fitting`` lowers it after an out-of-memory at capture).
         dtype: one of ``DTYPES``; "auto" is bfloat16 on CUDA (float16 on GPUs without
             bfloat16, see ``cuda_env.pick_dtype``), float32 on the CPU. float32 on CUDA also
             turns TF32 off (exact float32), for exact comparisons.
@@ -188,7 +191,7 @@ def load_engine(
     # cache) are never built.
     tts = FasterQwen3TTS(qwen, None, None, device=device, dtype=weights, max_seq_len=max_len)
     if max_streams is None:
-        max_streams = _plan_streams(kind, qwen, max_len, reserve, cap_gb) if device == "cuda" else 8
+        max_streams = _plan_streams(kind, qwen, max_len, reserve, cap_gb, shrink) if device == "cuda" else 8
     return BatchedEngine(kind, tts, chunk_frames, max_streams, max_len, graphs=device == "cuda", on_join=on_join,
                          on_eager_prefill=on_eager_prefill, chunk_growth=chunk_growth)
 
@@ -197,7 +200,7 @@ class MemoryFitError(RuntimeError):
     """Not even one stream of a model fits in the GPU memory left after its weights."""
 
 
-def _plan_streams(kind: ModelKind, qwen: Any, max_len: int, reserve: int, cap_gb: float | None) -> int:
+def _plan_streams(kind: ModelKind, qwen: Any, max_len: int, reserve: int, cap_gb: float | None, shrink: float = 1.0) -> int:
     """``--max-streams auto`` on CUDA: the slots that fit now, logged with the reason.
 
     Raises:
@@ -205,20 +208,74 @@ def _plan_streams(kind: ModelKind, qwen: Any, max_len: int, reserve: int, cap_gb
     """
     import torch
 
+    # Cached blocks go back to the card first; what stays reserved is held by tensors and by
+    # the private pools of captured CUDA graphs (other models' or earlier loads'), which no
+    # other allocation may use, and the --gpu-memory cap counts all of it.
+    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
-    budget = memory_budget(total, torch.cuda.memory_allocated(), free + _unused_reserved(), cap_gb)
+    budget = memory_budget(total, torch.cuda.memory_reserved(), free, cap_gb)
     plan = plan_streams(budget, slot_bytes(qwen, max_len), reserve=reserve)
     if not plan.fits:
         raise MemoryFitError(f"{kind.value} model: {plan.reason}")
-    _LOGGER.info("%s model: %s; KV for %d positions a stream", kind.value, plan.reason, max_len)
-    return plan.streams
+    streams = plan.streams if shrink >= 1.0 else max(MIN_STREAMS, int(plan.streams * shrink))
+    note = f"; {streams} after an out-of-memory at start" if streams != plan.streams else ""
+    _LOGGER.info("%s model: %s%s; KV for %d positions a stream", kind.value, plan.reason, note, max_len)
+    return streams
 
 
-def _unused_reserved() -> int:
-    """Bytes the caching allocator holds but does not use (free to this process)."""
-    import torch
+#: ``load_fitting``: each retry after an out-of-memory keeps this fraction of the streams.
+RETRY_SHRINK = 0.6
+#: ... and gives up below this fraction of the first plan.
+MIN_SHRINK = 0.1
 
-    return max(0, torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """A CUDA out-of-memory (``torch.OutOfMemoryError``, also when wrapped by a library)."""
+    return type(err).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(err)
+
+
+def load_fitting(load: Callable[[float], Engine], warm: Callable[[Engine], None], kind: ModelKind, auto: bool) -> Engine:
+    """Load an engine and warm it up (graph capture); with ``--max-streams auto`` an
+    out-of-memory during either is retried with fewer streams (``RETRY_SHRINK`` each time),
+    since the stream sizing can only estimate what graph capture needs.
+
+    Args:
+        load: builds the engine, given the fraction of the planned streams to take.
+        warm: warms it up (captures its graphs).
+        kind: for the log.
+        auto: the streams are sized automatically (a fixed ``--max-streams`` is never changed).
+
+    Raises:
+        torch.OutOfMemoryError: it does not fit even with ``MIN_SHRINK`` of the streams (or a
+            fixed ``--max-streams`` does not fit); any other error of ``load`` or ``warm``.
+    """
+    shrink = 1.0
+    while True:
+        engine: Engine | None = None
+        try:
+            engine = load(shrink)
+            warm(engine)
+            return engine
+        except Exception as err:  # noqa: BLE001 - re-raised unless it is a retryable out-of-memory
+            if not (auto and is_out_of_memory(err)) or shrink * RETRY_SHRINK < MIN_SHRINK:
+                raise
+        # Past the except block its traceback is gone; drop the failed engine too, so that its
+        # slots and graphs go back to the card before the next try.
+        engine = None
+        import gc
+
+        import torch
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        shrink *= RETRY_SHRINK
+        _LOGGER.warning(
+            "%s model: out of GPU memory while loading or capturing its graphs; trying again with "
+            "%.0f%% of the streams the free memory seemed to hold", kind.value, shrink * 100,
+        )
+
 
 
 def slot_bytes(qwen: Any, max_len: int) -> int:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from ..voices import ModelKind
 from .base import Engine, Sink, Work, WorkSource
+from .loader import load_fitting
 from .segment import Segment
 
 _LOGGER = logging.getLogger(__name__)
@@ -153,8 +154,8 @@ class OnDemandEngine(Engine):
     Args:
         kind: the model kind.
         chunk_frames: codec frames per chunk (as the inner engine's).
-        load: builds the inner engine (the real loader; may raise, e.g.
-            ``torch.OutOfMemoryError``).
+        load: builds the inner engine, given the fraction of the planned streams to take
+            (the real loader; may raise, e.g. ``torch.OutOfMemoryError``).
         warm_segment: the warm-up generation run after every load.
         idle_s: seconds without work before the model leaves GPU memory; None keeps it
             (a model that only takes turns through ``lease``).
@@ -163,6 +164,8 @@ class OnDemandEngine(Engine):
         speakers: the CustomVoice speaker ids while the model is out (from its config).
         home: comes back by itself whenever the lease is free (the Base model, taking turns
             with the VoiceDesign model: it is back before the next clone request).
+        auto_streams: ``--max-streams auto``: an out-of-memory while loading is retried with
+            fewer streams (``loader.load_fitting``).
 
     Attributes:
         loads: how many times the model was loaded (tests, logs).
@@ -172,13 +175,14 @@ class OnDemandEngine(Engine):
         self,
         kind: ModelKind,
         chunk_frames: int,
-        load: Callable[[], Engine],
+        load: Callable[[float], Engine],
         warm_segment: Callable[[Engine], Segment],
         idle_s: float | None = DEFAULT_IDLE_S,
         lease: GpuLease | None = None,
         why: str = "",
         speakers: list[str] | None = None,
         home: bool = False,
+        auto_streams: bool = False,
     ) -> None:
         super().__init__(kind, chunk_frames, capacity=1)
         self._load = load
@@ -188,6 +192,7 @@ class OnDemandEngine(Engine):
         self.why = why
         self._speakers = list(speakers or [])
         self.home = home and lease is not None
+        self.auto_streams = auto_streams
         self.inner: Engine | None = None
         self.loads = 0
         self.backend = "on demand"
@@ -212,8 +217,7 @@ class OnDemandEngine(Engine):
         started = time.monotonic()
         engine: Engine | None = None
         try:
-            engine = self._load()
-            engine.warm(self._warm_segment(engine))
+            engine = load_fitting(self._load, lambda e: e.warm(self._warm_segment(e)), self.kind, self.auto_streams)
         except BaseException:
             engine = None  # loaded but failed its warm-up: let it go before emptying the cache
             self._drop(None)

@@ -241,4 +241,4 @@ class ReferenceEngine(SerialEngine):
         codes = torch.stack(frames).to(self._decoder.device).T[None]
         with torch.inference_mode():
             pcm = self._decoder.step(codes)
-        return pcm[0].float().numpy()
+        return pcm[0].float().cpu().numpy()

@@ -120,14 +120,16 @@ def memory_budget(total: int, allocated: int, free_on_device: int, cap_gb: float
 
     ``torch.cuda.mem_get_info`` reports the whole card, shared with other processes; a
     ``--gpu-memory`` cap (``torch.cuda.set_per_process_memory_fraction``) limits what this
-    process's allocator may reserve. Memory the allocator reserved but does not use is free
-    to it, so the caller adds it to ``free_on_device``.
+    process's allocator may reserve, so the caller passes what it holds reserved after
+    ``torch.cuda.empty_cache()``: its tensors and the private pools of captured CUDA graphs,
+    which no other allocation may use (counting those pools as free made the second model
+    of a 12 and 16 GB card plan more streams than fit, on the H200).
 
     Args:
         total: the card's memory.
-        allocated: bytes this process's tensors hold (``torch.cuda.memory_allocated``).
-        free_on_device: free bytes on the card (``mem_get_info()[0]``) plus those this
-            process's allocator reserved but does not use.
+        allocated: bytes this process's allocator holds (``torch.cuda.memory_reserved`` after
+            ``empty_cache``).
+        free_on_device: free bytes on the card (``mem_get_info()[0]``, after ``empty_cache``).
         cap_gb: ``--gpu-memory`` in GB (2**30 bytes), or None.
 
     Returns:
