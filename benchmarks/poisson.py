@@ -21,7 +21,7 @@ client it measures
 * join stall p95: the server's ``tts_join_stall_seconds`` histogram (what running streams
   waited for an admission: GPU time from its start to the next step's start; admissions into
   an idle pool are not counted), its increase over the measured window, p95
-  interpolated within buckets (so at the buckets' resolution: 5, 10, 20, 30, 50 ms...).
+  interpolated within buckets (so at the buckets' resolution: 1 ms up to 5, then 7.5, 10, 15, 20 ms...).
 
 Writes ``poisson.json`` (``{"rows": [...], "config": ..., "anchors": ...}``), ``poisson.md``
 (the table, with the published anchors) and, where matplotlib is installed, ``poisson.png``
