@@ -71,7 +71,10 @@ class StepGraphs:
                 for length in self.lengths:
                     self._body(b, length)  # warm-up outside the graph (lazy inits, autotuning)
                     graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    # thread_local: another model's engine thread (or the prompt worker) keeps
+                    # launching work while a model loaded on demand captures its graphs; in the
+                    # default "global" mode CUDA would refuse their calls mid-capture.
+                    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
                         self._body(b, length)
                     pool = graph.pool()
                     self._graphs[(b, length)] = graph
