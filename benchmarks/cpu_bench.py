@@ -128,7 +128,7 @@ def main() -> None:
         for engine in args.engines:
             print(f"{engine} {SIZES[size]} ...", flush=True)
             weights = f"GGUF {args.quant} (qwentts.cpp)" if engine == "ggml" else "float32 (qwen_tts on the CPU)"
-            row = {"engine": engine, "model": SIZES[size], "quant": args.quant, "weights": weights}
+            row = {"engine": engine, "model": SIZES[size], "quant": args.quant if engine == "ggml" else "float32", "weights": weights}
             row.update(run_row(engine, checkpoint, args.work / "data", args.frames, args.quant))
             print(row, flush=True)
             rows.append(row)
