@@ -360,3 +360,41 @@ def test_cpu_defaults_swap_only_models_not_named() -> None:
     assert cpu_sources(dict(DEFAULT_MODELS), given=set(ModelKind)) == DEFAULT_MODELS
     assert cpu_default_voice(["aiden", "ryan"], "aria") == "ryan"
     assert cpu_default_voice([], "aria") == "aria"
+
+
+def test_named_models_on_the_cpu_get_nothing_added_and_narrow_ones_are_not_converted(
+    checkpoints: Path, tmp_path: Path
+) -> None:
+    """A user who names a Base folder on a CPU machine gets that model and nothing more (no
+    CustomVoice model fetched for the CPU defaults, which would fail offline); under
+    ``--engine auto`` a checkpoint narrower than qwentts.cpp runs goes to the reference engine
+    before any GGUF conversion (read from its config), with one line saying why."""
+    import subprocess
+    import sys
+
+    import soundfile as sf
+
+    voices, data, log = tmp_path / "voices", tmp_path / "data", tmp_path / "server.log"
+    voices.mkdir()
+    t = np.arange(2 * 24000) / 24000
+    sf.write(voices / "clone.wav", (0.2 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24000)
+    (voices / "clone.txt").write_text(CLONE_TRANSCRIPT)
+    args = [
+        sys.executable, "-m", "wyoming_qwen3tts", "--uri", "tcp://127.0.0.1:0", "--http-port", "0",
+        "--data-dir", str(data), "--voices-dir", str(voices), "--no-zeroconf", "--local-files-only",
+        "--clone-model", str(checkpoints / "base"), "--design-model", "none", "--device", "cpu", "--engine", "auto",
+    ]
+    with log.open("w") as handle:
+        proc = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 180
+        while "Ready: Wyoming" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        output = log.read_text()
+        assert "Ready: Wyoming" in output, output[-3000:]
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    assert "Loading custom_voice" not in output and "No GPU and no model named" not in output, output[-3000:]
+    assert "The base model runs on the reference engine: its codec's codebook_dim is" in output, output[-3000:]
+    assert "GGML, CPU" not in output and not list(data.rglob("*.gguf"))

@@ -32,7 +32,7 @@ from .engine.loader import MemoryFitError, checkpoint_params, checkpoint_slot_by
 from .engine.on_demand import DEFAULT_IDLE_S, GpuLease, OnDemandEngine
 from .engine.sizing import DESIGN_MEMORY, GB, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions
 from .engine.cpu_defaults import cpu_default_voice, cpu_sources
-from .engine.ggml import GgmlEngine, NativeWidthError
+from .engine.ggml import GgmlEngine, NativeWidthError, check_checkpoint_widths
 from .engine.gguf_files import DEFAULT_QUANT as DEFAULT_GGUF_QUANT, QUANTS as GGUF_QUANTS, gguf_identity, resolve_gguf
 from .metrics import Metrics
 from .handler import DEFAULT_MAX_CONNECTIONS
@@ -278,9 +278,21 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
     }
     args.on_cpu = device == "cpu"
     given = getattr(args, "given", None)  # flags on the command line (set by ``main``)
-    if args.on_cpu and given is not None:  # the configuration that speaks soonest without a GPU
+    # The CustomVoice model the CPU defaults load for the user: its speaker is the default voice.
+    args.cpu_speaker_default = False
+    # The configuration that speaks soonest without a GPU, when neither --clone-model nor
+    # --custom-voice-model was given (the add-on always passes --design-model): a user who
+    # names a model gets what they named and nothing added.
+    if args.on_cpu and given is not None and not {"--clone-model", "--custom-voice-model"} & given:
         flags = {ModelKind.BASE: "--clone-model", ModelKind.VOICE_DESIGN: "--design-model", ModelKind.CUSTOM_VOICE: "--custom-voice-model"}
-        sources = cpu_sources(sources, {k for k, f in flags.items() if f in given})
+        chosen = cpu_sources(sources, {k for k, f in flags.items() if f in given})
+        _LOGGER.info(
+            "No GPU and no model named: the CPU defaults load %s (Base) and %s (CustomVoice), with "
+            "its speaker as the default voice; name --clone-model / --custom-voice-model to choose",
+            chosen[ModelKind.BASE], chosen[ModelKind.CUSTOM_VOICE],
+        )
+        sources = chosen
+        args.cpu_speaker_default = sources[ModelKind.CUSTOM_VOICE].lower() != "none"
     if pick_engine(args.engine, device) == "ggml":
         return await _load_ggml_engines(args, sources, models_dir, metrics)
     checkpoints: dict[ModelKind, Path] = {}
@@ -366,6 +378,14 @@ async def _load_ggml_engines(
             continue
         engine: Engine
         try:
+            if Path(source).expanduser().is_dir():  # a checkpoint qwentts.cpp cannot run: no conversion
+                try:
+                    check_checkpoint_widths(Path(source).expanduser())
+                except NativeWidthError as err:
+                    if args.engine != "auto":
+                        raise
+                    engines[kind] = await _load_reference_instead(args, kind, source, models_dir, metrics, err)
+                    continue
             pair = await asyncio.to_thread(resolve_gguf, source, models_dir, args.gguf_quant, args.local_files_only)
             _LOGGER.info("Loading %s model from %s and %s (GGML, CPU)", kind.value, *pair)
             try:
@@ -376,25 +396,52 @@ async def _load_ggml_engines(
             except NativeWidthError as err:  # test checkpoints narrower than the release
                 if args.engine != "auto":
                     raise
-                _LOGGER.warning("The %s model falls back to the reference engine: %s", kind.value, err)
-                checkpoint = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
-                _LOGGER.info("Loading %s model from %s on cpu", kind.value, checkpoint)
-                engine = await asyncio.to_thread(
-                    load_engine, kind, checkpoint, "cpu", args.chunk_size, "reference", args.max_streams,
-                    metrics.join_stall.labels(kind.value).observe, args.dtype,
-                )
+                engines[kind] = await _load_reference_instead(args, kind, source, models_dir, metrics, err)
+                continue
+        except SystemExit:
+            raise
         except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
             raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err
-        try:
-            await asyncio.to_thread(engine.warm, _warm_segment(kind, engine))
-        except Exception as err:  # noqa: BLE001 - any warm-up failure ends start-up with its reason
-            raise SystemExit(f"Warm-up of the {kind.value} model failed: {err!r}") from err
-        engines[kind] = engine
-        _LOGGER.info("%s model ready (%s)", kind.value, engine.backend)
+        engines[kind] = await _warmed(kind, engine)
     if not engines:
         raise SystemExit("No model enabled: set at least one of --clone-model, --design-model, --custom-voice-model")
     return engines
 
+
+async def _load_reference_instead(
+    args: argparse.Namespace, kind: ModelKind, source: str, models_dir: Path, metrics: Metrics, why: BaseException
+) -> Engine:
+    """Under ``--engine auto`` on the CPU: the reference engine for a checkpoint the GGML
+    engine cannot run (narrower than the release, e.g. the tiny test checkpoints), warmed up.
+
+    Raises:
+        SystemExit: it cannot load or warm up either.
+    """
+    _LOGGER.warning("The %s model runs on the reference engine: %s", kind.value, why)
+    try:
+        checkpoint = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
+        _LOGGER.info("Loading %s model from %s on cpu", kind.value, checkpoint)
+        engine = await asyncio.to_thread(
+            load_engine, kind, checkpoint, "cpu", args.chunk_size, "reference", args.max_streams,
+            metrics.join_stall.labels(kind.value).observe, args.dtype,
+        )
+    except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
+        raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err
+    return await _warmed(kind, engine)
+
+
+async def _warmed(kind: ModelKind, engine: Engine) -> Engine:
+    """``engine`` after its warm-up, logged as ready.
+
+    Raises:
+        SystemExit: the warm-up failed.
+    """
+    try:
+        await asyncio.to_thread(engine.warm, _warm_segment(kind, engine))
+    except Exception as err:  # noqa: BLE001 - any warm-up failure ends start-up with its reason
+        raise SystemExit(f"Warm-up of the {kind.value} model failed: {err!r}") from err
+    _LOGGER.info("%s model ready (%s)", kind.value, engine.backend)
+    return engine
 
 
 def _warm(kind: ModelKind, engine: Engine) -> None:
@@ -513,7 +560,7 @@ async def main(argv: list[str] | None = None) -> None:
     if not names:
         raise SystemExit(f"No voices: add a clone voice to {voices_dir} or enable the VoiceDesign model")
     default_voice = args.voice or (DEFAULT_VOICE if DEFAULT_VOICE in names else sorted(names)[0])
-    if not args.voice and custom is not None and getattr(args, "on_cpu", False):
+    if not args.voice and custom is not None and getattr(args, "cpu_speaker_default", False):
         default_voice = cpu_default_voice(custom.speakers(), default_voice)  # a speaker: no design on the CPU
     try:
         default_voice = catalog.get(default_voice).name  # the catalogue's spelling (or an alias's voice)

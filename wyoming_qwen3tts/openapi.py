@@ -192,9 +192,19 @@ def _speech_request(max_chars: int) -> dict[str, Any]:
 
 def _speech_operation() -> dict[str, Any]:
     audio = {"schema": {"type": "string", "format": "binary"}}
-    content = {fmt.content_type: audio for fmt in FORMATS.values()}
+    content: dict[str, Any] = {fmt.content_type: audio for fmt in FORMATS.values()}
+    # Each server-sent event (stream_format sse, or vLLM-Omni's ``stream: true``): a JSON
+    # ``data`` line, ``speech.audio.delta`` with base64 PCM, then ``speech.audio.done``.
     content["text/event-stream"] = {
-        "schema": {"type": "string", "description": "Server-sent events (stream_format sse)."}
+        "schema": {
+            "type": "object",
+            "description": "One server-sent event (stream_format sse).",
+            "properties": {
+                "event": {"type": "string"},
+                "data": {"type": "string", "contentMediaType": "application/json"},
+            },
+            "required": ["data"],
+        }
     }
     return {
         "operationId": "createSpeech",

@@ -111,6 +111,32 @@ class NativeWidthError(ValueError):
     """The files' widths are not those qwentts.cpp hard-codes (``NATIVE_WIDTHS``)."""
 
 
+#: The same widths in a Hugging Face checkpoint's ``speech_tokenizer/config.json``
+#: (``decoder_config``), checked before a checkpoint is converted.
+NATIVE_CONFIG_WIDTHS = (("codebook_dim", 512), ("latent_dim", 1024), ("decoder_dim", 1536))
+
+
+def check_checkpoint_widths(checkpoint: Path) -> None:
+    """Refuse a checkpoint folder whose codec qwentts.cpp cannot run, before converting it
+    (reads ``speech_tokenizer/config.json``; a folder without one is left to the converter).
+
+    Raises:
+        NativeWidthError: a width differs from ``NATIVE_CONFIG_WIDTHS``.
+    """
+    import json
+
+    config = checkpoint / "speech_tokenizer" / "config.json"
+    if not config.is_file():
+        return
+    decoder = json.loads(config.read_text()).get("decoder_config", {})
+    for key, width in NATIVE_CONFIG_WIDTHS:
+        if key in decoder and decoder[key] != width:
+            raise NativeWidthError(
+                f"its codec's {key} is {decoder[key]}; qwentts.cpp runs only the released widths "
+                f"({width}): this checkpoint needs --engine reference"
+            )
+
+
 def check_native_widths(talker: Path, codec: Path) -> None:
     """Refuse, with a clear message, files whose codec or speaker encoder qwentts.cpp cannot run.
 
