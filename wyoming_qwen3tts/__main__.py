@@ -209,6 +209,7 @@ def _device(choice: str, engine: str) -> str:
 
     available = torch.cuda.is_available()
     problem = None if available else check_driver()
+    why = "--device cpu" if choice == "cpu" else "No CUDA GPU"
     if choice == "auto":
         choice = "cuda" if available else "cpu"
         if problem:
@@ -220,7 +221,7 @@ def _device(choice: str, engine: str) -> str:
     except ValueError as err:
         raise SystemExit(f"--engine: {err}") from None
     if choice == "cpu" and engine == "ggml":
-        _LOGGER.info("No CUDA GPU: running on the CPU with qwentts.cpp (GGML, quantized weights)")
+        _LOGGER.info("%s: running on the CPU with qwentts.cpp (GGML, quantized weights)", why)
     elif choice == "cpu":
         how = (
             "the batched engine runs eagerly, frame by frame"
@@ -228,9 +229,9 @@ def _device(choice: str, engine: str) -> str:
             else "the qwen_tts reference model, one request at a time"
         )
         _LOGGER.warning(
-            "No CUDA GPU: running on the CPU (%s). This path is SLOW (the 1.7B models take "
+            "%s: running on the CPU (%s). This path is SLOW (the 1.7B models take "
             "several seconds per second of speech). Use an NVIDIA GPU for real-time speech.",
-            how,
+            why, how,
         )
     return choice
 
