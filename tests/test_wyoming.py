@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import urllib.request
+from pathlib import Path
 
 import pytest
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -18,7 +19,7 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
 from wyoming_qwen3tts.text import Segmenter, frame_budget
 
-from .conftest import Server
+from .conftest import Server, start_server, stop_server
 
 #: A hang guard for reads, not a speed assertion.
 _GUARD_S = 180.0
@@ -122,6 +123,27 @@ async def test_a_language_without_a_voice_picks_a_native_voice(server: Server) -
     while server.output().count("request ok: voice minjun") == before:
         assert asyncio.get_running_loop().time() < deadline, server.output()[-2000:]
         await asyncio.sleep(0.05)
+
+
+async def test_a_language_without_a_voice_picks_a_native_speaker_when_the_default_is_one(
+    checkpoints: Path, voices_dir: Path, tmp_path: Path
+) -> None:
+    """The CPU defaults make the speaker ryan the default voice: a Korean request with no
+    voice goes to the Korean speaker sohee, not ryan and not a preset designed live."""
+    server = start_server(
+        checkpoints, voices_dir, tmp_path / "server.log", extra=["--no-zeroconf", "--anchors", "off", "--voice", "ryan"]
+    )
+    try:
+        async with AsyncTcpClient("127.0.0.1", server.port) as client:
+            await client.write_event(Event("synthesize", {"text": "안녕하세요.", "voice": {"language": "ko"}}))
+            events = await read_until(client, "audio-stop")
+        check_audio_events(events, expected_frames("안녕하세요."))
+        deadline = asyncio.get_running_loop().time() + 30
+        while "request ok: voice sohee" not in server.output():
+            assert asyncio.get_running_loop().time() < deadline, server.output()[-2000:]
+            await asyncio.sleep(0.05)
+    finally:
+        stop_server(server)
 
 
 async def test_streamed_text_split_inside_words_is_spoken_once(server: Server) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 from .anchors import ANCHOR_MAX_FRAMES, Anchors, AnchorSpec, AnchorState
 from .audio import SAMPLE_RATE
 from .engine import Engine, Segment
-from .languages import AUTO, UnsupportedLanguageError, to_qwen
+from .languages import AUTO, SPEAKER_LANGUAGES, UnsupportedLanguageError, to_qwen
 from .metrics import Metrics
 from .scheduler import GenerationError, Job, Scheduler
 from .text import Segmenter, clean_text, frame_budget
@@ -249,10 +249,13 @@ class TtsService:
         Args:
             language: Qwen3-TTS language name ("korean", ...; "auto" keeps the default).
         """
-        if language == AUTO or default.language in (language, AUTO):
+        if language == AUTO or native_language(default) in (language, AUTO):
             return default
-        natives = [v for v in self.catalog.voices() if v.language == language]
-        natives.sort(key=lambda v: v.kind is not ModelKind.VOICE_DESIGN)  # stable: catalogue order
+        natives = [v for v in self.catalog.voices() if native_language(v) == language]
+        # Voices of the default's kind first (a preset for a preset; for a built-in speaker,
+        # the default on the CPU, another speaker rather than a preset designed live), then
+        # presets; stable: catalogue order.
+        natives.sort(key=lambda v: (v.kind is not default.kind, v.kind is not ModelKind.VOICE_DESIGN))
         return natives[0] if natives else default
 
     def open(self, request: SpeechRequest, streamed: bool = True) -> SpeechStream:
@@ -527,6 +530,16 @@ class SpeechStream:
             m.real_time_factor.labels(self._door).observe((time.monotonic() - self._opened) / audio_s)
         for wait in self._job.queue_waits:
             m.queue_wait.labels(self._door).observe(wait)
+
+
+def native_language(voice: Voice) -> str:
+    """A voice's own Qwen3-TTS language: its ``language``, or for a CustomVoice speaker
+    without one, the speaker's native language (``languages.SPEAKER_LANGUAGES``, from the
+    Qwen3-TTS model card); "auto" when it has none."""
+    if voice.language != AUTO or voice.kind is not ModelKind.CUSTOM_VOICE or not voice.speaker:
+        return voice.language
+    code = SPEAKER_LANGUAGES.get(voice.speaker.lower())
+    return to_qwen(code) if code else AUTO
 
 
 def explain_oom(error: GenerationError) -> GenerationError:
