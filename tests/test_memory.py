@@ -284,7 +284,7 @@ def _args(checkpoints: Path, tmp_path: Path, *extra: str) -> Any:
 def test_residency_plan_reads_the_cap_and_the_checkpoints(
     checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from wyoming_qwen3tts import __main__ as main
+    from wyoming_qwen3tts import startup as main
 
     fraction: list[float] = []
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (140 * GB, 141 * GB))
@@ -303,7 +303,7 @@ def test_residency_plan_reads_the_cap_and_the_checkpoints(
 async def test_models_taking_turns_are_wired_at_start(
     checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from wyoming_qwen3tts import __main__ as main
+    from wyoming_qwen3tts import startup as main
     from wyoming_qwen3tts.engine.sizing import Residency
 
     monkeypatch.setattr(main, "_residency", lambda *a: Residency("turns", {}, "faked: they do not fit"))
@@ -331,7 +331,7 @@ def test_auto_streams_from_the_memory_torch_reports(design_engine: BatchedEngine
 async def test_a_voice_design_model_that_does_not_fit_at_start_does_not_stop_the_server(
     checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from wyoming_qwen3tts import __main__ as main
+    from wyoming_qwen3tts import startup as main
 
     real = main.load_engine
 

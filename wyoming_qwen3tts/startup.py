@@ -1,0 +1,335 @@
+"""Loading the models at start: the device and engine, where each model lives in GPU memory,
+the GGML engine on the CPU, and each engine's warm-up.
+
+``load_engines`` is what ``__main__`` calls; it turns the command line's model flags into
+warmed-up engines, or stops start-up with one line saying why (for memory, what to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import gc
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from .audio import SAMPLE_RATE
+from .engine import Engine, Segment, load_engine, pick_engine, resolve_checkpoint
+from .engine.cpu_defaults import cpu_sources
+from .engine.cuda_env import check_driver, cuda_bf16_supported, pick_dtype
+from .engine.ggml import NativeWidthError, check_checkpoint_widths
+from .engine.gguf_files import resolve_gguf
+from .engine.loader import MemoryFitError, checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers, is_out_of_memory, load_fitting
+from .engine.on_demand import GpuLease, OnDemandEngine
+from .engine.sizing import GB, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions
+from .metrics import Metrics
+from .voices import ModelKind, Reference
+
+_LOGGER = logging.getLogger("wyoming_qwen3tts")
+
+
+def _device(choice: str, engine: str) -> str:
+    """The device to run on, checked against the engine asked for.
+
+    Raises:
+        SystemExit: no CUDA for ``--device cuda``, or an engine the device cannot run.
+    """
+    import torch
+
+    available = torch.cuda.is_available()
+    problem = None if available else check_driver()
+    why = "--device cpu" if choice == "cpu" else "No CUDA GPU"
+    if choice == "auto":
+        choice = "cuda" if available else "cpu"
+        if problem:
+            _LOGGER.error(problem)
+    elif choice == "cuda" and not available:
+        raise SystemExit(f"--device cuda: {problem or 'no CUDA device is available'}")
+    try:
+        engine = pick_engine(engine, choice)
+    except ValueError as err:
+        raise SystemExit(f"--engine: {err}") from None
+    if choice == "cpu" and engine == "ggml":
+        _LOGGER.info("%s: running on the CPU with qwentts.cpp (GGML, quantized weights)", why)
+    elif choice == "cpu":
+        how = (
+            "the batched engine runs eagerly, frame by frame"
+            if engine == "batched"
+            else "the qwen_tts reference model, one request at a time"
+        )
+        _LOGGER.warning(
+            "%s: running on the CPU (%s). This path is SLOW (the 1.7B models take "
+            "several seconds per second of speech). Use an NVIDIA GPU for real-time speech.",
+            why, how,
+        )
+    return choice
+
+
+def _warm_segment(kind: ModelKind, engine: Engine) -> Segment:
+    """A 2-frame generation that exercises the whole path once before serving."""
+    tone = 0.1 * np.sin(2 * np.pi * 220 * np.arange(SAMPLE_RATE) / SAMPLE_RATE)
+    return Segment(
+        text="Hello.",
+        language="auto",
+        max_new_tokens=2,
+        seed=0,
+        instruct="A clear, neutral voice." if kind is ModelKind.VOICE_DESIGN else None,
+        speaker=next(iter(engine.speakers()), None),
+        reference=Reference.from_audio(tone, SAMPLE_RATE, None) if kind is ModelKind.BASE else None,
+    )
+
+
+#: Load order: the VoiceDesign model last, so the others' stream sizing keeps its room.
+LOAD_ORDER = (ModelKind.BASE, ModelKind.CUSTOM_VOICE, ModelKind.VOICE_DESIGN)
+#: What each ``--max-streams auto`` log and out-of-memory message suggests changing.
+MEMORY_OPTIONS = (
+    "--max-streams N, --gpu-memory GB, --design-model-memory on-demand, "
+    "--clone-model Qwen/Qwen3-TTS-12Hz-0.6B-Base or --custom-voice-model none"
+)
+
+
+async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[ModelKind, Engine]:
+    """Load every enabled model and warm it up (graph capture and one short generation).
+
+    On CUDA, decide first from the checkpoints' sizes and the GPU memory (``--gpu-memory``)
+    whether the VoiceDesign model stays resident, comes on demand, or takes turns with the
+    others (``sizing.plan_residency``); ``--max-streams auto`` then sizes each pool.
+
+    Raises:
+        SystemExit: no model enabled, or a model failed to load or warm up (the message
+            names the options that make it fit when memory was the reason).
+    """
+    device = _device(args.device, args.engine)
+    models_dir = Path(args.data_dir) / "models"
+    sources = {
+        ModelKind.BASE: args.clone_model,
+        ModelKind.VOICE_DESIGN: args.design_model,
+        ModelKind.CUSTOM_VOICE: args.custom_voice_model,
+    }
+    args.on_cpu = device == "cpu"
+    given = getattr(args, "given", None)  # flags on the command line (set by ``main``)
+    # The CustomVoice model the CPU defaults load for the user: its speaker is the default voice.
+    args.cpu_speaker_default = False
+    # The configuration that speaks soonest without a GPU, when neither --clone-model nor
+    # --custom-voice-model was given (the add-on always passes --design-model): a user who
+    # names a model gets what they named and nothing added.
+    if args.on_cpu and given is not None and not {"--clone-model", "--custom-voice-model"} & given:
+        flags = {ModelKind.BASE: "--clone-model", ModelKind.VOICE_DESIGN: "--design-model", ModelKind.CUSTOM_VOICE: "--custom-voice-model"}
+        chosen = cpu_sources(sources, {k for k, f in flags.items() if f in given})
+        _LOGGER.info(
+            "No GPU and no model named: the CPU defaults load %s (Base) and %s (CustomVoice), with "
+            "its speaker as the default voice; name --clone-model / --custom-voice-model to choose",
+            chosen[ModelKind.BASE], chosen[ModelKind.CUSTOM_VOICE],
+        )
+        sources = chosen
+        args.cpu_speaker_default = sources[ModelKind.CUSTOM_VOICE].lower() != "none"
+    if pick_engine(args.engine, device) == "ggml":
+        return await _load_ggml_engines(args, sources, models_dir, metrics)
+    checkpoints: dict[ModelKind, Path] = {}
+    for kind in LOAD_ORDER:
+        source = sources[kind]
+        if not source or source.lower() == "none":
+            continue
+        try:
+            checkpoints[kind] = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
+        except Exception as err:  # noqa: BLE001 - any failure ends start-up with its reason
+            raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err
+    if not checkpoints:
+        raise SystemExit("No model enabled: set at least one of --clone-model, --design-model, --custom-voice-model")
+    max_len = max(slot_positions(), (args.fixed_frames or 0) + 512)
+    plan = _residency(args, device, checkpoints, max_len)
+    lease = GpuLease() if plan is not None and plan.design == "turns" else None
+    engines: dict[ModelKind, Engine] = {}
+    for kind, checkpoint in checkpoints.items():
+        reserve = plan.reserves.get(kind.value, 0) if plan is not None else 0
+
+        def load(shrink: float = 1.0, kind: ModelKind = kind, checkpoint: Path = checkpoint, reserve: int = reserve) -> Engine:
+            return load_engine(
+                kind, checkpoint, device, args.chunk_size, args.engine, args.max_streams,
+                metrics.join_stall.labels(kind.value).observe, args.dtype, max_len, reserve, args.gpu_memory,
+                on_eager_prefill=metrics.eager_prefill.labels(kind.value).inc, chunk_growth=args.chunk_growth,
+                shrink=shrink,
+            )
+
+        engine: Engine
+        if lease is not None or (kind is ModelKind.VOICE_DESIGN and plan is not None and plan.design == "on-demand"):
+            design = kind is ModelKind.VOICE_DESIGN
+            engine = OnDemandEngine(
+                kind, args.chunk_size, load, functools.partial(_warm_segment, kind),
+                idle_s=args.design_model_idle if design else None, lease=lease, auto_streams=args.max_streams is None,
+                why=" (preset anchors, voice studio designs, instructions)" if design else "",
+                speakers=checkpoint_speakers(checkpoint) if kind is ModelKind.CUSTOM_VOICE else [],
+                home=kind is ModelKind.BASE,
+            )
+            _LOGGER.info("Loading %s model from %s on %s (%s)", kind.value, checkpoint, device, "on demand" if design else "taking turns")
+            try:
+                await asyncio.to_thread(engine.warm, _warm_segment(kind, engine))
+            except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
+                raise SystemExit(_load_failure(kind, sources[kind], err)) from err
+        else:
+            _LOGGER.info("Loading %s model from %s on %s", kind.value, checkpoint, device)
+            try:
+                engine = await asyncio.to_thread(
+                    load_fitting, load, functools.partial(_warm, kind), kind, args.max_streams is None,
+                )
+            except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
+                if not (kind is ModelKind.VOICE_DESIGN and engines and _is_memory(err)):
+                    raise SystemExit(_load_failure(kind, sources[kind], err)) from err
+                # The others are loaded and serve: start without this one rather than not at all.
+                _LOGGER.error(
+                    "%s. The server starts without it: it is loaded when needed (preset anchors, "
+                    "studio designs, instructions), and those requests fail with this reason while it does not fit",
+                    _load_failure(kind, sources[kind], err),
+                )
+                _free_gpu()
+                engine = OnDemandEngine(
+                    kind, args.chunk_size, load, functools.partial(_warm_segment, kind), idle_s=args.design_model_idle,
+                    auto_streams=args.max_streams is None,
+                )
+                engine.ready.set()
+        engines[kind] = engine
+        _LOGGER.info("%s model ready (%s)", kind.value, engine.backend)
+    return {kind: engines[kind] for kind in sorted(engines, key=list(sources).index)}
+
+
+async def _load_ggml_engines(
+    args: argparse.Namespace, sources: dict[ModelKind, str], models_dir: Path, metrics: Metrics
+) -> dict[ModelKind, Engine]:
+    """The CPU's GGML engines (qwentts.cpp), one per enabled model, warmed up; a checkpoint
+    narrower than the widths the native library hard-codes (the tiny test checkpoints) falls
+    back to the reference engine under ``--engine auto``.
+
+    Raises:
+        SystemExit: no model enabled, or a model failed to load or warm up.
+    """
+    engines: dict[ModelKind, Engine] = {}
+    for kind, source in sources.items():
+        if not source or source.lower() == "none":
+            continue
+        engine: Engine
+        try:
+            if Path(source).expanduser().is_dir():  # a checkpoint qwentts.cpp cannot run: no conversion
+                try:
+                    check_checkpoint_widths(Path(source).expanduser())
+                except NativeWidthError as err:
+                    if args.engine != "auto":
+                        raise
+                    engines[kind] = await _load_reference_instead(args, kind, source, models_dir, metrics, err)
+                    continue
+            pair = await asyncio.to_thread(resolve_gguf, source, models_dir, args.gguf_quant, args.local_files_only)
+            _LOGGER.info("Loading %s model from %s and %s (GGML, CPU)", kind.value, *pair)
+            try:
+                engine = await asyncio.to_thread(
+                    load_engine, kind, pair[0].parent, "cpu", args.chunk_size, "ggml",
+                    gguf=pair, contexts=args.ggml_streams, quant=args.gguf_quant,
+                )
+            except NativeWidthError as err:  # test checkpoints narrower than the release
+                if args.engine != "auto":
+                    raise
+                engines[kind] = await _load_reference_instead(args, kind, source, models_dir, metrics, err)
+                continue
+        except SystemExit:
+            raise
+        except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
+            raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err
+        engines[kind] = await _warmed(kind, engine)
+    if not engines:
+        raise SystemExit("No model enabled: set at least one of --clone-model, --design-model, --custom-voice-model")
+    return engines
+
+
+async def _load_reference_instead(
+    args: argparse.Namespace, kind: ModelKind, source: str, models_dir: Path, metrics: Metrics, why: BaseException
+) -> Engine:
+    """Under ``--engine auto`` on the CPU: the reference engine for a checkpoint the GGML
+    engine cannot run (narrower than the release, e.g. the tiny test checkpoints), warmed up.
+
+    Raises:
+        SystemExit: it cannot load or warm up either.
+    """
+    _LOGGER.warning("The %s model runs on the reference engine: %s", kind.value, why)
+    try:
+        checkpoint = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
+        _LOGGER.info("Loading %s model from %s on cpu", kind.value, checkpoint)
+        engine = await asyncio.to_thread(
+            load_engine, kind, checkpoint, "cpu", args.chunk_size, "reference", args.max_streams,
+            metrics.join_stall.labels(kind.value).observe, args.dtype,
+        )
+    except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
+        raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err
+    return await _warmed(kind, engine)
+
+
+async def _warmed(kind: ModelKind, engine: Engine) -> Engine:
+    """``engine`` after its warm-up, logged as ready.
+
+    Raises:
+        SystemExit: the warm-up failed.
+    """
+    try:
+        await asyncio.to_thread(engine.warm, _warm_segment(kind, engine))
+    except Exception as err:  # noqa: BLE001 - any warm-up failure ends start-up with its reason
+        raise SystemExit(f"Warm-up of the {kind.value} model failed: {err!r}") from err
+    _LOGGER.info("%s model ready (%s)", kind.value, engine.backend)
+    return engine
+
+
+def _warm(kind: ModelKind, engine: Engine) -> None:
+    """Warm ``engine`` up (graph capture and one short generation; blocking)."""
+    engine.warm(_warm_segment(kind, engine))
+
+
+def _is_memory(err: BaseException) -> bool:
+    """A CUDA out-of-memory, or no room for even one stream."""
+    return isinstance(err, MemoryFitError) or is_out_of_memory(err)
+
+
+def _free_gpu() -> None:
+    """Return what a failed load left in the allocator's cache to the card."""
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _load_failure(kind: ModelKind, source: str, err: BaseException) -> str:
+    """The start-up failure in one line; for memory, the options to change."""
+    if _is_memory(err):
+        reason = str(err) if isinstance(err, MemoryFitError) else "CUDA out of memory"
+        return f"Cannot load the {kind.value} model {source!r}: it does not fit in GPU memory ({reason}). Change one of: {MEMORY_OPTIONS}"
+    return f"Cannot load the {kind.value} model {source!r}: {err}"
+
+
+def _residency(args: argparse.Namespace, device: str, checkpoints: dict[ModelKind, Path], max_len: int) -> Residency | None:
+    """On CUDA: apply ``--gpu-memory``, then plan the models' residency (logged); None on the CPU."""
+    if device != "cuda":
+        for flag, given in (("--gpu-memory", args.gpu_memory is not None), ("--design-model-memory", args.design_model_memory != "auto")):
+            if given:
+                _LOGGER.warning("%s is ignored on the CPU: every model stays loaded in RAM", flag)
+        return None
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    if args.gpu_memory is not None:
+        try:
+            torch.cuda.set_per_process_memory_fraction(cap_fraction(args.gpu_memory, total))
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
+    budget = memory_budget(total, torch.cuda.memory_allocated(), free, args.gpu_memory)
+    dtype, _note = pick_dtype(args.dtype, device, cuda_bf16_supported())
+    element = 4 if dtype == "float32" else 2
+    needs = [
+        ModelNeed(kind.value, checkpoint_params(path) * element, checkpoint_slot_bytes(path, max_len, element))
+        for kind, path in checkpoints.items()
+    ]
+    plan = plan_residency(needs, budget, args.design_model_memory)
+    _LOGGER.info(
+        "GPU memory: %.1f GB for this server%s; weights %s; %s",
+        budget / GB, f" (--gpu-memory {args.gpu_memory:g})" if args.gpu_memory else "",
+        ", ".join(f"{n.kind} {n.weights / GB:.1f} GB" for n in needs), plan.reason,
+    )
+    return plan
