@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run a stage on the lent GPU machine (no network there: wheels travel in .whl, see
-# ../shared/gpu/fetch-wheels.sh). Usage: benchmarks/gpu.sh STAGE...  (output under $OUT)
+# Run a stage on the lent GPU machine (no network there: wheels travel in .whl, made by
+# benchmarks/gpu-wheels). Usage: benchmarks/gpu.sh STAGE...  (output under $OUT)
 #   tests    pytest -m gpu (tiny checkpoints, CUDA)
 #   ckpt     build the full-size random VoiceDesign and Base checkpoints (in parallel;
 #            CKPT_KINDS="voice_design base custom_voice" adds CustomVoice, as poisson needs)
