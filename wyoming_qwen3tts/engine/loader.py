@@ -277,7 +277,6 @@ def load_fitting(load: Callable[[float], Engine], warm: Callable[[Engine], None]
         )
 
 
-
 def slot_bytes(qwen: Any, max_len: int) -> int:
     """Device bytes one slot of the batched engine takes for this model: the talker's KV of
     ``max_len`` positions and the per-slot buffers (``step.SlotState``), the code predictor's
