@@ -46,21 +46,11 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-#: 24 kHz 16-bit mono: the raw PCM both doors send; a codec frame is 1920 samples (80 ms).
-SAMPLE_RATE = 24000
-BYTES_PER_SAMPLE = 2
-SAMPLES_PER_FRAME = 1920
-#: One sentence per request (Seed-TTS-like English prompts), drawn in turn.
-SENTENCES = [
-    "The kitchen lights are now switched off for the night.",
-    "Tomorrow will be sunny with a light breeze from the west.",
-    "Your package has arrived and is waiting at the front door.",
-    "The washing machine finished its cycle ten minutes ago.",
-    "It is currently twenty one degrees in the living room.",
-    "Remember to water the plants on the balcony this evening.",
-    "The garage door has been open for more than an hour.",
-    "Your next meeting starts in fifteen minutes in room four.",
-]
+from wyoming_qwen3tts.audio import PCM_WIDTH as BYTES_PER_SAMPLE, SAMPLE_RATE, SAMPLES_PER_FRAME
+
+# One sentence per request, drawn in turn: the single-client benchmark's English prompts.
+from .bench import TEXTS as SENTENCES
+
 #: Voice kinds and the catalogue names that speak them: an ICL clone (``--clone-voice``, a
 #: 3 s reference in the voices folder), an anchored VoiceDesign preset, a CustomVoice speaker.
 VOICES = {"clone": "clone", "preset": "aria", "custom_voice": "ryan"}

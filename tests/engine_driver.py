@@ -7,6 +7,8 @@ at which step a request joins or is cancelled.
 
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +61,23 @@ class _Queue:
 
     def closed(self) -> bool:
         return False
+
+
+class Source:
+    """A closable work source with blocking ``take``, as the engine thread sees the scheduler (``Engine.start``)."""
+
+    def __init__(self) -> None:
+        self.items: queue.Queue[Work] = queue.Queue()
+        self.stop = threading.Event()
+
+    def take(self, wait: float | None) -> Work | None:
+        try:
+            return self.items.get(timeout=0.05 if wait is None else max(wait, 0.001))
+        except queue.Empty:
+            return None
+
+    def closed(self) -> bool:
+        return self.stop.is_set()
 
 
 def run(engine: BatchedEngine, schedule: dict[int, list[tuple[Segment, Collect]]],

@@ -4,7 +4,6 @@ the pool's lifecycle (join, leave, cancel, queue, failure)."""
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from wyoming_qwen3tts.engine.batched import BatchedEngine
 from wyoming_qwen3tts.voices import ModelKind, Reference
 
 from .conftest import CLONE_TRANSCRIPT
-from .engine_driver import Collect, load_tiny, run
+from .engine_driver import Collect, Source, load_tiny, run
 
 FRAMES = 12
 INSTRUCT = "A calm, low voice."
@@ -204,23 +203,6 @@ def test_eos_ends_a_row_after_min_new_tokens(design: BatchedEngine) -> None:
     assert sink.frames == 3 and len(sink.pcm) == 3 * 1920
 
 
-class _Source:
-    """A closable work source with blocking ``take``, as the engine thread sees the scheduler."""
-
-    def __init__(self) -> None:
-        self.items: queue.Queue[Work] = queue.Queue()
-        self.stop = threading.Event()
-
-    def take(self, wait: float | None) -> Work | None:
-        try:
-            return self.items.get(timeout=0.05 if wait is None else max(wait, 0.001))
-        except queue.Empty:
-            return None
-
-    def closed(self) -> bool:
-        return self.stop.is_set()
-
-
 def _wait(sink: Collect, seconds: float = 60.0) -> None:
     deadline = time.monotonic() + seconds
     while not sink.finished:
@@ -245,7 +227,7 @@ def test_an_unexpected_engine_error_fails_running_streams_and_serving_goes_on(
         real()
 
     monkeypatch.setattr(design, "_report_joins", broken)
-    source = _Source()
+    source = Source()
     thread = threading.Thread(target=design.serve, args=(source,), daemon=True)
     thread.start()
     try:
@@ -313,7 +295,7 @@ def test_an_engine_thread_that_dies_fails_later_work_instead_of_hanging() -> Non
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     engine = Broken(ModelKind.BASE, 1, 1)
-    source = _Source()
+    source = Source()
     engine.start(source)
     try:
         sink = Collect()

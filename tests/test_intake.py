@@ -5,7 +5,6 @@ ends empty; the join stall is reported for admissions that running streams waite
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +20,7 @@ from wyoming_qwen3tts.engine.prompt import Prompt
 from wyoming_qwen3tts.engine.stages.intake import Inline, PromptWorker
 from wyoming_qwen3tts.voices import ModelKind, Reference
 
-from .engine_driver import Collect, load_tiny, run
+from .engine_driver import Collect, Source, load_tiny, run
 
 INSTRUCT = "A calm, low voice."
 
@@ -29,23 +28,6 @@ INSTRUCT = "A calm, low voice."
 def seg(text: str, seed: int = 1, frames: int = 8, **kw: Any) -> Segment:
     kw.setdefault("instruct", INSTRUCT)
     return Segment(text, "english", max_new_tokens=frames, min_new_tokens=frames, seed=seed, **kw)
-
-
-class Source:
-    """A closable work source with blocking ``take``, as the engine sees the scheduler."""
-
-    def __init__(self) -> None:
-        self.items: queue.Queue[Work] = queue.Queue()
-        self.stop = threading.Event()
-
-    def take(self, wait: float | None) -> Work | None:
-        try:
-            return self.items.get(timeout=0.05 if wait is None else max(wait, 0.001))
-        except queue.Empty:
-            return None
-
-    def closed(self) -> bool:
-        return self.stop.is_set()
 
 
 def wait_for(sinks: list[Collect], seconds: float = 120.0) -> None:

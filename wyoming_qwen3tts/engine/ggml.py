@@ -32,6 +32,7 @@ from ..voices import ModelKind, Reference
 from .base import Engine, ModelMismatchError, Work, WorkSource
 from .prompts import PROMPT_CACHE_SIZE, REFERENCE_TAIL_SECONDS
 from .segment import Segment
+from .serial import deliver
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -270,21 +271,7 @@ class GgmlEngine(Engine):
         if sink.cancelled():
             sink.done(0)
             return
-        samples = 0
-        chunks = self.stream(work.segment, context=context, cancelled=sink.cancelled)
-        try:
-            for chunk in chunks:
-                if sink.cancelled():
-                    break
-                samples += len(chunk)
-                sink.audio(chunk)
-        except Exception as err:  # noqa: BLE001 - reported to the client, the engine lives on
-            _LOGGER.warning("Generation failed for %r: %s", work.segment.text[:80], err)
-            sink.failed(err)
-            return
-        finally:
-            chunks.close()  # type: ignore[attr-defined]
-        sink.done(samples // 1920)
+        deliver(work, self.stream(work.segment, context=context, cancelled=sink.cancelled))
 
     def stream(self, segment: Segment, context: Any = None, cancelled: Any = None) -> Iterator[np.ndarray]:
         """Generate ``segment``; yield float32 [n] chunks at 24 kHz as the library makes them.

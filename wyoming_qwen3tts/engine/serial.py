@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from ..audio import SAMPLES_PER_FRAME
 from ..voices import ModelKind
-from .base import Engine, ModelMismatchError, WorkSource
+from .base import Engine, ModelMismatchError, Work, WorkSource
 from .prompts import ClonePrompts
 from .segment import Segment
 
@@ -61,22 +62,28 @@ class SerialEngine(Engine):
             work = source.take(wait=None)
             if work is None:
                 continue
-            sink = work.sink
+            if work.sink.cancelled():
+                work.sink.done(0)
+                continue
+            deliver(work, self.stream(work.segment))
+
+
+def deliver(work: Work, chunks: Iterator[np.ndarray]) -> None:
+    """Stream a generator's chunks (float32 [n_samples] at 24 kHz) into ``work``'s sink, one
+    segment at a time: stop (closing the generator) when the client leaves, report a failure
+    to the sink only (the engine lives on), and end with the frames delivered."""
+    sink = work.sink
+    samples = 0
+    try:
+        for chunk in chunks:
             if sink.cancelled():
-                sink.done(0)
-                continue
-            chunks = self.stream(work.segment)
-            samples = 0
-            try:
-                for chunk in chunks:
-                    if sink.cancelled():
-                        break
-                    samples += len(chunk)
-                    sink.audio(chunk)
-            except Exception as err:  # noqa: BLE001 - reported to the client, the engine lives on
-                _LOGGER.exception("Generation failed for %r", work.segment.text[:80])
-                sink.failed(err)
-                continue
-            finally:
-                chunks.close()  # type: ignore[attr-defined]
-            sink.done(samples // 1920)
+                break
+            samples += len(chunk)
+            sink.audio(chunk)
+    except Exception as err:  # noqa: BLE001 - reported to the client, the engine lives on
+        _LOGGER.exception("Generation failed for %r", work.segment.text[:80])
+        sink.failed(err)
+        return
+    finally:
+        chunks.close()  # type: ignore[attr-defined]
+    sink.done(samples // SAMPLES_PER_FRAME)
