@@ -144,7 +144,10 @@ def main() -> None:
         "note": "quant: the configuration a row belongs to; the reference engine runs float32 weights (see weights)",
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"rows": rows, "meta": meta}, indent=2) + "\n")
+    # results.json: the fields exactly; results-detail.json: whole rows and the run's settings.
+    fields = ("engine", "model", "quant", "ttfa_ms", "speed", "rss_gb")
+    (args.out / "results.json").write_text(json.dumps({"rows": [{k: r[k] for k in fields} for r in rows]}, indent=2) + "\n")
+    (args.out / "results-detail.json").write_text(json.dumps({"rows": rows, "meta": meta}, indent=2) + "\n")
     print(json.dumps({"rows": rows, "meta": meta}, indent=2))
 
 

@@ -23,7 +23,8 @@ client it measures
   an idle pool are not counted), its increase over the measured window, p95
   interpolated within buckets (so at the buckets' resolution: 1 ms up to 5, then 7.5, 10, 15, 20 ms...).
 
-Writes ``poisson.json`` (``{"rows": [...], "config": ..., "anchors": ...}``), ``poisson.md``
+Writes ``poisson.json`` (``{"rows": [...]}``, the issue's fields), ``poisson-detail.json`` (whole
+rows, ``"config"``, ``"anchors"``), ``poisson.md``
 (the table, with the published anchors) and, where matplotlib is installed, ``poisson.png``
 (p95 first audio against request rate, the published anchors drawn in).
 """
@@ -356,11 +357,22 @@ def plot(rows: list[Row], path: Path, title: str) -> bool:
     return True
 
 
+#: ``poisson.json``'s row fields, exactly as the serving issue specifies them; everything else
+#: a row holds goes to ``poisson-detail.json``.
+JSON_FIELDS = (
+    "door", "voice", "rate", "n", "ttfa_p50_ms", "ttfa_p95_ms", "ttfa_p99_ms", "refused", "failed",
+    "underruns", "join_stall_p95_ms",
+)
+
+
 def write(rows: list[Row], config: dict[str, Any], out: Path) -> str:
-    """poisson.json, poisson.md and poisson.png under ``out``; returns the table."""
+    """poisson.json (``JSON_FIELDS`` per row), poisson-detail.json (whole rows, the run's
+    settings, the published anchors), poisson.md and poisson.png under ``out``; returns the table."""
     out.mkdir(parents=True, exist_ok=True)
     anchors = {k: {str(r): v for r, v in s.items()} for k, s in ANCHORS.items()}
-    (out / "poisson.json").write_text(json.dumps({"rows": [asdict(r) for r in rows], "config": config, "anchors": anchors}, indent=2))
+    whole = [asdict(r) for r in rows]
+    (out / "poisson.json").write_text(json.dumps({"rows": [{k: r[k] for k in JSON_FIELDS} for r in whole]}, indent=2))
+    (out / "poisson-detail.json").write_text(json.dumps({"rows": whole, "config": config, "anchors": anchors}, indent=2))
     text = table(rows)
     (out / "poisson.md").write_text(f"# Poisson arrivals ({config.get('gpu', '?')})\n\n{text}")
     plot(rows, out / "poisson.png", f"p95 first audio under Poisson arrivals ({config.get('gpu', '?')})")
@@ -434,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ready-s", type=float, default=180.0)
     parser.add_argument("--gpu", default="unknown", help="label for the report (the GPU's name)")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--plot-only", type=Path, help="draw poisson.png from this poisson.json and stop")
+    parser.add_argument("--plot-only", type=Path, help="draw poisson.png from this poisson-detail.json and stop")
     return parser
 
 

@@ -37,5 +37,6 @@ def test_memory_benchmark_reads_the_server_log_and_writes_its_table(tmp_path: Pa
     assert parse_log("nothing") == (None, None)
     write([Row(8, "defaults", True, 7.5, "turns", 19, 7.9, 40.0, 45.0, 3.1, 60.0, 2.4, 9000.0)], tmp_path, "NVIDIA H200")
     rows = json.loads((tmp_path / "memory.json").read_text())["rows"]
+    assert set(rows[0]) == {"card_gb", "options", "started", "streams", "peak_gb", "ttfa_p50_ms", "speed"}
     assert rows[0]["card_gb"] == 8 and rows[0]["streams"] == 19 and rows[0]["started"] is True
     assert "| 8 GB | defaults | yes | 40.0 | turns | 19 | 7.9 | 45.0 | 3.1 | 60.0 | 2.4 | 9000.0 |  |" in (tmp_path / "memory.md").read_text()

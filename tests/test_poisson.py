@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.poisson import Outcome, arrivals, histogram_quantile, main, percentile
+from benchmarks.poisson import JSON_FIELDS, Outcome, arrivals, histogram_quantile, main, percentile
 
 from .conftest import start_server, stop_server
 
@@ -57,7 +57,10 @@ def test_a_short_run_against_a_real_server(checkpoints: Path, voices_dir: Path, 
     finally:
         stop_server(server)
     assert code == 0
-    data = json.loads((tmp_path / "out" / "poisson.json").read_text())
+    exact = json.loads((tmp_path / "out" / "poisson.json").read_text())
+    assert all(tuple(row) == JSON_FIELDS for row in exact["rows"])  # the fields, no more
+    data = json.loads((tmp_path / "out" / "poisson-detail.json").read_text())
+    assert [{k: r[k] for k in JSON_FIELDS} for r in data["rows"]] == exact["rows"]
     assert [(r["door"], r["voice"]) for r in data["rows"]] == [
         ("wyoming", "clone"), ("wyoming", "custom_voice"), ("http", "custom_voice")
     ]
