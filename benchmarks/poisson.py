@@ -23,8 +23,12 @@ client it measures
   an idle pool are not counted), its increase over the measured window, p95
   interpolated within buckets (so at the buckets' resolution: 1 ms up to 5, then 7.5, 10, 15, 20 ms...).
 
+With ``--bursts N``, first (Wyoming, each voice): ``--burst-joiners`` requests sent at once
+while ``--burst-running`` streams play, N times; the join stall of their admissions (p95 and
+the highest bucket reached), the stall of "8 joining at once".
+
 Writes ``poisson.json`` (``{"rows": [...]}``, the issue's fields), ``poisson-detail.json`` (whole
-rows, ``"config"``, ``"anchors"``), ``poisson.md``
+rows, ``"bursts"``, ``"config"``, ``"anchors"``), ``poisson.md``
 (the table, with the published anchors) and, where matplotlib is installed, ``poisson.png``
 (p95 first audio against request rate, the published anchors drawn in).
 """
@@ -298,6 +302,84 @@ async def run_row(args: argparse.Namespace, door: str, voice: str, rate: float, 
     )
 
 
+@dataclass
+class Burst:
+    """``joiners`` requests sent at once while ``running`` streams already play (Wyoming):
+    what the running streams waited for their admission (``tts_join_stall_seconds`` between
+    the burst and its last first audio: p95 and the highest bucket reached, ms), in how many
+    admissions, and the burst's first audio (ms)."""
+
+    voice: str
+    running: int
+    joiners: int
+    repeats: int
+    joins: int
+    join_stall_p95_ms: float | None
+    join_stall_max_ms: float | None
+    ttfa_p50_ms: float | None
+    ttfa_max_ms: float | None
+    failed: int
+
+
+def stall_max(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The upper bound (s) of the highest bucket an observation reached between two scrapes
+    (``inf``: above the last finite bucket); None when there was none."""
+    bounds = sorted(after)
+    total = after[bounds[-1]] - before.get(bounds[-1], 0.0) if bounds else 0.0
+    if total <= 0:
+        return None
+    return next(b for b in bounds if after[b] - before.get(b, 0.0) >= total)
+
+
+async def run_burst(args: argparse.Namespace, voice: str) -> Burst:
+    """``--burst-running`` streams start and play for a second; then ``--burst-joiners``
+    requests arrive at once; the join stall is read from the first of them sent to the last
+    first audio (the running streams admit nobody else meanwhile). ``--bursts`` times."""
+    name = VOICES[voice]
+    ttfa: list[float] = []
+    failed = 0
+    deltas: list[tuple[dict[float, float], dict[float, float]]] = []
+    for repeat in range(args.bursts):
+        running = [Outcome(0.0, False) for _ in range(args.burst_running)]
+        joiners = [Outcome(0.0, True) for _ in range(args.burst_joiners)]
+
+        async def send(i: int, out: Outcome) -> None:
+            try:
+                await wyoming_request("127.0.0.1", args.wyoming_port, SENTENCES[i % len(SENTENCES)], name, out, args.timeout)
+            except Exception as err:  # noqa: BLE001 - any other ending is a failed request
+                out.status, out.error = "failed", f"{type(err).__name__}: {err}"[:200]
+
+        background = [asyncio.create_task(send(i, o)) for i, o in enumerate(running)]
+        await asyncio.sleep(1.0)  # every running stream admitted and playing
+        before = join_buckets(args.http_port)
+        burst = [asyncio.create_task(send(100 + repeat * 10 + i, o)) for i, o in enumerate(joiners)]
+        while any(not o.chunks and o.status == "ok" and not t.done() for o, t in zip(joiners, burst, strict=True)):
+            await asyncio.sleep(0.005)
+        after = join_buckets(args.http_port)
+        await asyncio.gather(*background, *burst)
+        deltas.append((before, after))
+        for out in joiners:
+            out.account()
+            failed += out.status != "ok"
+            if out.first_audio is not None:
+                ttfa.append(out.first_audio * 1000)
+        await asyncio.sleep(args.pause_s)
+    # the repeats' observations together
+    total_before: dict[float, float] = {}
+    total_after: dict[float, float] = {}
+    for before, after in deltas:
+        for b in after:
+            total_after[b] = total_after.get(b, 0.0) + after[b] - before.get(b, 0.0)
+    p95, joins = histogram_quantile(0.95, total_before, total_after)
+    top = stall_max(total_before, total_after)
+    return Burst(
+        voice=voice, running=args.burst_running, joiners=args.burst_joiners, repeats=args.bursts, joins=joins,
+        join_stall_p95_ms=_round(p95 * 1000 if p95 is not None else None),
+        join_stall_max_ms=_round(top * 1000 if top is not None and math.isfinite(top) else None),
+        ttfa_p50_ms=_round(percentile(ttfa, 50)), ttfa_max_ms=_round(max(ttfa, default=None)), failed=failed,
+    )
+
+
 def _round(value: float | None, digits: int = 1) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -365,15 +447,34 @@ JSON_FIELDS = (
 )
 
 
-def write(rows: list[Row], config: dict[str, Any], out: Path) -> str:
-    """poisson.json (``JSON_FIELDS`` per row), poisson-detail.json (whole rows, the run's
-    settings, the published anchors), poisson.md and poisson.png under ``out``; returns the table."""
+def burst_table(bursts: list[Burst]) -> str:
+    """The Markdown table of the burst measurements ('' without any)."""
+    if not bursts:
+        return ""
+    lines = [
+        "", "Bursts: requests arriving at once while others play (Wyoming):", "",
+        "| voice | running | joining at once | admissions | join stall p95 / highest bucket (ms) | first audio p50 / max (ms) | failed |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for b in bursts:
+        lines.append(
+            f"| {b.voice} | {b.running} | {b.joiners} x {b.repeats} | {b.joins} | {b.join_stall_p95_ms} / "
+            f"{b.join_stall_max_ms} | {b.ttfa_p50_ms} / {b.ttfa_max_ms} | {b.failed} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write(rows: list[Row], config: dict[str, Any], out: Path, bursts: list[Burst] | None = None) -> str:
+    """poisson.json (``JSON_FIELDS`` per row), poisson-detail.json (whole rows, bursts, the
+    run's settings, the published anchors), poisson.md and poisson.png under ``out``; returns
+    the tables."""
     out.mkdir(parents=True, exist_ok=True)
     anchors = {k: {str(r): v for r, v in s.items()} for k, s in ANCHORS.items()}
     whole = [asdict(r) for r in rows]
     (out / "poisson.json").write_text(json.dumps({"rows": [{k: r[k] for k in JSON_FIELDS} for r in whole]}, indent=2))
-    (out / "poisson-detail.json").write_text(json.dumps({"rows": whole, "config": config, "anchors": anchors}, indent=2))
-    text = table(rows)
+    detail = {"rows": whole, "bursts": [asdict(b) for b in bursts or []], "config": config, "anchors": anchors}
+    (out / "poisson-detail.json").write_text(json.dumps(detail, indent=2))
+    text = table(rows) + burst_table(bursts or [])
     (out / "poisson.md").write_text(f"# Poisson arrivals ({config.get('gpu', '?')})\n\n{text}")
     plot(rows, out / "poisson.png", f"p95 first audio under Poisson arrivals ({config.get('gpu', '?')})")
     return text
@@ -403,8 +504,21 @@ def wait_ready(args: argparse.Namespace) -> None:
     print("server not ready (or preset anchor missing) in time; measuring anyway", file=sys.stderr)
 
 
-async def run(args: argparse.Namespace) -> list[Row]:
+async def run(args: argparse.Namespace) -> tuple[list[Row], list[Burst]]:
     rows: list[Row] = []
+    bursts: list[Burst] = []
+    if args.bursts:
+        for voice in args.voices:
+            burst = await run_burst(args, voice)
+            bursts.append(burst)
+            print(
+                f"burst    {voice:12} {burst.joiners} joining {burst.running} running x{burst.repeats}: "
+                f"{burst.joins} admissions, join stall p95 {burst.join_stall_p95_ms} ms, highest bucket "
+                f"{burst.join_stall_max_ms} ms, first audio p50/max {burst.ttfa_p50_ms}/{burst.ttfa_max_ms} ms, "
+                f"failed {burst.failed}",
+                flush=True,
+            )
+            write(rows, _config(args), args.out, bursts)
     for door in args.doors:
         voices = args.http_voices if door == "http" and args.http_voices else args.voices
         for voice in voices:
@@ -420,9 +534,9 @@ async def run(args: argparse.Namespace) -> list[Row]:
                     f"{row.errors[:1]}",
                     flush=True,
                 )
-                write(rows, _config(args), args.out)  # after every row: a run cut short keeps its rows
+                write(rows, _config(args), args.out, bursts)  # after every row: a run cut short keeps its rows
                 await asyncio.sleep(args.pause_s)  # let the last replies drain from the server
-    return rows
+    return rows, bursts
 
 
 def _config(args: argparse.Namespace) -> dict[str, Any]:
@@ -441,6 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--doors", type=lambda s: s.split(","), default=["wyoming", "http"])
     parser.add_argument("--voices", type=lambda s: s.split(","), default=list(VOICES))
     parser.add_argument("--http-voices", type=lambda s: s.split(","), default=None, help="voices for the HTTP door (default: --voices)")
+    parser.add_argument("--bursts", type=int, default=0, help="burst measurements per voice before the rows (0: none)")
+    parser.add_argument("--burst-running", type=int, default=8, help="streams playing when a burst arrives")
+    parser.add_argument("--burst-joiners", type=int, default=8, help="requests of a burst, sent at once")
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("--timeout", type=float, default=60.0, help="a reply later than this fails")
     parser.add_argument("--ready-s", type=float, default=180.0)
@@ -460,8 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown voice kinds {unknown}; choose from {sorted(VOICES)}")
     wait_ready(args)
-    rows = asyncio.run(run(args))
-    print(write(rows, _config(args), args.out))
+    rows, bursts = asyncio.run(run(args))
+    print(write(rows, _config(args), args.out, bursts))
     return 0
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.poisson import JSON_FIELDS, Outcome, arrivals, histogram_quantile, main, percentile
+from benchmarks.poisson import JSON_FIELDS, Outcome, arrivals, histogram_quantile, main, percentile, stall_max
 
 from .conftest import start_server, stop_server
 
@@ -41,6 +41,9 @@ def test_join_stall_quantile_from_histogram_increase() -> None:
     assert count == 100 and value == pytest.approx(0.019)
     assert histogram_quantile(0.95, after, after) == (None, 0)
     assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0 and percentile([], 95) is None
+    assert stall_max(before, after) == 0.02  # the highest bucket any new observation reached
+    assert stall_max(after, after) is None
+    assert stall_max({}, {0.005: 1.0, math.inf: 2.0}) == math.inf
 
 
 def test_a_short_run_against_a_real_server(checkpoints: Path, voices_dir: Path, tmp_path: Path) -> None:
@@ -53,6 +56,7 @@ def test_a_short_run_against_a_real_server(checkpoints: Path, voices_dir: Path, 
             "--wyoming-port", str(server.port), "--http-port", str(server.http_port), "--rates", "2",
             "--seconds", "2", "--warmup-s", "0.5", "--pause-s", "0", "--voices", "clone,custom_voice",
             "--http-voices", "custom_voice", "--seed", "1", "--out", str(tmp_path / "out"), "--gpu", "cpu",
+            "--bursts", "1", "--burst-running", "2", "--burst-joiners", "2",
         ])
     finally:
         stop_server(server)
@@ -73,5 +77,8 @@ def test_a_short_run_against_a_real_server(checkpoints: Path, voices_dir: Path, 
         # Joins into running streams only (4-frame replies on the CPU rarely overlap); the stall
         # itself is checked on the engine in tests/test_intake.py.
         assert row["joins"] == 0 or row["join_stall_p95_ms"] > 0
+    assert [(b["voice"], b["joiners"], b["failed"]) for b in data["bursts"]] == [("clone", 2, 0), ("custom_voice", 2, 0)]
+    assert all(b["ttfa_p50_ms"] > 0 for b in data["bursts"])
     assert "| wyoming | clone | 2 |" in (tmp_path / "out" / "poisson.md").read_text()
+    assert "| clone | 2 | 2 x 1 |" in (tmp_path / "out" / "poisson.md").read_text()
     assert (tmp_path / "out" / "poisson.png").stat().st_size > 1000

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from wyoming_qwen3tts.engine import Segment
+from wyoming_qwen3tts.engine import Sampling, Segment
 from wyoming_qwen3tts.engine.batched import BatchedEngine
 from wyoming_qwen3tts.engine.planner import Planner
-from wyoming_qwen3tts.voices import ModelKind
+from wyoming_qwen3tts.voices import ModelKind, Reference
 
 from .engine_driver import Collect, load_tiny, run
 
@@ -111,9 +111,9 @@ def test_a_burst_joins_one_replay_per_step_and_each_gets_its_own_audio(design: B
     sizes: list[int] = []
     real = design.prefill.run
 
-    def spy(start: int, batch: list[Any], quiet: Any = None) -> list[int]:
+    def spy(start: int, batch: list[Any], on_decoder: Any = None) -> list[int]:
         sizes.append(len(batch))
-        return real(start, batch, quiet)
+        return real(start, batch, on_decoder)
 
     saved = design.planner
     design.planner = Planner(max_join=2, guard_ms=-1e9)
@@ -163,9 +163,9 @@ def test_a_burst_of_32_joins_while_two_stream(checkpoints: Path) -> None:
     sizes: list[int] = []
     real = engine.prefill.run
 
-    def spy(start: int, batch: list[Any], quiet: Any = None) -> list[int]:
+    def spy(start: int, batch: list[Any], on_decoder: Any = None) -> list[int]:
         sizes.append(len(batch))
-        return real(start, batch, quiet)
+        return real(start, batch, on_decoder)
 
     engine.prefill.run = spy  # type: ignore[method-assign]
     running = [(seg(f"Streaming {i}.", seed=40 + i, frames=12), Collect()) for i in range(2)]
@@ -211,3 +211,46 @@ def test_chunks_grow_from_one_frame_up_to_the_chunk_size(checkpoints: Path) -> N
     run(engine, {0: [(segment, ones)]})
     assert [len(c) // 1920 for c in ones.chunks] == [1] * 21
     np.testing.assert_allclose(grown.pcm, ones.pcm, atol=1e-4)
+
+
+def test_icl_and_xvector_clones_with_their_own_settings_join_in_one_replay(checkpoints: Path, voices_dir: Path) -> None:
+    """One replay of three Base rows, started together: an ICL clone (its codec decoder state
+    loaded from its reference), an x-vector clone (state reset) and another ICL clone with
+    other sampling settings (each row's settings land in its own slot). Each gets exactly
+    the audio it gets alone."""
+    base = load_tiny(checkpoints / "base", ModelKind.BASE, slots=4)
+    clone, xvec = (Reference.load(voices_dir / name) for name in ("clone.wav", "xvec.wav"))
+    greedy = Sampling.greedy()
+    segments = [
+        Segment("An in-context clone.", "english", 8, 8, seed=5, reference=clone),
+        Segment("An x-vector clone.", "english", 8, 8, seed=6, reference=xvec),
+        Segment("Greedy, in context.", "english", 8, 8, seed=7, reference=clone, sampling=greedy),
+    ]
+    alone = []
+    for segment in segments:
+        sink = Collect()
+        run(base, {0: [(segment, sink)]})
+        alone.append(sink.pcm)
+    sizes: list[int] = []
+    real = base.prefill.run
+
+    def spy(start: int, batch: list[Any], on_decoder: Any = None) -> list[int]:
+        sizes.append(len(batch))
+        return real(start, batch, on_decoder)
+
+    base.prefill.run = spy  # type: ignore[method-assign]
+    sinks = [Collect() for _ in segments]
+    codes = run(base, {0: list(zip(segments, sinks, strict=True))}, record_codes=True)
+    assert sizes == [3]
+    assert not np.allclose(alone[0], alone[2])  # the settings differ, and so does the audio
+    for row, (segment, sink, pcm) in enumerate(zip(segments, sinks, alone, strict=True)):
+        assert sink.error is None
+        np.testing.assert_allclose(sink.pcm, pcm, atol=1e-4)
+        # and it is the codec's own decode of the row's codes, after its reference's codes
+        # for an ICL clone: the decoder state each row started from was its own
+        ours = torch.from_numpy(np.stack(codes[row][:8]))
+        ref_codes = base.builder.build(segment).ref_codes
+        assert (ref_codes is not None) is (row != 1)
+        whole_codes = ours if ref_codes is None else torch.cat([ref_codes.cpu(), ours])
+        (whole,), _sr = base._model.speech_tokenizer.decode([{"audio_codes": whole_codes}])
+        np.testing.assert_allclose(sink.pcm, np.asarray(whole)[-8 * 1920 :], atol=1e-4)

@@ -19,8 +19,9 @@ One thread per model runs this loop:
    the frame's codes are then decoded by a second graph, per batch bucket, on its own CUDA
    stream (``codec.StreamingDecoder``), so that decoding frame ``t`` overlaps the talker and
    predictor of frame ``t + 1``. The frame's PCM and EOS flags are copied to pinned host
-   memory asynchronously. Work on the main stream that touches the decoder's state
-   (admission, compaction) first waits for the decode in flight.
+   memory asynchronously. Work on the decoder's state (admission resets or loads new rows,
+   compaction moves them) is queued on the decoder's stream, after the decode in flight, so
+   the talker's stream never waits for a decode (``_on_decoder``).
 3. **Deliver.** While that step runs, read the previous step's PCM and flags (no ``.item()``
    in the step), hand each row's audio to its sink every ``chunk_frames`` frames (with
    ``chunk_growth``: its first chunk at its first frame, then chunks of 2, 4, 8... frames up
@@ -34,9 +35,10 @@ On the CPU (tests) the same step runs eagerly, synchronously.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -341,7 +343,7 @@ class BatchedEngine(Engine):
             for _work, prompt in batch:
                 hold(prompt, main)
         try:
-            lengths = self.prefill.run(len(self._rows), [(w.segment, p) for w, p in batch], self._decoder_quiet)
+            lengths = self.prefill.run(len(self._rows), [(w.segment, p) for w, p in batch], self._on_decoder)
         except Exception as err:  # noqa: BLE001 - fail these requests only
             _LOGGER.exception("Prefill failed for %d request(s)", len(batch))
             for work, _prompt in batch:
@@ -404,11 +406,19 @@ class BatchedEngine(Engine):
         self._codes_dec[:b].copy_(self._codes[:b])
         self._decode_body(b, 1)
 
-    def _decoder_quiet(self) -> None:
-        """Make the main stream wait for the decode in flight (before it touches the
-        decoder's state: admission resets rows, compaction moves them)."""
-        if self._decoded is not None:
-            torch.cuda.current_stream(self.device).wait_event(self._decoded)
+    @contextlib.contextmanager
+    def _on_decoder(self) -> Iterator[None]:
+        """Where work on the codec decoder's state runs (admission resets or loads new rows,
+        compaction moves them): with the decode on its own stream, on that stream, after the
+        decode in flight (which may write any row of its batch bucket) and after the main
+        stream's work so far; the next decode follows it in order. So the talker's stream
+        never waits for a decode. Without a side stream, in line."""
+        if self._side is None:
+            yield
+            return
+        self._side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._side):
+            yield
 
     def _bucket(self) -> tuple[int, int]:
         # a row's next position is prompt + frames delivered + (at most) one step in flight
@@ -521,11 +531,12 @@ class BatchedEngine(Engine):
 
     @torch.inference_mode()
     def _move(self, src: int, dst: int) -> None:
-        """Slot ``src``'s device state into slot ``dst`` (after the decode in flight)."""
-        self._decoder_quiet()
-        for tensor in self.state.tensors():
-            tensor[dst].copy_(tensor[src])
-        self.decoder.move_row(src, dst)
+        """Slot ``src``'s device state into slot ``dst`` (the decoder's on its stream: ``_on_decoder``)."""
+        if self._copied is not None:  # the decode in flight has read the step's codes and flags
+            torch.cuda.current_stream(self.device).wait_event(self._copied)
+        self.state.move_row(src, dst)
+        with self._on_decoder():
+            self.decoder.move_row(src, dst)
 
     def _fail_all(self, error: BaseException) -> None:
         """End every row with ``error`` and free all slots (after an unexpected error)."""

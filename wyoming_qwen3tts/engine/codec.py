@@ -96,10 +96,17 @@ class StreamingDecoder:
         """Every state buffer (each with the slot as its first dimension)."""
         return [*self._conv_state.values(), *self._keys, *self._values, self._key_pos, self._frames]
 
-    def reset(self, row: int) -> None:
-        """Forget row ``row``'s past (a new stream starts there)."""
-        for buffer in self.state():
-            buffer[row].fill_(-1 if buffer is self._key_pos else 0)
+    def reset(self, row: int, rows: int = 1) -> None:
+        """Forget the past of rows ``[row, row + rows)`` (new streams start there): one
+        multi-tensor zeroing and one fill, whatever the number of buffers."""
+        span = slice(row, row + rows)
+        torch._foreach_zero_([buffer[span] for buffer in self.state() if buffer is not self._key_pos])
+        self._key_pos[span].fill_(-1)
+
+    def load_row(self, row: int, saved: list[torch.Tensor]) -> None:
+        """Set row ``row``'s past to ``saved`` (one row of each ``state()`` buffer, in order:
+        e.g. the state after an ICL reference's codes), as one multi-tensor copy."""
+        torch._foreach_copy_([buffer[row] for buffer in self.state()], saved)
 
     # --- stages ------------------------------------------------------------------------------
 
@@ -203,5 +210,5 @@ class StreamingDecoder:
 
     def move_row(self, src: int, dst: int) -> None:
         """Move a stream's past from row ``src`` to row ``dst`` (compaction of the pool)."""
-        for buffer in self.state():
-            buffer[dst].copy_(buffer[src])
+        state = self.state()
+        torch._foreach_copy_([buffer[dst] for buffer in state], [buffer[src] for buffer in state])

@@ -16,11 +16,13 @@ bucket falls back to the talker's own forward, eagerly (logged at DEBUG, counted
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -137,12 +139,13 @@ class Prefill:
 
     @torch.inference_mode()
     def run(
-        self, start: int, batch: list[tuple[Segment, Prompt]], quiet: Callable[[], None] | None = None
+        self, start: int, batch: list[tuple[Segment, Prompt]],
+        on_decoder: Callable[[], AbstractContextManager[Any]] | None = None,
     ) -> list[int]:
         """Prefill ``batch`` (at most ``max_rows``) into slots ``start, start + 1, ...``;
-        returns each prompt's length (positions). ``quiet`` is called before the codec
-        decoder's state is touched (the engine makes the main stream wait there for a decode
-        in flight on its side stream, which the talker's replay may overlap).
+        returns each prompt's length (positions). The codec decoder's state of the new rows is
+        set inside ``on_decoder()`` (the engine's: on CUDA, on the stream that decodes, after
+        the decode in flight, so that the running streams never wait for that decode).
 
         Raises:
             ValueError: more rows than ``max_rows``.
@@ -160,39 +163,51 @@ class Prefill:
         else:
             for i, (_, prompt) in enumerate(batch):
                 self._embeds[i, : lengths[i]].copy_(prompt.embeds)
-            self._lengths[:rows].copy_(self._to_device(lengths)[0])
-            self._slots[:rows] = torch.arange(start, start + rows, device=self.device)
+            lengths_slots = self._to_device(lengths, list(range(start, start + rows)))
+            self._lengths[:rows].copy_(lengths_slots[0])
+            self._slots[:rows].copy_(lengths_slots[1])
             self.graphs.run(rows, length)
             hidden, logits = self._hidden[:rows], self._logits[:rows]
-        self._start_rows(start, batch, lengths, hidden, logits, quiet)
+        self._start_rows(start, batch, lengths, hidden, logits, on_decoder)
         return lengths
 
     def _start_rows(
         self, start: int, batch: list[tuple[Segment, Prompt]], lengths: list[int],
-        hidden: torch.Tensor, logits: torch.Tensor, quiet: Callable[[], None] | None = None,
+        hidden: torch.Tensor, logits: torch.Tensor,
+        on_decoder: Callable[[], AbstractContextManager[Any]] | None = None,
     ) -> None:
-        """Each new row's slot state (position, seed, sampling...), decoder state and first token."""
+        """Each new row's slot state (position, seed, sampling...), decoder state and first
+        token. The new rows are the contiguous slots ``[start, start + n)``, so each setting
+        is one slice copy for all of them, not one kernel a row: running streams wait for
+        every kernel of a join."""
         s = self.state
-        rows = torch.arange(start, start + len(batch), device=self.device)
+        n = len(batch)
+        rows = slice(start, start + n)
         segments = [segment for segment, _ in batch]
         position, seed, min_new = self._to_device(
             lengths,
             [seg.seed if seg.seed is not None else random.randrange(2**62) for seg in segments],
             [max(1, seg.min_new_tokens) for seg in segments],  # a segment has >= 1 frame
         )
-        s.position[rows] = position
-        s.seed[rows] = seed
-        s.min_new_tokens[rows] = min_new
-        s.frame[rows] = 0
-        for i, segment in enumerate(segments):
-            s.set_sampling(start + i, segment.sampling)
-        s.seen[rows] = False
-        s.past_hidden[rows] = hidden
-        if quiet is not None:
-            quiet()
-        for i, (_, prompt) in enumerate(batch):
-            self._start_decoder(start + i, prompt)
-        s.token[rows] = self.step.first_token(logits, rows)
+        s.position[rows].copy_(position)
+        s.seed[rows].copy_(seed)
+        s.min_new_tokens[rows].copy_(min_new)
+        s.frame[rows].zero_()
+        s.set_sampling_rows(start, [segment.sampling for segment in segments])
+        s.seen[rows].zero_()
+        s.past_hidden[rows].copy_(hidden)
+        saved = [self.prefix(prompt) for _, prompt in batch]
+        with on_decoder() if on_decoder is not None else contextlib.nullcontext():
+            if any(x is None for x in saved):
+                self.decoder.reset(start, n)  # then the ICL rows get their reference's state
+            for i, state in enumerate(saved):
+                if state is not None:
+                    self.decoder.load_row(start + i, state)
+                    if self.device.type == "cuda":  # made on the prompt worker's stream; may be evicted
+                        here = torch.cuda.current_stream(self.device)
+                        for value in state:
+                            value.record_stream(here)
+        s.token[rows].copy_(self.step.first_token(logits, rows))
 
     def _to_device(self, *values: list[int]) -> torch.Tensor:
         """Integer lists as one int64 [len(values), n] tensor on the device, copied from pinned
@@ -253,12 +268,3 @@ class Prefill:
                 self._prefixes.popitem(last=False)
         return saved
 
-    def _start_decoder(self, slot: int, prompt: Prompt) -> None:
-        saved = self.prefix(prompt)
-        if saved is None:
-            self.decoder.reset(slot)
-            return
-        for buffer, value in zip(self.decoder.state(), saved, strict=True):
-            buffer[slot].copy_(value)
-            if value.is_cuda:  # made on the prompt worker's stream; it may be evicted and freed
-                value.record_stream(torch.cuda.current_stream(self.device))

@@ -93,6 +93,37 @@ class SlotState:
         self.pred_temperature[slot] = sampling.predictor_temperature
         self.pred_top_k[slot], self.pred_top_p[slot] = effective(sampling.predictor_top_k, sampling.predictor_top_p)
 
+    def set_sampling_rows(self, start: int, samplings: list[Any]) -> None:
+        """Store the ``Sampling`` of rows ``[start, start + n)`` with one host-to-device copy
+        per dtype and one slice copy per setting (``set_sampling`` costs seven kernels a row;
+        a join's stall is counted in kernels). The host tensors are pinned on CUDA so that the
+        copy does not wait for the step in flight."""
+        n = len(samplings)
+        talker = [effective(x.top_k, x.top_p) for x in samplings]
+        predictor = [effective(x.predictor_top_k, x.predictor_top_p) for x in samplings]
+        floats = torch.tensor(
+            [[x.temperature for x in samplings], [p for _, p in talker], [x.repetition_penalty for x in samplings],
+             [x.predictor_temperature for x in samplings], [p for _, p in predictor]],
+            dtype=torch.float32,
+        )
+        longs = torch.tensor([[k for k, _ in talker], [k for k, _ in predictor]], dtype=torch.int64)
+        if self.temperature.is_cuda:
+            floats, longs = floats.pin_memory(), longs.pin_memory()
+        floats = floats.to(self.temperature.device, non_blocking=True)
+        longs = longs.to(self.temperature.device, non_blocking=True)
+        rows = slice(start, start + n)
+        for tensor, value in zip(
+            (self.temperature, self.top_p, self.penalty, self.pred_temperature, self.pred_top_p), floats, strict=True
+        ):
+            tensor[rows].copy_(value)
+        self.top_k[rows].copy_(longs[0])
+        self.pred_top_k[rows].copy_(longs[1])
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Slot ``src``'s tensors into slot ``dst`` (compaction), as one multi-tensor copy."""
+        tensors = self.tensors()
+        torch._foreach_copy_([t[dst] for t in tensors], [t[src] for t in tensors])
+
     def talker_params(self, b: int) -> RowParams:
         return RowParams(self.temperature[:b], self.top_k[:b], self.top_p[:b])
 
@@ -170,15 +201,17 @@ class FrameStep:
 
     # --- sampling ---------------------------------------------------------------------------
 
-    def first_token(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def first_token(self, logits: torch.Tensor, rows: torch.Tensor | slice) -> torch.Tensor:
         """Sample the first frame's token from prefill logits, float32 [n, vocab], for slots
-        ``rows`` (int64 [n]): no repetition history yet; frame 0, stream 0."""
+        ``rows`` (int64 [n], or a slice of n slots): no repetition history yet; frame 0,
+        stream 0."""
         s = self.state
         logits = logits.masked_fill(self.suppressed, float("-inf"))
         hold = (s.min_new_tokens[rows] > 0)[:, None] & self.is_eos
         logits = logits.masked_fill(hold, float("-inf"))
         params = RowParams(s.temperature[rows], s.top_k[rows], s.top_p[rows])
-        noise = gumbel(s.seed[rows], torch.zeros_like(rows)[:, None], self.streams[:1])
+        seeds = s.seed[rows]
+        noise = gumbel(seeds, torch.zeros_like(seeds)[:, None], self.streams[:1])
         return sample(logits, params, noise[:, 0])
 
     # --- the step ---------------------------------------------------------------------------
