@@ -251,8 +251,12 @@ async def test_models_that_do_not_fit_together_take_turns(checkpoints: Path, voi
     kinds = {ModelKind.BASE, ModelKind.VOICE_DESIGN}
     service = TtsService(VoiceCatalog(voices_dir, kinds), {ModelKind.BASE: base, ModelKind.VOICE_DESIGN: design}, "aria", Metrics())
     try:
+        first_base = weakref.ref(base.inner)
+        assert await _speak(service, "A clone first, by the Base model.", voice="clone") > 0
         assert await _speak(service, "A preset, designed live.") > 0
         assert design.resident and not base.resident
+        gc.collect()
+        assert first_base() is None  # nothing holds the model that left: its memory is free
         from wyoming_qwen3tts.anchors import AnchorSpec
 
         clip = await service.render_design(AnchorSpec("A warm voice.", "english", 3, "A short clip.", "model"))

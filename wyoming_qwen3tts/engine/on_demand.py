@@ -19,6 +19,7 @@ import gc
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from ..voices import ModelKind
@@ -234,10 +235,21 @@ class OnDemandEngine(Engine):
 
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # a step launched before its rows ended may still run
+        gone = weakref.ref(self.inner) if self.inner is not None else None
         self.inner = None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+            if gone is not None and gone() is not None:  # something still holds the model
+                holders = sorted({type(r).__name__ for r in gc.get_referrers(gone())} - {"frame"})
+                _LOGGER.warning("%s model: still referenced after leaving GPU memory (by %s): its memory is not freed",
+                                self.kind.value, ", ".join(holders))
+            stats = torch.cuda.memory_stats()
+            _LOGGER.info(
+                "%s model out: %.2f GB allocated, %.2f GB reserved (%.2f GB of it not releasable) stay in GPU memory",
+                self.kind.value, torch.cuda.memory_allocated() / 1e9, torch.cuda.memory_reserved() / 1e9,
+                stats.get("inactive_split_bytes.all.current", 0) / 1e9,
+            )
         if why:
             _LOGGER.info("%s model left GPU memory (%s); it comes back when needed", self.kind.value, why)
         if self.lease is not None:
