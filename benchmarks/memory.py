@@ -124,8 +124,12 @@ def _wait_ready(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> str
 
 def parse_log(text: str) -> tuple[int | None, str | None]:
     """(the Base model's streams, where the VoiceDesign model lives) from a server's log:
-    its ``--max-streams auto`` line and its "GPU memory:" line."""
-    found = re.search(r"base model: (\d+) stream\(s\)", text)
+    its last ``--max-streams auto`` line (after an out-of-memory at start, the streams it
+    retried with: "21 stream(s), ...; 12 after an out-of-memory at start") and its "GPU
+    memory:" line."""
+    lines = [m.group(0) for m in re.finditer(r"base model: \d+ stream\(s\)[^\n]*", text)]
+    retried = re.search(r"; (\d+) after an out-of-memory", lines[-1]) if lines else None
+    found = retried or (re.search(r"(\d+) stream", lines[-1]) if lines else None)
     mode = re.search(r"GPU memory: .*?; (the VoiceDesign model [^(]*|the models do not fit[^(]*|no VoiceDesign model)", text)
     where = None
     if mode:

@@ -35,6 +35,12 @@ def test_memory_benchmark_reads_the_server_log_and_writes_its_table(tmp_path: Pa
     assert parse_log(log) == (19, "turns")
     assert parse_log(log.replace("the models do not fit on the GPU together", "the VoiceDesign model stays in GPU memory")) == (19, "resident")
     assert parse_log("nothing") == (None, None)
+    retried = log + (
+        "WARNING wyoming_qwen3tts.engine.loader: base model: out of GPU memory while loading or capturing its graphs\n"
+        "INFO wyoming_qwen3tts.engine.loader: base model: 19 stream(s), what the memory holds (2.4 GB free ...); "
+        "11 after an out-of-memory at start; KV for 1024 positions a stream\n"
+    )
+    assert parse_log(retried) == (11, "turns")  # the streams it serves with, not the first plan
     write([Row(8, "defaults", True, 7.5, "turns", 19, 7.9, 40.0, 45.0, 3.1, 60.0, 2.4, 9000.0)], tmp_path, "NVIDIA H200")
     rows = json.loads((tmp_path / "memory.json").read_text())["rows"]
     assert set(rows[0]) == {"card_gb", "options", "started", "streams", "peak_gb", "ttfa_p50_ms", "speed"}
