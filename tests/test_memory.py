@@ -250,6 +250,7 @@ async def test_models_that_do_not_fit_together_take_turns(checkpoints: Path, voi
     assert base.resident and not design.resident  # the second waits for its turn
     kinds = {ModelKind.BASE, ModelKind.VOICE_DESIGN}
     service = TtsService(VoiceCatalog(voices_dir, kinds), {ModelKind.BASE: base, ModelKind.VOICE_DESIGN: design}, "aria", Metrics())
+    gc.freeze()  # as the server does once its models are loaded (__main__)
     try:
         first_base = weakref.ref(base.inner)
         assert await _speak(service, "A clone first, by the Base model.", voice="clone") > 0
@@ -264,6 +265,7 @@ async def test_models_that_do_not_fit_together_take_turns(checkpoints: Path, voi
         assert await _speak(service, "A clone, by the Base model.", voice="clone") > 0
         assert base.resident and not design.resident and (base.loads, design.loads) == (2, 1)
     finally:
+        gc.unfreeze()
         await asyncio.to_thread(service.stop)
 
 

@@ -237,7 +237,15 @@ class OnDemandEngine(Engine):
             torch.cuda.synchronize()  # a step launched before its rows ended may still run
         gone = weakref.ref(self.inner) if self.inner is not None else None
         self.inner = None
+        # The server freezes what it loaded at start out of the collector's reach (``gc.freeze``
+        # in __main__); a model in reference cycles (bound methods in its graphs) is then never
+        # collected, and its GPU memory never freed: the next model did not fit on an 8 GB card.
+        # So thaw, collect, and freeze what stays again.
+        frozen = gc.get_freeze_count() > 0
+        gc.unfreeze()
         gc.collect()
+        if frozen:
+            gc.freeze()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
             if gone is not None and gone() is not None:  # something still holds the model
