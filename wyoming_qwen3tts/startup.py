@@ -191,7 +191,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
                 )
                 engine.ready.set()
         engines[kind] = engine
-        _LOGGER.info("%s model ready (%s)", kind.value, engine.backend)
+        _LOGGER.info("%s model ready (%s, %s)", kind.value, engine.backend, _streams(engine))
     return {kind: engines[kind] for kind in sorted(engines, key=list(sources).index)}
 
 
@@ -273,7 +273,7 @@ async def _warmed(kind: ModelKind, engine: Engine) -> Engine:
         await asyncio.to_thread(engine.warm, _warm_segment(kind, engine))
     except Exception as err:  # noqa: BLE001 - any warm-up failure ends start-up with its reason
         raise SystemExit(f"Warm-up of the {kind.value} model failed: {err!r}") from err
-    _LOGGER.info("%s model ready (%s)", kind.value, engine.backend)
+    _LOGGER.info("%s model ready (%s, %s)", kind.value, engine.backend, _streams(engine))
     return engine
 
 
@@ -285,6 +285,13 @@ def _warm(kind: ModelKind, engine: Engine) -> None:
 def _is_memory(err: BaseException) -> bool:
     """A CUDA out-of-memory, or no room for even one stream."""
     return isinstance(err, MemoryFitError) or is_out_of_memory(err)
+
+
+def _streams(engine: Engine) -> str:
+    """How many streams a model generates at once, for its "ready" line."""
+    if isinstance(engine, OnDemandEngine) and not engine.resident:
+        return "streams sized when it loads"
+    return f"{engine.capacity} stream(s) at once"
 
 
 def _free_gpu() -> None:
