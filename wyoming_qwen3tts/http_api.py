@@ -123,6 +123,8 @@ class SpeechParams:
     Attributes:
         text: the ``input`` (1..max_chars characters, something speakable).
         kind: model kind named by ``model``, or None (any: the voice decides).
+        model: the ``model`` as the client named it (our name, a hub id, a folder name), for
+            error messages; None when absent.
         voice: voice name or alias; None for the server's choice.
         clone: True when ``voice`` came from ``reference_voice`` (must be a clone voice).
         instructions: VoiceDesign description / CustomVoice style, or None.
@@ -135,6 +137,7 @@ class SpeechParams:
 
     text: str
     kind: ModelKind | None = None
+    model: str | None = None
     voice: str | None = None
     clone: bool = False
     instructions: str | None = None
@@ -261,9 +264,11 @@ def parse_speech(body: Any, max_chars: int) -> SpeechParams:
     # keeps long clone text aligned, so either value gives the same prompt.
     if body.get("non_streaming_mode") is not None and not isinstance(body["non_streaming_mode"], bool):
         raise _invalid("non_streaming_mode", "'non_streaming_mode' must be a boolean", "invalid-type")
+    model = body.get("model")
     return SpeechParams(
         text=text,
         kind=kind,
+        model=model if isinstance(model, str) and kind is not None else None,
         voice=reference.strip() if reference else voice,
         clone=reference is not None,
         instructions=instructions,
@@ -283,8 +288,9 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
             unknown ``reference_voice``), 400 voice/model mismatch.
     """
     kind = params.kind
+    named = params.model or (MODEL_OF_KIND[kind] if kind is not None else "")
     if kind is not None and kind not in service.kinds:
-        message = f"The model {MODEL_OF_KIND[kind]!r} is not loaded on this server"
+        message = f"The model {named!r} is not loaded on this server"
         raise ApiError(404, message, "model_not_found", "model")
     param = "reference_voice" if params.clone else "voice"
     if params.voice is not None:
@@ -297,7 +303,7 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
         if kind is not None and voice.kind is not kind:
             message = (
                 f"Voice {voice.name!r} is spoken by {MODEL_OF_KIND[voice.kind]!r}, "
-                f"not {MODEL_OF_KIND[kind]!r}"
+                f"not {named!r}"
             )
             raise _invalid(param, message, "voice-model-mismatch")
         return voice.name
@@ -308,7 +314,7 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
         return default.name
     names = sorted(v.name for v in service.catalog.voices() if v.kind is kind)
     if not names:
-        raise _invalid("voice", f"The model {MODEL_OF_KIND[kind]!r} has no voices")
+        raise _invalid("voice", f"The model {named!r} has no voices")
     return names[0]
 
 
