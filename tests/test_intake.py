@@ -282,3 +282,48 @@ def test_pause_waits_for_a_take_in_progress() -> None:
     worker.resume()
     assert [p.work.segment.text for p in worker.take(4, wait=5)] == ["Not while paused."]
     assert worker.stop() == []
+
+
+def test_joins_and_compaction_while_streaming_keep_every_streams_audio(
+    design: BatchedEngine, serve: Callable[[], Source], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's own loop, with requests of different lengths arriving while others stream:
+    joins land next to running rows, short rows end and the last row is moved into their
+    slot (on CUDA the codec decoder's state is set and moved on the decode stream, behind the
+    decode in flight). Each request's audio equals what it gets alone, step by step."""
+    from wyoming_qwen3tts.engine import Sampling
+
+    greedy = Sampling.greedy()  # no tie-breaking by noise: only the rows' own state matters
+    segments = [
+        seg("The long one runs throughout.", seed=11, frames=24, sampling=greedy),
+        seg("Short.", seed=12, frames=3, sampling=greedy),
+        seg("A middle one joins.", seed=13, frames=9, sampling=greedy),
+        seg("Another short one.", seed=14, frames=4, sampling=greedy),
+        seg("The last joins late.", seed=15, frames=7, sampling=greedy),
+    ]
+    alone = []
+    for segment in segments:
+        sink = Collect()
+        run(design, {0: [(segment, sink)]})
+        alone.append(sink.pcm)
+    moves: list[tuple[int, int]] = []
+    real_move = design.decoder.move_row
+
+    def move_row(src: int, dst: int) -> None:
+        moves.append((src, dst))
+        real_move(src, dst)
+
+    monkeypatch.setattr(design.decoder, "move_row", move_row)
+    source = serve()
+    sinks = [Collect() for _ in segments]
+    source.items.put(Work(segments[0], sinks[0]))
+    for i in range(1, len(segments)):
+        while not sinks[0].chunks:  # the long one streams before the others join
+            time.sleep(0.001)
+        source.items.put(Work(segments[i], sinks[i]))
+        time.sleep(0.002 * i)
+    wait_for(sinks)
+    assert moves  # a row ended before the last one: the last was moved into its slot
+    for segment, sink, pcm in zip(segments, sinks, alone, strict=True):
+        assert sink.error is None and sink.frames == segment.max_new_tokens
+        np.testing.assert_allclose(sink.pcm, pcm, atol=1e-4)
