@@ -202,10 +202,7 @@ async def _anchors(
         return None
     choice = args.anchors
     if choice == "auto":
-        import torch
-
-        cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-        choice = "all" if cuda else "kept"
+        choice = "kept" if args.on_cpu else "all"  # on_cpu: set by load_engines (no torch import here)
     if choice == "off":
         _LOGGER.info("Preset anchors are off (--anchors off): presets are designed live for every sentence")
         return None
@@ -239,7 +236,7 @@ async def main(argv: list[str] | None = None) -> None:
     )
     check_args(args)
     if not args.debug:  # third-party chatter: banners, optional SoX binary, progress bars
-        quiet_dependencies()
+        quiet_dependencies(models=False)  # qwen_tts is imported where a PyTorch engine loads
     metrics = Metrics()
     engines = await load_engines(args, metrics)
     custom = engines.get(ModelKind.CUSTOM_VOICE)

@@ -158,6 +158,9 @@ def load_engine(
             raise FileNotFoundError(f"{checkpoint} holds no GGUF files for the GGML engine")
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         return GgmlEngine(kind, pair[0], pair[1], chunk_frames, contexts or default_contexts(cores), quant=quant)
+    from ..quiet import import_models
+
+    import_models()  # qwen_tts, transformers and torch: imported here, never on the GGML engine
     import torch
 
     if dtype not in DTYPES:
