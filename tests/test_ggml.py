@@ -282,6 +282,16 @@ def test_both_doors_speak_and_a_seed_replays(ggml_server: Server) -> None:
     assert len(speak(5)) > 0 and ggml_server.alive()
 
 
+def test_the_ggml_server_holds_no_torch(ggml_server: Server) -> None:
+    """It converted the checkpoints (in a child process) and served: PyTorch never entered
+    its process (its shared library would be mapped)."""
+    assert "Converting" in ggml_server.output()
+    maps = Path(f"/proc/{ggml_server.proc.pid}/maps")
+    if not maps.exists():
+        pytest.skip("no /proc here")
+    assert "libtorch" not in maps.read_text()
+
+
 class _Sink:
     """Records when audio arrived and how the segment ended."""
 
