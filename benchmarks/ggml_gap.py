@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.cpu_bench import TEXT, _free_port, _one_request
+from benchmarks.cpu_bench import TEXT, THREAD_VARIABLES, _free_port, _one_request
 
 SEED = 1
 #: The library's per-request work split, from its log lines (ms).
@@ -114,6 +114,7 @@ def main() -> None:
 
     port = _free_port()
     log = args.data / "gap-server.log"
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
     server = subprocess.Popen(
         [
             sys.executable, "-m", "wyoming_qwen3tts", "--uri", f"tcp://127.0.0.1:{port}", "--http-port", "0",
@@ -122,12 +123,12 @@ def main() -> None:
             "--anchors", "off", "--no-zeroconf", "--fixed-frames", str(args.frames), "--seed", str(SEED),
             "--local-files-only",
         ],
-        stdout=log.open("w"), stderr=subprocess.STDOUT,
+        stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
     )
     direct = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.ggml_gap", "--direct-worker", "--talker", args.talker, "--codec", args.codec,
          "--checkpoint", str(args.checkpoint), "--frames", str(args.frames)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
     )
     assert direct.stdin is not None and direct.stdout is not None
     try:
