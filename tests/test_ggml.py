@@ -282,6 +282,14 @@ def test_both_doors_speak_and_a_seed_replays(ggml_server: Server) -> None:
     assert len(speak(5)) > 0 and ggml_server.alive()
 
 
+def test_threads_split_between_generation_and_the_codec() -> None:
+    from wyoming_qwen3tts.engine.ggml import thread_split
+
+    assert thread_split(1) == (1, 0)  # one thread: the codec takes turns with generation
+    assert [thread_split(n) for n in (2, 3, 4, 8)] == [(1, 1), (2, 1), (2, 2), (4, 4)]
+    assert all(sum(thread_split(n)) == n for n in range(2, 65))
+
+
 def test_the_ggml_server_holds_no_torch(ggml_server: Server) -> None:
     """It converted the checkpoints (in a child process) and served: PyTorch never entered
     its process (its shared library would be mapped)."""
