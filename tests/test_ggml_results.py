@@ -12,7 +12,9 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "cpu-
 FIELDS = ("engine", "model", "quant", "ttfa_ms", "speed", "rss_gb")
 
 
-@pytest.mark.parametrize("folder", [RESULTS, RESULTS / "short-prompt"], ids=["benchmark-sentence", "short-prompt"])
+@pytest.mark.parametrize(
+    "folder", [RESULTS, RESULTS / "run2", RESULTS / "short-prompt"], ids=["benchmark-sentence", "run2", "short-prompt"]
+)
 def test_cpu_results_have_the_issue_fields_and_match_their_detail(folder: Path) -> None:
     rows = json.loads((folder / "results.json").read_text())["rows"]
     detail = json.loads((folder / "results-detail.json").read_text())
