@@ -202,11 +202,14 @@ class GgmlEngine(Engine):
         contexts: native contexts, i.e. streams generated at once (each holds the weights).
         threads: CPU threads per context (default: the cores this process may use / contexts);
             with two or more, half of them decode audio beside generation (``thread_split``).
+            One more than the cores (2 + 1 on 2 cores) starts speaking about 40 % sooner but
+            generates 7 to 18 % slower (``benchmarks/results/cpu-2core``).
         quant: a label for ``backend`` (e.g. "Q8_0").
 
     Raises:
         ModelMismatchError: the talker file is of another kind.
-        ValueError: not a Qwen3-TTS talker GGUF, or widths qwentts.cpp cannot run.
+        ValueError: not a Qwen3-TTS talker GGUF, widths qwentts.cpp cannot run, or more
+            generating threads than CPUs.
         qwentts_cpp_cpu.QwenTTSError: the native library refused the files (message from it).
     """
 
@@ -232,6 +235,8 @@ class GgmlEngine(Engine):
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.threads = threads or max(1, cores // contexts)
         generating, decoding = thread_split(self.threads)
+        if generating > (os.cpu_count() or 1):
+            raise ValueError(f"{self.threads} threads a stream is more than twice this machine's {os.cpu_count()} CPUs")
         stream_frames = 1 if chunk_frames <= 1 else 2 if chunk_frames < 4 else 4
         self._contexts = [
             qwentts_cpp_cpu.QwenTTS(
