@@ -52,7 +52,7 @@ def _status_gb(pid: int, key: str) -> float:
     return float("nan")
 
 
-async def _one_request(port: int) -> tuple[float, float]:
+async def _one_request(port: int, text: str = TEXT) -> tuple[float, float]:
     """(TTFA ms, audio s per wall s) of one Synthesize."""
     from wyoming.audio import AudioChunk, AudioStop
     from wyoming.client import AsyncTcpClient
@@ -60,7 +60,7 @@ async def _one_request(port: int) -> tuple[float, float]:
 
     async with AsyncTcpClient("127.0.0.1", port) as client:
         started = time.perf_counter()
-        await client.write_event(Synthesize(text=TEXT, voice=SynthesizeVoice(name="ryan")).event())
+        await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name="ryan")).event())
         first = None
         samples = 0
         while True:
@@ -77,7 +77,12 @@ async def _one_request(port: int) -> tuple[float, float]:
                 return (first - started) * 1000, samples / 24000 / wall
 
 
-def run_row(engine: str, checkpoint: Path, data: Path, frames: int, quant: str) -> dict:
+#: Thread settings a shell may carry (the project's test instructions set OMP_NUM_THREADS=1):
+#: the servers get none of them, so each engine runs with the threads a user's server gets.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def run_row(engine: str, checkpoint: Path, data: Path, frames: int, quant: str, text: str = TEXT) -> dict:
     port = _free_port()
     log = data / f"server-{engine}-{checkpoint.name}.log"
     args = [
@@ -88,14 +93,15 @@ def run_row(engine: str, checkpoint: Path, data: Path, frames: int, quant: str) 
         "--local-files-only",
     ]
     with log.open("w") as handle:
-        proc = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, text=True)
+        env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
+        proc = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         deadline = time.monotonic() + 3600
         while "Ready: Wyoming" not in log.read_text(errors="replace"):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{engine} server did not start:\n{log.read_text()[-3000:]}")
             time.sleep(1)
-        results = [asyncio.run(_one_request(port)) for _ in range(REQUESTS)]
+        results = [asyncio.run(_one_request(port, text)) for _ in range(REQUESTS)]
         rss, peak, anon = (_status_gb(proc.pid, key) for key in ("VmRSS", "VmHWM", "RssAnon"))
     finally:
         proc.terminate()
@@ -118,6 +124,7 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--engines", nargs="+", default=["ggml", "reference"], choices=["ggml", "reference"])
     parser.add_argument("--quant", default="Q8_0")
+    parser.add_argument("--text", default=TEXT, help="the sentence asked for")
     args = parser.parse_args()
     from wyoming_qwen3tts.testing.checkpoint import build_checkpoint
 
@@ -129,7 +136,7 @@ def main() -> None:
             print(f"{engine} {SIZES[size]} ...", flush=True)
             weights = f"GGUF {args.quant} (qwentts.cpp)" if engine == "ggml" else "float32 (qwen_tts on the CPU)"
             row = {"engine": engine, "model": SIZES[size], "quant": args.quant if engine == "ggml" else "float32", "weights": weights}
-            row.update(run_row(engine, checkpoint, args.work / "data", args.frames, args.quant))
+            row.update(run_row(engine, checkpoint, args.work / "data", args.frames, args.quant, args.text))
             print(row, flush=True)
             rows.append(row)
     meta = {
@@ -140,7 +147,8 @@ def main() -> None:
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "frames_per_request": args.frames,
         "requests_per_row": REQUESTS,
-        "text": TEXT,
+        "text": args.text,
+        "server_thread_env": "none of " + ", ".join(THREAD_VARIABLES) + " (library defaults: torch and ggml pick their own threads)",
         "note": "quant: the configuration a row belongs to; the reference engine runs float32 weights (see weights)",
     }
     args.out.mkdir(parents=True, exist_ok=True)

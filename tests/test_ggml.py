@@ -226,11 +226,11 @@ def test_native_support_reads_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, tmp
 @pytest.fixture(scope="module")
 def ggml_server(ggml_checkpoints: Path, voices_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The server as a user starts it on the CPU: ``--engine ggml`` on checkpoint folders,
-    converted to Q8_0 GGUF into the data folder at start-up; two native streams."""
+    converted to Q8_0 GGUF into the data folder at start-up; two native streams of one thread."""
     folder = tmp_path_factory.mktemp("server-ggml")
     srv = start_server(
         ggml_checkpoints, voices_dir, folder / "server.log", engine="ggml",
-        extra=["--no-zeroconf", "--anchors", "off", "--ggml-streams", "2", "--design-model", "none"],
+        extra=["--no-zeroconf", "--anchors", "off", "--ggml-streams", "2", "--ggml-threads", "1", "--design-model", "none"],
     )
     yield srv
     stop_server(srv)
@@ -243,7 +243,7 @@ def test_both_doors_speak_and_a_seed_replays(ggml_server: Server) -> None:
     from wyoming.tts import Synthesize, SynthesizeVoice
 
     log = ggml_server.output()
-    assert "Converting" in log and "GGML" in log and "2 stream(s)" in log
+    assert "Converting" in log and "GGML" in log and "2 stream(s) x 1 threads" in log
 
     async def wyoming(voice: str) -> list[int]:
         sizes: list[int] = []
@@ -280,6 +280,39 @@ def test_both_doors_speak_and_a_seed_replays(ggml_server: Server) -> None:
         time.sleep(0.2)
     assert "cancelled" in ggml_server.output()
     assert len(speak(5)) > 0 and ggml_server.alive()
+
+
+def test_threads_split_between_generation_and_the_codec() -> None:
+    from wyoming_qwen3tts.engine.ggml import thread_split
+
+    assert thread_split(1) == (1, 0)  # one thread: the codec takes turns with generation
+    assert [thread_split(n) for n in (2, 3, 4, 8)] == [(1, 1), (2, 1), (2, 2), (4, 4)]
+    assert all(sum(thread_split(n)) == n for n in range(2, 65))
+
+
+def test_a_thread_count_per_stream_is_taken_and_checked(gguf: dict[str, tuple[Path, Path]]) -> None:
+    """``--ggml-threads``: 3 (2 generating, 1 decoding) speaks; more generating
+    threads than CPUs is refused before the library sees them."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: 2 generating threads are more than it has")
+    engine = GgmlEngine(ModelKind.CUSTOM_VOICE, *gguf["custom_voice"], chunk_frames=1, threads=3)
+    try:
+        assert "1 stream(s) x 3 threads" in engine.backend
+        assert sum(len(c) for c in _speak(engine, _segment(ModelKind.CUSTOM_VOICE))) > 0
+    finally:
+        engine.close()
+    with pytest.raises(ValueError, match="more than twice this machine's"):
+        GgmlEngine(ModelKind.CUSTOM_VOICE, *gguf["custom_voice"], chunk_frames=1, threads=2 * (os.cpu_count() or 1) + 2)
+
+
+def test_the_ggml_server_holds_no_torch(ggml_server: Server) -> None:
+    """It converted the checkpoints (in a child process) and served: PyTorch never entered
+    its process (its shared library would be mapped)."""
+    assert "Converting" in ggml_server.output()
+    maps = Path(f"/proc/{ggml_server.proc.pid}/maps")
+    if not maps.exists():
+        pytest.skip("no /proc here")
+    assert "libtorch" not in maps.read_text()
 
 
 class _Sink:

@@ -74,3 +74,17 @@ def test_the_command_line_refuses_what_is_not_a_checkpoint(tmp_path: Path) -> No
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 2 and "is not a checkpoint folder" in result.stderr
+
+
+def test_the_server_side_conversion_reports_the_converters_error(tmp_path: Path) -> None:
+    """``resolve_gguf`` converts in a child process; its refusal comes back as one clear line."""
+    import json
+
+    from wyoming_qwen3tts.engine.gguf_files import resolve_gguf
+
+    folder = tmp_path / "not-tts"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    with pytest.raises(ValueError, match="converting .* to GGUF failed: error: .* is not a Qwen3-TTS checkpoint"):
+        resolve_gguf(str(folder), tmp_path / "models", "Q8_0", local_files_only=True)
+    assert not list((tmp_path / "models").rglob(".complete"))  # nothing cached as done

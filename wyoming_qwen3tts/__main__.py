@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--design-model-memory", choices=DESIGN_MEMORY, default="auto", help="VoiceDesign model in GPU memory: resident (always), on-demand (loaded for anchors, designs and instructions, dropped when idle), auto (resident when both models fit, else the models take turns on the GPU)")
     parser.add_argument("--design-model-idle", type=float, default=DEFAULT_IDLE_S, metavar="SECONDS", help="--design-model-memory on-demand: seconds without work before the VoiceDesign model leaves GPU memory")
     parser.add_argument("--ggml-streams", type=int, default=0, help="GGML engine: streams generated at once per model, each a native context with its own weights (0: one per 4 cores, at most 4)")
+    parser.add_argument("--ggml-threads", type=int, default=0, help="GGML engine: CPU threads per stream, half of them decoding audio (0: the cores / --ggml-streams); one more than the cores starts speaking sooner but generates slower")
     parser.add_argument("--gguf-quant", type=str.upper, choices=GGUF_QUANTS, default=DEFAULT_GGUF_QUANT, help="GGML engine: weights fetched or converted at this quantization")
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="Weights: auto is bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="Longest text per request")
@@ -133,6 +134,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise SystemExit(f"{flag} must be at least 1, got {value}")
     if args.ggml_streams < 0:
         raise SystemExit(f"--ggml-streams must be 0 (auto) or more, got {args.ggml_streams}")
+    if args.ggml_threads < 0:
+        raise SystemExit(f"--ggml-threads must be 0 (auto) or more, got {args.ggml_threads}")
     for flag, value in (("--max-queue", args.max_queue), ("--max-connections", args.max_connections)):
         if value < 1:
             raise SystemExit(f"{flag} must be at least 1, got {value}")
@@ -202,10 +205,7 @@ async def _anchors(
         return None
     choice = args.anchors
     if choice == "auto":
-        import torch
-
-        cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-        choice = "all" if cuda else "kept"
+        choice = "kept" if args.on_cpu else "all"  # on_cpu: set by load_engines (no torch import here)
     if choice == "off":
         _LOGGER.info("Preset anchors are off (--anchors off): presets are designed live for every sentence")
         return None
@@ -239,7 +239,7 @@ async def main(argv: list[str] | None = None) -> None:
     )
     check_args(args)
     if not args.debug:  # third-party chatter: banners, optional SoX binary, progress bars
-        quiet_dependencies()
+        quiet_dependencies(models=False)  # qwen_tts is imported where a PyTorch engine loads
     metrics = Metrics()
     engines = await load_engines(args, metrics)
     custom = engines.get(ModelKind.CUSTOM_VOICE)

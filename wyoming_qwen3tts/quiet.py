@@ -19,14 +19,26 @@ import warnings
 from collections.abc import Iterator
 
 
-def quiet_dependencies() -> None:
+#: Set by ``quiet_dependencies``: ``import_models`` then imports qwen_tts silenced.
+_QUIET = False
+
+
+def quiet_dependencies(models: bool = True) -> None:
     """Silence the noise above: import qwen_tts with stdout and stderr pointed at
     /dev/null (file descriptors, so a child shell's messages are caught too), turn off
     transformers' progress bars, and raise the chattiest loggers to WARNING.
 
     Call once at start-up, before other threads run (it swaps file descriptors 1 and 2).
     Hugging Face download progress stays on: a first start downloads gigabytes.
+
+    Args:
+        models: import qwen_tts now; False leaves it to ``import_models``, called where a
+            PyTorch engine is loaded, so that a server on the GGML engine never imports
+            qwen_tts, transformers and torch (0.8 GB resident, measured on this project's
+            CPU benchmark machine).
     """
+    global _QUIET
+    _QUIET = True
     for noisy in ("qwen_tts", "transformers", "faster_qwen3_tts"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # faster-qwen3-tts warns that the codec has no sample-rate attribute (it is 24 kHz, as it
@@ -36,6 +48,16 @@ def quiet_dependencies() -> None:
     # The sox wrapper resets its logger's level on import: filter its warning instead.
     logging.getLogger("sox").addFilter(lambda record: record.levelno >= logging.ERROR)
     warnings.filterwarnings("ignore", message="Passing `repetition_penalty`", category=UserWarning)
+    if models:
+        import_models()
+
+
+def import_models() -> None:
+    """Import qwen_tts (and with it transformers and torch) if not yet imported: silenced,
+    without transformers' progress bars, once ``quiet_dependencies`` ran; a plain import
+    otherwise (``--debug`` shows everything)."""
+    if "qwen_tts" in sys.modules or not _QUIET:
+        return
     with _silenced_output():
         import qwen_tts  # noqa: F401 - imported here for its side effects only
     from transformers.utils import logging as transformers_logging

@@ -19,7 +19,7 @@ import numpy as np
 from .audio import SAMPLE_RATE
 from .engine import Engine, Segment, load_engine, pick_engine, resolve_checkpoint
 from .engine.cpu_defaults import cpu_sources
-from .engine.cuda_env import check_driver, cuda_bf16_supported, pick_dtype
+from .engine.cuda_env import check_driver, cuda_bf16_supported, driver_cuda_version, pick_dtype
 from .engine.ggml import NativeWidthError, check_checkpoint_widths
 from .engine.gguf_files import resolve_gguf
 from .engine.loader import MemoryFitError, checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers, is_out_of_memory, load_fitting
@@ -37,10 +37,15 @@ def _device(choice: str, engine: str) -> str:
     Raises:
         SystemExit: no CUDA for ``--device cuda``, or an engine the device cannot run.
     """
-    import torch
+    if choice == "cpu" or (choice == "auto" and driver_cuda_version() is None):
+        # The CPU asked for, or no NVIDIA driver: no CUDA whatever torch would say, and not
+        # importing torch keeps it (0.5 GB resident) out of a server on the GGML engine.
+        available, problem = False, None
+    else:
+        import torch
 
-    available = torch.cuda.is_available()
-    problem = None if available else check_driver()
+        available = torch.cuda.is_available()
+        problem = None if available else check_driver()
     why = "--device cpu" if choice == "cpu" else "No CUDA GPU"
     if choice == "auto":
         choice = "cuda" if available else "cpu"
@@ -224,7 +229,7 @@ async def _load_ggml_engines(
             try:
                 engine = await asyncio.to_thread(
                     load_engine, kind, pair[0].parent, "cpu", args.chunk_size, "ggml",
-                    gguf=pair, contexts=args.ggml_streams, quant=args.gguf_quant,
+                    gguf=pair, contexts=args.ggml_streams, quant=args.gguf_quant, ggml_threads=args.ggml_threads,
                 )
             except NativeWidthError as err:  # test checkpoints narrower than the release
                 if args.engine != "auto":

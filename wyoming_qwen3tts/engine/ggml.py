@@ -158,6 +158,23 @@ def check_native_widths(talker: Path, codec: Path) -> None:
             )
 
 
+def thread_split(threads: int) -> tuple[int, int]:
+    """(generating threads, codec threads) of one native context given ``threads`` in all.
+
+    With two or more, the codec decodes beside generation on its own threads, half of them:
+    one thread each, the library's own split of the work on this project's 2-core VM was
+    about 100 ms of talker and code predictor (0.6B Q8_0; 140 ms for 1.7B) and 150 ms of
+    codec per 80 ms frame (``benchmarks/results/cpu-2core``), so neither side waits long
+    for the other. Taking turns on the same two threads ran at half the speed (0.16 vs 0.29),
+    and a third thread (two generating beside the codec's, more threads than cores) cut
+    first audio by 40 % but generation speed by 7 to 18 %. One thread: generation and codec
+    take turns on it.
+    """
+    if threads < 2:
+        return 1, 0
+    return threads - threads // 2, threads // 2
+
+
 def default_contexts(cores: int) -> int:
     """Native contexts by default: one per 4 cores (each uses its share of threads), 1..4."""
     return max(1, min(4, cores // 4))
@@ -184,12 +201,15 @@ class GgmlEngine(Engine):
             ``cpu_stream_frames``. Larger values are clamped to 4.
         contexts: native contexts, i.e. streams generated at once (each holds the weights).
         threads: CPU threads per context (default: the cores this process may use / contexts);
-            with two or more, a quarter (at least one) decode audio beside generation.
+            with two or more, half of them decode audio beside generation (``thread_split``).
+            One more than the cores (2 + 1 on 2 cores) starts speaking about 40 % sooner but
+            generates 7 to 18 % slower (``benchmarks/results/cpu-2core``).
         quant: a label for ``backend`` (e.g. "Q8_0").
 
     Raises:
         ModelMismatchError: the talker file is of another kind.
-        ValueError: not a Qwen3-TTS talker GGUF, or widths qwentts.cpp cannot run.
+        ValueError: not a Qwen3-TTS talker GGUF, widths qwentts.cpp cannot run, or more
+            generating threads than CPUs.
         qwentts_cpp_cpu.QwenTTSError: the native library refused the files (message from it).
     """
 
@@ -214,15 +234,14 @@ class GgmlEngine(Engine):
         _route_native_log()
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.threads = threads or max(1, cores // contexts)
-        # The codec decodes beside generation on its own threads when there are two or more
-        # (measured here on 2 cores, 0.6B Q8_0: speed 0.29 with 1 + 1 threads, 0.16 with 2
-        # threads taking turns).
-        codec_threads = max(1, self.threads // 4) if self.threads >= 2 else 0
+        generating, decoding = thread_split(self.threads)
+        if generating > (os.cpu_count() or 1):
+            raise ValueError(f"{self.threads} threads a stream is more than twice this machine's {os.cpu_count()} CPUs")
         stream_frames = 1 if chunk_frames <= 1 else 2 if chunk_frames < 4 else 4
         self._contexts = [
             qwentts_cpp_cpu.QwenTTS(
-                talker, codec, cpu_threads=self.threads - codec_threads,
-                cpu_codec_threads=codec_threads, cpu_stream_frames=stream_frames,
+                talker, codec, cpu_threads=generating,
+                cpu_codec_threads=decoding, cpu_stream_frames=stream_frames,
             )
             for _ in range(contexts)
         ]

@@ -80,8 +80,17 @@ def resolve_gguf(source: str, models_dir: Path, quant: str, local_files_only: bo
 
 
 def _converted(checkpoint: Path, models_dir: Path, quant: str) -> tuple[Path, Path]:
-    """Convert ``checkpoint`` once into a cache folder keyed by its config and weights' sizes."""
-    from ..gguf import convert
+    """Convert ``checkpoint`` once into a cache folder keyed by its config and weights' sizes.
+
+    The converter runs in a child process (``python -m wyoming_qwen3tts.gguf``): it reads the
+    safetensors through torch, which would otherwise stay imported (0.5 GB resident) in the
+    server that then serves on the GGML engine, as would the converter's peak memory.
+
+    Raises:
+        ValueError: the converter failed (its last error line).
+    """
+    import subprocess
+    import sys
 
     if quant == "Q4_K_M":
         _LOGGER.warning("Q4_K_M cannot be made from a checkpoint here (only downloaded); converting to Q8_0")
@@ -96,7 +105,14 @@ def _converted(checkpoint: Path, models_dir: Path, quant: str) -> tuple[Path, Pa
         if pair is not None:
             return pair
     _LOGGER.info("Converting %s to GGUF (%s) into %s", checkpoint, quant, out)
-    pair = convert(checkpoint, out, quant)
+    result = subprocess.run(
+        [sys.executable, "-m", "wyoming_qwen3tts.gguf", str(checkpoint), str(out), "--quant", quant],
+        capture_output=True, text=True, check=False,
+    )
+    pair = find_pair(out)
+    if result.returncode != 0 or pair is None:
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        raise ValueError(f"converting {checkpoint} to GGUF failed: {lines[-1] if lines else f'exit {result.returncode}'}")
     done.write_text("ok\n")
     return pair
 

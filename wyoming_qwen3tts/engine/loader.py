@@ -108,6 +108,7 @@ def load_engine(
     on_eager_prefill: Callable[[int], None] | None = None,
     chunk_growth: bool = False,
     shrink: float = 1.0,
+    ggml_threads: int = 0,
 ) -> Engine:
     """Load a checkpoint through the real loaders (faster-qwen3-tts / qwen_tts).
 
@@ -138,6 +139,7 @@ def load_engine(
         quant: the GGUF files' quantization, for the GGML engine's description.
         on_eager_prefill: the batched engine's observer of rows prefilled eagerly (no graph).
         chunk_growth: the batched engine's chunks grow 1, 2, 4... up to ``chunk_frames``.
+        ggml_threads: the GGML engine's CPU threads per context; 0: the cores / contexts.
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
@@ -157,7 +159,12 @@ def load_engine(
         if pair is None:
             raise FileNotFoundError(f"{checkpoint} holds no GGUF files for the GGML engine")
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return GgmlEngine(kind, pair[0], pair[1], chunk_frames, contexts or default_contexts(cores), quant=quant)
+        return GgmlEngine(
+            kind, pair[0], pair[1], chunk_frames, contexts or default_contexts(cores), threads=ggml_threads or None, quant=quant
+        )
+    from ..quiet import import_models
+
+    import_models()  # qwen_tts, transformers and torch: imported here, never on the GGML engine
     import torch
 
     if dtype not in DTYPES:
