@@ -85,19 +85,12 @@ class SlotState:
         """Every per-slot tensor (for moving a row)."""
         return [*self.keys, *self.values, *(v for v in vars(self).values() if isinstance(v, torch.Tensor))]
 
-    def set_sampling(self, slot: int, sampling: Any) -> None:
-        """Store a row's ``Sampling`` (top-k/top-p as ``sampling.effective`` makes them)."""
-        self.temperature[slot] = sampling.temperature
-        self.top_k[slot], self.top_p[slot] = effective(sampling.top_k, sampling.top_p)
-        self.penalty[slot] = sampling.repetition_penalty
-        self.pred_temperature[slot] = sampling.predictor_temperature
-        self.pred_top_k[slot], self.pred_top_p[slot] = effective(sampling.predictor_top_k, sampling.predictor_top_p)
-
     def set_sampling_rows(self, start: int, samplings: list[Any]) -> None:
-        """Store the ``Sampling`` of rows ``[start, start + n)`` with one host-to-device copy
-        per dtype and one slice copy per setting (``set_sampling`` costs seven kernels a row;
-        a join's stall is counted in kernels). The host tensors are pinned on CUDA so that the
-        copy does not wait for the step in flight."""
+        """Store the ``Sampling`` of rows ``[start, start + n)`` (top-k/top-p as
+        ``sampling.effective`` makes them) with one host-to-device copy per dtype and one slice
+        copy per setting, whatever ``n`` (running streams wait for every kernel of a join).
+        The host tensors are pinned on CUDA so that the copy does not wait for the step in
+        flight."""
         n = len(samplings)
         talker = [effective(x.top_k, x.top_p) for x in samplings]
         predictor = [effective(x.predictor_top_k, x.predictor_top_p) for x in samplings]
