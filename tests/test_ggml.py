@@ -429,5 +429,6 @@ def test_named_models_on_the_cpu_get_nothing_added_and_narrow_ones_are_not_conve
         proc.terminate()
         proc.wait(20)
     assert "Loading custom_voice" not in output and "No GPU and no model named" not in output, output[-3000:]
-    assert "The base model runs on the reference engine: its codec's codebook_dim is" in output, output[-3000:]
+    assert "The base model runs on the reference engine (slower), not on GGML: its codec's codebook_dim is" in output, output[-3000:]
+    assert "needs --engine reference" not in output  # the fallback happened: no instruction to give
     assert "GGML, CPU" not in output and not list(data.rglob("*.gguf"))

@@ -515,6 +515,6 @@ async def test_on_the_cpu_a_kept_design_keeps_the_clip_heard_and_no_anchor_is_re
         assert frames_ok(len(await speech(srv, "bright")) // 2)
         log = srv.output()
         assert "voice bright (anchor)" in log and "Rendering the anchor" not in log
-        assert "none rendered (--anchors auto: one anchor takes minutes on the CPU)" in log
+        assert "this mode renders none" in log and "--anchors auto chooses it on the CPU, where one anchor takes minutes" in log
     finally:
         stop_server(srv)

@@ -86,6 +86,17 @@ async def test_describe_lists_every_voice(server: Server) -> None:
     assert "en" in voices["clone"].languages and all(v.description for v in voices.values())
 
 
+def test_each_start_up_fact_is_said_once(server: Server) -> None:
+    """The start-up log says each fact once: the anchors' state, the clone library (as an
+    absolute path), each model's ready line with its streams."""
+    log = server.output()
+    start = log[: log.index("Ready: Wyoming")]
+    assert start.count("Preset anchors") == 1, start
+    assert start.count("Clone library ") == 1 and "Clone library /" in start
+    for kind in ("base", "voice_design", "custom_voice"):
+        assert start.count(f"{kind} model ready (") == 1 and re.search(rf"{kind} model ready \(.*stream", start)
+
+
 async def test_synthesize_streams_pcm_for_every_frame(server: Server) -> None:
     text = "Hello there. How are you?"
     async with AsyncTcpClient("127.0.0.1", server.port) as client:

@@ -209,12 +209,6 @@ async def _anchors(
     if choice == "off":
         _LOGGER.info("Preset anchors are off (--anchors off): presets are designed live for every sentence")
         return None
-    if choice == "kept":
-        _LOGGER.info(
-            "Preset anchors: none rendered (--anchors %s%s); presets are designed live, except "
-            "designs kept in the voice studio, which keep the clip you heard",
-            args.anchors, ": one anchor takes minutes on the CPU" if args.anchors == "auto" else "",
-        )
     try:
         design = engines[ModelKind.VOICE_DESIGN]
         checkpoint = await asyncio.to_thread(

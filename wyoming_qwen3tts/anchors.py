@@ -596,8 +596,10 @@ class Anchors:
         how = "served by the Base model as clones of their anchors" if self.clone_loaded else (
             "anchors give their samples only: the Base model is off, so presets are designed live"
         )
-        live = "designed live (none are rendered in this mode)" if self.mode is AnchorMode.KEPT else (
-            "designed live until rendered"
+        live = (
+            "designed live (this mode renders none: only designs kept in the voice studio keep the "
+            "clip you heard; --anchors auto chooses it on the CPU, where one anchor takes minutes)"
+            if self.mode is AnchorMode.KEPT else "designed live until rendered"
         )
         _LOGGER.info(
             "Preset anchors (%s, VoiceDesign model %s) in %s: %d ready (%s); %s: %s",

@@ -58,7 +58,7 @@ def _device(choice: str, engine: str) -> str:
     except ValueError as err:
         raise SystemExit(f"--engine: {err}") from None
     if choice == "cpu" and engine == "ggml":
-        _LOGGER.info("%s: running on the CPU with qwentts.cpp (GGML, quantized weights)", why)
+        _LOGGER.info("%s: running on the CPU with qwentts.cpp (GGML, quantized weights) for each model it can run", why)
     elif choice == "cpu":
         how = (
             "the batched engine runs eagerly, frame by frame"
@@ -255,7 +255,8 @@ async def _load_reference_instead(
     Raises:
         SystemExit: it cannot load or warm up either.
     """
-    _LOGGER.warning("The %s model runs on the reference engine: %s", kind.value, why)
+    reason = str(why).replace(": this checkpoint needs --engine reference", "")
+    _LOGGER.warning("The %s model runs on the reference engine (slower), not on GGML: %s", kind.value, reason)
     try:
         checkpoint = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
         _LOGGER.info("Loading %s model from %s on cpu", kind.value, checkpoint)

@@ -359,7 +359,7 @@ class VoiceCatalog:
                 source=VoiceSource.CLONE,
             )
         self._clones = clones
-        _LOGGER.info("Clone library %s: %d voice(s)", self.voices_dir, len(clones))
+        _LOGGER.info("Clone library %s: %d voice(s)", self.voices_dir.resolve(), len(clones))
 
     def voices(self) -> list[Voice]:
         """Every available voice. Names are case-insensitive: a user preset overrides the
