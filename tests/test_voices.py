@@ -51,8 +51,13 @@ def test_voices_need_their_model(tmp_path: Path) -> None:
     write_voice(tmp_path, "me")
     only_clone = VoiceCatalog(tmp_path, {ModelKind.BASE})
     assert [v.name for v in only_clone.voices()] == ["me"]
-    with pytest.raises(UnknownVoiceError, match="Unknown voice 'aria'"):
+    # a preset (or its OpenAI alias) without the VoiceDesign model: said so, not "unknown"
+    with pytest.raises(UnknownVoiceError, match="Voice 'aria' is the preset 'aria', and presets need the VoiceDesign model"):
         only_clone.get("aria")
+    with pytest.raises(UnknownVoiceError, match=r"Voice 'alloy' is the preset '\w+' \('alloy' is its alias\).*available: me"):
+        only_clone.get("alloy")
+    with pytest.raises(UnknownVoiceError, match="Unknown voice 'nobody'"):
+        only_clone.get("nobody")
     speakers = VoiceCatalog(tmp_path, {ModelKind.CUSTOM_VOICE}, ["ryan", "serena"])
     assert {v.name for v in speakers.voices()} == {"ryan", "serena"}
 

@@ -31,7 +31,7 @@ from .engine.gguf_files import DEFAULT_QUANT as DEFAULT_GGUF_QUANT, QUANTS as GG
 from .metrics import Metrics
 from .handler import DEFAULT_MAX_CONNECTIONS
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED
-from .quiet import quiet_dependencies
+from .quiet import quiet_dependencies, route_hub_logs
 from .startup import load_engines
 from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, TtsService
 from .studio import HA_INGRESS_PEER
@@ -73,9 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--uri", default="tcp://0.0.0.0:10200", help="Wyoming listen URI (tcp:// or unix://)")
     parser.add_argument("--data-dir", default="data", help="Models download here (DIR/models)")
     parser.add_argument("--voices-dir", help="Clone library and presets.toml (default: DATA_DIR/voices)")
-    parser.add_argument("--clone-model", default=DEFAULT_MODELS[ModelKind.BASE], help="Base model: hub id, folder or none")
+    parser.add_argument("--clone-model", default=DEFAULT_MODELS[ModelKind.BASE], help="Base model: hub id, folder or none (without a GPU, when neither this nor --custom-voice-model is named: the 0.6B Base model)")
     parser.add_argument("--design-model", default=DEFAULT_MODELS[ModelKind.VOICE_DESIGN], help="VoiceDesign model: hub id, folder or none")
-    parser.add_argument("--custom-voice-model", default=DEFAULT_MODELS[ModelKind.CUSTOM_VOICE], help="CustomVoice model: hub id, folder or none")
+    parser.add_argument("--custom-voice-model", default=DEFAULT_MODELS[ModelKind.CUSTOM_VOICE], help="CustomVoice model: hub id, folder or none (without a GPU, when neither this nor --clone-model is named: the 0.6B CustomVoice model, speaker ryan)")
     parser.add_argument("--voice", help=f"Default voice (default: {DEFAULT_VOICE!r} if available, else the first by name)")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA when available")
     parser.add_argument("--chunk-size", type=int, default=1, help="Codec frames per audio chunk (80 ms each); 1 starts soonest and, on the batched engine, costs no speed")
@@ -231,6 +231,7 @@ async def main(argv: list[str] | None = None) -> None:
         level=logging.DEBUG if args.debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    route_hub_logs()
     check_args(args)
     if not args.debug:  # third-party chatter: banners, optional SoX binary, progress bars
         quiet_dependencies(models=False)  # qwen_tts is imported where a PyTorch engine loads

@@ -304,7 +304,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             except ServerStoppingError as err:
                 # Error first: a client that stops at audio-stop must not take the cut
                 # audio for the whole. Then audio-stop closes the audio, then the connection.
-                await self._error(f"{err}; the audio is incomplete", err.code)
+                await self._error(f"{err}; the audio is incomplete", err.code, what="Request cut")
                 await self._write(AudioStop().event())
                 self.close()
                 return
@@ -319,8 +319,9 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         finally:
             self._streams.discard(stream)
 
-    async def _error(self, text: str, code: str, level: int = logging.INFO) -> None:
-        _LOGGER.log(level, "Refused request: %s", text)
+    async def _error(self, text: str, code: str, level: int = logging.INFO, what: str = "Refused request") -> None:
+        """Send an ``error`` event (``code``: its machine-readable kind), logged as ``what``."""
+        _LOGGER.log(level, "%s: %s", what, text)
         await self._write_quietly(Error(text=text, code=code).event())
 
     async def _write_quietly(self, event: Event) -> None:

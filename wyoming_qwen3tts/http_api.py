@@ -793,6 +793,7 @@ async def start_http(
         server_logger.addFilter(_MALFORMED_FILTER)
     runner = web.AppRunner(
         create_app(service, api_key, ingress_peer, write_timeout),
+        access_log=None,  # each request has its own line ("http request ok: ..."), cut or whole
         handler_cancellation=True,
         shutdown_timeout=2.0,
         keepalive_timeout=idle_timeout,

@@ -52,6 +52,19 @@ def quiet_dependencies(models: bool = True) -> None:
         import_models()
 
 
+def route_hub_logs() -> None:
+    """Hugging Face hub messages (download retries, offline errors) once, in the server's log
+    format: ``huggingface_hub`` puts a handler of its own on its logger at import and also
+    propagates to the root logger, so each line came out twice, once without a timestamp.
+    Call after ``logging.basicConfig``."""
+    import huggingface_hub.utils.logging  # noqa: F401 - configures (and adds) its handler on import
+
+    hub = logging.getLogger("huggingface_hub")
+    for handler in list(hub.handlers):
+        if type(handler) is logging.StreamHandler:
+            hub.removeHandler(handler)
+
+
 def import_models() -> None:
     """Import qwen_tts (and with it transformers and torch) if not yet imported: silenced,
     without transformers' progress bars, once ``quiet_dependencies`` ran; a plain import

@@ -196,7 +196,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
                 )
                 engine.ready.set()
         engines[kind] = engine
-        _LOGGER.info("%s model ready (%s, %s)", kind.value, engine.backend, _streams(engine))
+        _LOGGER.info("%s model ready (%s)", kind.value, _streams(engine))
     return {kind: engines[kind] for kind in sorted(engines, key=list(sources).index)}
 
 
@@ -279,7 +279,7 @@ async def _warmed(kind: ModelKind, engine: Engine) -> Engine:
         await asyncio.to_thread(engine.warm, _warm_segment(kind, engine))
     except Exception as err:  # noqa: BLE001 - any warm-up failure ends start-up with its reason
         raise SystemExit(f"Warm-up of the {kind.value} model failed: {err!r}") from err
-    _LOGGER.info("%s model ready (%s, %s)", kind.value, engine.backend, _streams(engine))
+    _LOGGER.info("%s model ready (%s)", kind.value, _streams(engine))
     return engine
 
 
@@ -294,10 +294,12 @@ def _is_memory(err: BaseException) -> bool:
 
 
 def _streams(engine: Engine) -> str:
-    """How many streams a model generates at once, for its "ready" line."""
+    """A model's engine and how many streams it generates at once, for its "ready" line."""
+    if "stream" in engine.backend:  # the GGML engine says it itself
+        return engine.backend
     if isinstance(engine, OnDemandEngine) and not engine.resident:
-        return "streams sized when it loads"
-    return f"{engine.capacity} stream(s) at once"
+        return f"{engine.backend}, streams sized when it loads"
+    return f"{engine.backend}, {engine.capacity} stream(s) at once"
 
 
 def _free_gpu() -> None:

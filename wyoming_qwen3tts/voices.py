@@ -398,6 +398,14 @@ class VoiceCatalog:
                 return voice
         names = sorted(v.name for v in voices)
         shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
+        if ModelKind.VOICE_DESIGN not in self.kinds:  # a preset, but no model to speak it
+            for preset in (*self.shipped.values(), *self._user_presets.values()):
+                if wanted == preset.name.lower() or wanted in (a.lower() for a in preset.aliases):
+                    what = f"the preset {preset.name!r}" + (f" ({name!r} is its alias)" if wanted != preset.name.lower() else "")
+                    raise UnknownVoiceError(
+                        f"Voice {name!r} is {what}, and presets need the VoiceDesign model, which this server "
+                        f"has not loaded (--design-model); available: {shown}"
+                    )
         problems = self._presets_problems
         hint = f". Note: {problems[0]}" + (f" (and {len(problems) - 1} more, see the log)" if len(problems) > 1 else "") if problems else ""
         raise UnknownVoiceError(f"Unknown voice {name!r}; available: {shown}{hint}")

@@ -21,6 +21,15 @@ from pathlib import Path
 
 _LOGGER = logging.getLogger(__name__)
 
+
+def hub_error(err: BaseException) -> str:
+    """A Hugging Face hub error in the server's terms: its first line, without the hub's
+    advice to set the Python argument ``local_files_only`` (the server's flag is
+    ``--local-files-only``, named in the message around it)."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    cut = text.find("To enable hf.co look-ups")
+    return (text[:cut].rstrip(" .") + ".") if cut > 0 else text
+
 #: The published GGUF conversions (the repository realtimetts-qwen-native-cpu 0.4.2 names).
 GGUF_REPO = "Serveurperso/Qwen3-TTS-GGUF"
 #: Quantizations of the published files; the converter makes all but Q4_K_M.
@@ -129,15 +138,15 @@ def _download(model_id: str, models_dir: Path, quant: str, local_files_only: boo
 
     names = (f"{stem}-{quant}.gguf", f"qwen-tokenizer-12hz-{quant}.gguf")
     try:
-        _LOGGER.info("Fetching %s from %s into %s%s", " and ".join(names), GGUF_REPO, models_dir,
-                     " (offline)" if local_files_only else "")
+        _LOGGER.info("%s %s from %s in %s", "Looking for" if local_files_only else "Fetching",
+                     " and ".join(names), GGUF_REPO, models_dir)
         talker, codec = (
             Path(hf_hub_download(GGUF_REPO, name, cache_dir=str(models_dir), local_files_only=local_files_only))
             for name in names
         )
     except Exception as err:  # noqa: BLE001 - hub errors are many types; all mean "no weights"
-        hint = " (--local-files-only is set: download it first or give a folder)" if local_files_only else ""
-        raise FileNotFoundError(f"Cannot get the GGUF files of {model_id!r}{hint}: {err}") from err
+        hint = " (--local-files-only is set: start once without it to download, or give a folder)" if local_files_only else ""
+        raise FileNotFoundError(f"Cannot get the GGUF files of {model_id!r}{hint}: {hub_error(err)}") from err
     return talker, codec
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from ..voices import ModelKind
 from .base import Engine
 from .cuda_env import cuda_bf16_supported, pick_dtype
+from .gguf_files import hub_error
 from .sizing import MIN_STREAMS, memory_budget, plan_streams
 
 _LOGGER = logging.getLogger(__name__)
@@ -41,13 +42,13 @@ def resolve_checkpoint(source: str, models_dir: Path, local_files_only: bool) ->
     from huggingface_hub import snapshot_download
 
     try:
-        _LOGGER.info("Fetching %s into %s%s", source, models_dir, " (offline)" if local_files_only else "")
+        _LOGGER.info("%s %s in %s", "Looking for" if local_files_only else "Fetching", source, models_dir)
         return Path(
             snapshot_download(source, cache_dir=str(models_dir), local_files_only=local_files_only)
         )
     except Exception as err:  # noqa: BLE001 - hub errors are many types; all mean "no model"
-        hint = " (--local-files-only is set: download it first or give a folder)" if local_files_only else ""
-        raise FileNotFoundError(f"Cannot get model {source!r}{hint}: {err}") from err
+        hint = " (--local-files-only is set: start once without it to download, or give a folder)" if local_files_only else ""
+        raise FileNotFoundError(f"Cannot get model {source!r}{hint}: {hub_error(err)}") from err
 
 
 def pick_engine(engine: str, device: str) -> str:
