@@ -1,0 +1,238 @@
+"""The ``POST /v1/audio/speech`` body: validated into ``SpeechParams`` (types, ranges, the
+``model`` name as OpenAI's generic names, our names or the checkpoints' hub ids), and the
+catalogue voice to ask the service for. Errors are ``ApiError``s in OpenAI's shape; nothing
+here touches HTTP itself (``http_api`` does).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .encoders import FORMATS
+from .http_common import MAX_INSTRUCTIONS_CHARS, MODEL_OF_KIND, ApiError
+from .limits import MAX_SEED
+from .service import TtsService, VoiceNotFoundError, check_text
+from .tempo import MAX_SPEED, MIN_SPEED
+from .voices import ModelKind
+
+#: OpenAI's model names: accepted, the voice decides which Qwen3-TTS model speaks.
+GENERIC_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
+#: Names that select one Qwen3-TTS model kind (404 when that model is not loaded).
+KIND_MODELS: dict[str, ModelKind] = {
+    "qwen3-tts-base": ModelKind.BASE,
+    "qwen3-tts-clone": ModelKind.BASE,
+    "qwen3-tts-voice-design": ModelKind.VOICE_DESIGN,
+    "qwen3-tts-custom-voice": ModelKind.CUSTOM_VOICE,
+}
+STREAM_FORMATS = ("audio", "sse")
+#: The checkpoints' own names, as clients written for vLLM-Omni, sglang-omni or nari-qwen3-tts
+#: send them in ``model``: the hub id (``Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice``), the bare
+#: folder name (``Qwen3-TTS-12Hz-0.6B-Base``) or the Hugging Face cache folder
+#: (``models--Qwen--Qwen3-TTS-12Hz-1.7B-Base``). Any size; the suffix names the kind.
+HUB_MODEL = re.compile(r"^(?:qwen/|models--qwen--)?qwen3-tts-12hz-[0-9.]+b-(base|voicedesign|customvoice)$")
+_HUB_KINDS = {"base": ModelKind.BASE, "voicedesign": ModelKind.VOICE_DESIGN, "customvoice": ModelKind.CUSTOM_VOICE}
+
+
+@dataclass(frozen=True)
+class SpeechParams:
+    """A validated ``/v1/audio/speech`` body.
+
+    Attributes:
+        text: the ``input`` (1..max_chars characters, something speakable).
+        kind: model kind named by ``model``, or None (any: the voice decides).
+        model: the ``model`` as the client named it (our name, a hub id, a folder name), for
+            error messages; None when absent.
+        voice: voice name or alias; None for the server's choice.
+        clone: True when ``voice`` came from ``reference_voice`` (must be a clone voice).
+        instructions: VoiceDesign description / CustomVoice style, or None.
+        response_format: a key of ``encoders.FORMATS``.
+        stream_format: "audio" (raw bytes) or "sse".
+        speed: tempo factor in [0.25, 4.0].
+        language: BCP-47 code or Qwen3-TTS language name, or None.
+        seed: RNG seed in [0, 2**32 - 1], or None.
+    """
+
+    text: str
+    kind: ModelKind | None = None
+    model: str | None = None
+    voice: str | None = None
+    clone: bool = False
+    instructions: str | None = None
+    response_format: str = "mp3"
+    stream_format: str = "audio"
+    speed: float = 1.0
+    language: str | None = None
+    seed: int | None = None
+
+
+def _invalid(param: str | None, message: str, code: str = "invalid-value") -> ApiError:
+    """A 400 for one request field."""
+    return ApiError(400, message, code, param)
+
+
+def _field(body: dict[str, Any], name: str, types: type | tuple[type, ...], what: str) -> Any:
+    """``body[name]`` if present and of ``types`` (never a bool), else None.
+
+    Raises:
+        ApiError: 400 invalid-type.
+    """
+    value = body.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+        raise _invalid(name, f"'{name}' must be {what}", "invalid-type")
+    return value
+
+
+def _text(body: dict[str, Any], name: str) -> str | None:
+    """An optional string field, stripped; None when absent or blank."""
+    value = _field(body, name, str, "a string")
+    return value.strip() or None if value is not None else None
+
+
+def _choice(body: dict[str, Any], name: str, choices: list[str], default: str) -> str:
+    value = _field(body, name, str, "a string")
+    if value is not None and value not in choices:
+        raise _invalid(name, f"'{name}' must be one of {', '.join(choices)}; got {value!r}")
+    return default if value is None else value
+
+
+def model_kind(name: str) -> ModelKind | None:
+    """The kind a ``model`` name selects: None for OpenAI's generic names (the voice decides).
+
+    Accepts our names (``KIND_MODELS``) and the checkpoints' hub ids and folder names
+    (``HUB_MODEL``), case-insensitively, ignoring surrounding spaces and a trailing ``/``.
+
+    Raises:
+        ApiError: 404 ``model_not_found`` for any other name.
+    """
+    key = name.strip().rstrip("/").lower()
+    if key in GENERIC_MODELS:
+        return None
+    if key in KIND_MODELS:
+        return KIND_MODELS[key]
+    hub = HUB_MODEL.match(key) or HUB_MODEL.match(key.rsplit("/", 1)[-1])  # or a folder's path
+    if hub is not None:
+        return _HUB_KINDS[hub.group(1)]
+    raise ApiError(404, f"The model {name!r} does not exist; see GET /v1/models", "model_not_found", "model")
+
+
+def _model_kind(body: dict[str, Any]) -> ModelKind | None:
+    model = _field(body, "model", str, "a string")
+    return None if model is None else model_kind(model)
+
+
+def _stream_format(body: dict[str, Any]) -> str:
+    """``stream_format``, or as vLLM-Omni reads it when absent: ``stream: true`` selects SSE,
+    ``stream: false`` (or absent) the raw audio bytes, sent as they are generated.
+
+    Raises:
+        ApiError: 400 for a wrong type or value of either field.
+    """
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _invalid("stream", "'stream' must be a boolean", "invalid-type")
+    return _choice(body, "stream_format", list(STREAM_FORMATS), "sse" if stream else "audio")
+
+
+def _voice(body: dict[str, Any]) -> str | None:
+    """``voice`` as a name: a string, or OpenAI's custom-voice object ``{"id": name}``."""
+    voice = body.get("voice")
+    if isinstance(voice, dict):
+        voice = voice.get("id")
+        if not isinstance(voice, str):
+            raise _invalid("voice", "'voice' must be a string or {\"id\": string}", "invalid-type")
+    if voice is not None and not isinstance(voice, str):
+        raise _invalid("voice", "'voice' must be a string or {\"id\": string}", "invalid-type")
+    return voice.strip() or None if voice is not None else None
+
+
+def parse_speech(body: Any, max_chars: int) -> SpeechParams:
+    """Validate a decoded JSON body (types, ranges, names; not yet the voice).
+
+    Raises:
+        ApiError: 400 for a wrong type or value, 404 (model_not_found) for an unknown model.
+        EmptyTextError, TextTooLongError: the ``input`` is empty / over ``max_chars``.
+    """
+    if not isinstance(body, dict):
+        raise _invalid(None, "The request body must be a JSON object", "invalid-json")
+    text = _field(body, "input", str, "a string")
+    if text is None:
+        raise _invalid("input", "'input' is required", "missing-field")
+    check_text(text, max_chars)
+    kind = _model_kind(body)
+    voice = _voice(body)
+    reference = _field(body, "reference_voice", str, "a string (a clone-library voice id)")
+    if reference is not None and not reference.strip():
+        raise _invalid("reference_voice", "'reference_voice' must not be empty")
+    raw_instructions = _field(body, "instructions", str, "a string")
+    if raw_instructions and len(raw_instructions) > MAX_INSTRUCTIONS_CHARS:
+        raise _invalid(
+            "instructions", f"'instructions' is over {MAX_INSTRUCTIONS_CHARS} characters"
+        )
+    instructions = _text(body, "instructions")
+    speed = _field(body, "speed", (int, float), "a number")
+    speed = 1.0 if speed is None else float(speed)
+    if not (math.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
+        raise _invalid("speed", f"'speed' must be from {MIN_SPEED} to {MAX_SPEED}; got {speed}")
+    seed = _field(body, "seed", int, "an integer")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise _invalid("seed", f"'seed' must be from 0 to {MAX_SEED}")
+    # vLLM-Omni's prompt-layout override: accepted for drop-in clients; the engine always
+    # builds the model's non-streaming prompt (whole text in the prefill), the layout that
+    # keeps long clone text aligned, so either value gives the same prompt.
+    if body.get("non_streaming_mode") is not None and not isinstance(body["non_streaming_mode"], bool):
+        raise _invalid("non_streaming_mode", "'non_streaming_mode' must be a boolean", "invalid-type")
+    model = body.get("model")
+    return SpeechParams(
+        text=text,
+        kind=kind,
+        model=model if isinstance(model, str) and kind is not None else None,
+        voice=reference.strip() if reference else voice,
+        clone=reference is not None,
+        instructions=instructions,
+        response_format=_choice(body, "response_format", list(FORMATS), "mp3"),
+        stream_format=_stream_format(body),
+        speed=speed,
+        language=_text(body, "language"),
+        seed=seed,
+    )
+
+
+def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
+    """The catalogue name to ask the service for (None: the service's default choice).
+
+    Raises:
+        ApiError: 404 model_not_found (model kind not loaded) or unknown-voice (also for an
+            unknown ``reference_voice``), 400 voice/model mismatch.
+    """
+    kind = params.kind
+    named = params.model or (MODEL_OF_KIND[kind] if kind is not None else "")
+    if kind is not None and kind not in service.kinds:
+        message = f"The model {named!r} is not loaded on this server"
+        raise ApiError(404, message, "model_not_found", "model")
+    param = "reference_voice" if params.clone else "voice"
+    if params.voice is not None:
+        try:
+            voice = service.resolve_voice(params.voice)
+        except VoiceNotFoundError as err:
+            raise ApiError(404, str(err), err.code, param) from None
+        if params.clone and voice.kind is not ModelKind.BASE:
+            raise _invalid(param, f"{voice.name!r} is a {voice.kind.value} voice, not a clone")
+        if kind is not None and voice.kind is not kind:
+            message = (
+                f"Voice {voice.name!r} is spoken by {MODEL_OF_KIND[voice.kind]!r}, "
+                f"not {named!r}"
+            )
+            raise _invalid(param, message, "voice-model-mismatch")
+        return voice.name
+    if kind is None or (kind is ModelKind.VOICE_DESIGN and params.instructions):
+        return None  # the default voice, or a voice designed from the instructions
+    default = service.resolve_voice(None)
+    if default.kind is kind:
+        return default.name
+    names = sorted(v.name for v in service.catalog.voices() if v.kind is kind)
+    if not names:
+        raise _invalid("voice", f"The model {named!r} has no voices")
+    return names[0]
