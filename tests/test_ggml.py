@@ -244,6 +244,8 @@ def test_both_doors_speak_and_a_seed_replays(ggml_server: Server) -> None:
 
     log = ggml_server.output()
     assert "Converting" in log and "GGML" in log and "2 stream(s) x 1 threads" in log
+    start = log[: log.index("Ready: Wyoming")]
+    assert "[GGUF]" not in start and "[KVCache]" not in start  # the native loader's lines: at DEBUG only
 
     async def wyoming(voice: str) -> list[int]:
         sizes: list[int] = []

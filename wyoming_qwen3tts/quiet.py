@@ -78,6 +78,43 @@ def import_models() -> None:
     transformers_logging.disable_progress_bar()
 
 
+@contextlib.contextmanager
+def native_output(logger: logging.Logger) -> Iterator[None]:
+    """Once ``quiet_dependencies`` ran (no ``--debug``): what native code prints to file
+    descriptors 1 and 2 during the block (qwentts.cpp's loader prints about 25 lines a model,
+    ``[GGUF] ...``, ``[KVCache] ...``, past its log callback) goes to ``logger`` at DEBUG, a
+    line mentioning an error or a failure at WARNING. Otherwise nothing is redirected.
+
+    Call only where no other thread writes to the console meanwhile (model loading at start):
+    the descriptors are the process's.
+    """
+    if not _QUIET:
+        yield
+        return
+    import tempfile
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        try:
+            os.dup2(captured.fileno(), 1)
+            os.dup2(captured.fileno(), 2)
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            captured.seek(0)
+            for line in captured.read().decode(errors="replace").splitlines():
+                if line.strip():
+                    bad = "error" in line.lower() or "fail" in line.lower()
+                    logger.log(logging.WARNING if bad else logging.DEBUG, "%s", line.rstrip())
+
+
 class _Without(logging.Filter):
     """Drops the records whose message contains ``text``."""
 

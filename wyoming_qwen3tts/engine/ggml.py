@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..quiet import native_output
 from ..voices import ModelKind, Reference
 from .base import Engine, ModelMismatchError, Work, WorkSource
 from .prompts import PROMPT_CACHE_SIZE, REFERENCE_TAIL_SECONDS
@@ -238,13 +239,14 @@ class GgmlEngine(Engine):
         if generating > (os.cpu_count() or 1):
             raise ValueError(f"{self.threads} threads a stream is more than twice this machine's {os.cpu_count()} CPUs")
         stream_frames = 1 if chunk_frames <= 1 else 2 if chunk_frames < 4 else 4
-        self._contexts = [
-            qwentts_cpp_cpu.QwenTTS(
-                talker, codec, cpu_threads=generating,
-                cpu_codec_threads=decoding, cpu_stream_frames=stream_frames,
-            )
-            for _ in range(contexts)
-        ]
+        with native_output(_LOGGER):  # the loader's own lines: at DEBUG in our log
+            self._contexts = [
+                qwentts_cpp_cpu.QwenTTS(
+                    talker, codec, cpu_threads=generating,
+                    cpu_codec_threads=decoding, cpu_stream_frames=stream_frames,
+                )
+                for _ in range(contexts)
+            ]
         release_file_pages((talker, codec))
         self._speakers = [name.lower() for name in self._contexts[0].speaker_names()]
         self._refs: OrderedDict[str, Any] = OrderedDict()
@@ -257,9 +259,16 @@ class GgmlEngine(Engine):
         return list(self._speakers) if self.kind is ModelKind.CUSTOM_VOICE else []
 
     def warmup(self, segment: Segment) -> None:
-        for context in self._contexts:
-            if sum(len(chunk) for chunk in self.stream(segment, context=context)) == 0:
-                raise RuntimeError("warm-up generation produced no audio")
+        """One short generation per context, before serving (the library allocates its caches
+        and loads the speaker encoder lazily: its lines go to our log at DEBUG).
+
+        Raises:
+            RuntimeError: a context produced no audio.
+        """
+        with native_output(_LOGGER):
+            for context in self._contexts:
+                if sum(len(chunk) for chunk in self.stream(segment, context=context)) == 0:
+                    raise RuntimeError("warm-up generation produced no audio")
 
     def serve(self, source: WorkSource) -> None:
         helpers = [
