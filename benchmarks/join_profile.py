@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from wyoming_qwen3tts.engine import Segment, Work, load_engine
 from wyoming_qwen3tts.engine.batched import BatchedEngine

@@ -364,14 +364,13 @@ async def run_burst(args: argparse.Namespace, voice: str) -> Burst:
             if out.first_audio is not None:
                 ttfa.append(out.first_audio * 1000)
         await asyncio.sleep(args.pause_s)
-    # the repeats' observations together
-    total_before: dict[float, float] = {}
-    total_after: dict[float, float] = {}
+    # the repeats' observations together: the sum of each burst's increase per bucket
+    counts: dict[float, float] = {}
     for before, after in deltas:
         for b in after:
-            total_after[b] = total_after.get(b, 0.0) + after[b] - before.get(b, 0.0)
-    p95, joins = histogram_quantile(0.95, total_before, total_after)
-    top = stall_max(total_before, total_after)
+            counts[b] = counts.get(b, 0.0) + after[b] - before.get(b, 0.0)
+    p95, joins = histogram_quantile(0.95, {}, counts)
+    top = stall_max({}, counts)
     return Burst(
         voice=voice, running=args.burst_running, joiners=args.burst_joiners, repeats=args.bursts, joins=joins,
         join_stall_p95_ms=_round(p95 * 1000 if p95 is not None else None),

@@ -4,6 +4,8 @@ talker's own forward, leaves padded positions out of the cache, and joins under 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,23 @@ def either(request: pytest.FixtureRequest, checkpoints: Path, design: BatchedEng
 def seg(text: str, seed: int = 1, frames: int = 8, **kw: Any) -> Segment:
     kw.setdefault("instruct", INSTRUCT)
     return Segment(text, "english", max_new_tokens=frames, min_new_tokens=frames, seed=seed, **kw)
+
+
+@contextlib.contextmanager
+def replay_sizes(engine: BatchedEngine) -> Iterator[list[int]]:
+    """The rows of each prefill the engine runs inside the block, in order."""
+    sizes: list[int] = []
+    real = engine.prefill.run
+
+    def spy(start: int, batch: list[Any], on_decoder: Any = None) -> list[int]:
+        sizes.append(len(batch))
+        return real(start, batch, on_decoder)
+
+    engine.prefill.run = spy  # type: ignore[method-assign]
+    try:
+        yield sizes
+    finally:
+        del engine.prefill.run
 
 
 def test_bucketed_prefill_equals_the_talkers_own_forward(either: BatchedEngine) -> None:
@@ -108,22 +127,14 @@ def test_a_burst_joins_one_replay_per_step_and_each_gets_its_own_audio(design: B
         sink = Collect()
         run(design, {0: [(segment, sink)]})
         alone.append(sink.pcm)
-    sizes: list[int] = []
-    real = design.prefill.run
-
-    def spy(start: int, batch: list[Any], on_decoder: Any = None) -> list[int]:
-        sizes.append(len(batch))
-        return real(start, batch, on_decoder)
-
     saved = design.planner
     design.planner = Planner(max_join=2, guard_ms=-1e9)
-    design.prefill.run = spy  # type: ignore[method-assign]
     try:
-        sinks = [Collect() for _ in segments]
-        run(design, {0: [(segments[0], sinks[0])], 1: [(x, k) for x, k in zip(segments[1:], sinks[1:], strict=True)]})
+        with replay_sizes(design) as sizes:
+            sinks = [Collect() for _ in segments]
+            run(design, {0: [(segments[0], sinks[0])], 1: [(x, k) for x, k in zip(segments[1:], sinks[1:], strict=True)]})
     finally:
         design.planner = saved
-        del design.prefill.run
     assert sizes == [1, 2, 1]
     for sink, pcm in zip(sinks, alone, strict=True):
         assert sink.error is None
@@ -160,18 +171,10 @@ def test_a_burst_of_32_joins_while_two_stream(checkpoints: Path) -> None:
     rows (as many per step as the running streams' buffers allow), every one ends with its
     frames, and the ones checked get exactly the audio they get alone."""
     engine = load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN, slots=34)
-    sizes: list[int] = []
-    real = engine.prefill.run
-
-    def spy(start: int, batch: list[Any], on_decoder: Any = None) -> list[int]:
-        sizes.append(len(batch))
-        return real(start, batch, on_decoder)
-
-    engine.prefill.run = spy  # type: ignore[method-assign]
     running = [(seg(f"Streaming {i}.", seed=40 + i, frames=12), Collect()) for i in range(2)]
     burst = [(seg(f"Burst {i}.", seed=50 + i, frames=4), Collect()) for i in range(32)]
-    run(engine, {0: running, 2: burst})
-    del engine.prefill.run
+    with replay_sizes(engine) as sizes:
+        run(engine, {0: running, 2: burst})
     assert sizes[0] == 2 and sum(sizes[1:]) == 32 and max(sizes) <= 8
     for segment, sink in running + burst:
         assert sink.error is None and sink.frames == segment.max_new_tokens
@@ -231,16 +234,9 @@ def test_icl_and_xvector_clones_with_their_own_settings_join_in_one_replay(check
         sink = Collect()
         run(base, {0: [(segment, sink)]})
         alone.append(sink.pcm)
-    sizes: list[int] = []
-    real = base.prefill.run
-
-    def spy(start: int, batch: list[Any], on_decoder: Any = None) -> list[int]:
-        sizes.append(len(batch))
-        return real(start, batch, on_decoder)
-
-    base.prefill.run = spy  # type: ignore[method-assign]
     sinks = [Collect() for _ in segments]
-    codes = run(base, {0: list(zip(segments, sinks, strict=True))}, record_codes=True)
+    with replay_sizes(base) as sizes:
+        codes = run(base, {0: list(zip(segments, sinks, strict=True))}, record_codes=True)
     assert sizes == [3]
     assert not np.allclose(alone[0], alone[2])  # the settings differ, and so does the audio
     for row, (segment, sink, pcm) in enumerate(zip(segments, sinks, alone, strict=True)):

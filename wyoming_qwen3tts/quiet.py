@@ -93,21 +93,11 @@ def native_output(logger: logging.Logger) -> Iterator[None]:
         return
     import tempfile
 
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
     with tempfile.TemporaryFile() as captured:
         try:
-            os.dup2(captured.fileno(), 1)
-            os.dup2(captured.fileno(), 2)
-            yield
+            with _output_to(captured.fileno()):
+                yield
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
             captured.seek(0)
             for line in captured.read().decode(errors="replace").splitlines():
                 if line.strip():
@@ -129,18 +119,29 @@ class _Without(logging.Filter):
 @contextlib.contextmanager
 def _silenced_output() -> Iterator[None]:
     """Point file descriptors 1 and 2 at /dev/null for the block, then restore them."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        with _output_to(null):
+            yield
+    finally:
+        os.close(null)
+
+
+@contextlib.contextmanager
+def _output_to(fd: int) -> Iterator[None]:
+    """Point file descriptors 1 and 2 at ``fd`` for the block (flushing Python's buffers on
+    either side), then restore them."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    null = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(null, 1)
-        os.dup2(null, 2)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
         yield
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
-        for fd in (*saved, null):
-            os.close(fd)
+        for kept in saved:
+            os.close(kept)
