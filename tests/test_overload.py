@@ -81,24 +81,33 @@ async def wait_for_log(server: Server, needle: str, start: int = 0) -> None:
         await asyncio.sleep(0.1)
 
 
-async def wyoming_request(server: Server, text: str) -> tuple[str, list[Event]]:
-    """("refused", [error]) or ("admitted", events up to the first audio-chunk); the
-    connection is then closed (an admitted request is cancelled by the disconnect)."""
+async def wyoming_request(server: Server, text: str, hold: asyncio.Barrier) -> tuple[str, list[Event]]:
+    """("refused", [error]) or ("admitted", events up to the first audio-chunk). The
+    connection stays open until every request of ``hold`` has its outcome, then closes (an
+    admitted request is cancelled by the disconnect): an admitted request keeps its slot
+    while the others ask, however slowly the machine lets them in."""
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
         await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name="aria")).event())
         events = await read_until(client, "audio-chunk")
+        await asyncio.wait_for(hold.wait(), _GUARD_S)
     return ("refused" if Error.is_type(events[-1].type) else "admitted"), events
 
 
-async def http_request(server: Server, text: str) -> tuple[str, dict[str, object]]:
+async def http_request(server: Server, text: str, hold: asyncio.Barrier) -> tuple[str, dict[str, object]]:
+    """Like :func:`wyoming_request`, over HTTP: ("admitted", {}) after the first bytes of
+    audio, or ("refused", status, headers and JSON body)."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_GUARD_S)) as session:
         async with session.post(
             f"{server.http_url}/v1/audio/speech", json={"input": text, "response_format": "pcm"}
         ) as resp:
             if resp.status == 200:
                 await resp.content.readany()
-                return "admitted", {}
-            return "refused", {"status": resp.status, "headers": dict(resp.headers), "body": await resp.json()}
+                outcome: tuple[str, dict[str, object]] = ("admitted", {})
+            else:
+                body = await resp.json()
+                outcome = ("refused", {"status": resp.status, "headers": dict(resp.headers), "body": body})
+            await asyncio.wait_for(hold.wait(), _GUARD_S)
+            return outcome
 
 
 async def test_idle_connections_and_requests_past_the_cap(limited: Server) -> None:
@@ -109,9 +118,10 @@ async def test_idle_connections_and_requests_past_the_cap(limited: Server) -> No
     idle = [await asyncio.open_connection("127.0.0.1", limited.port) for _ in range(200)]
     idle += [await asyncio.open_connection("127.0.0.1", limited.http_port) for _ in range(20)]
     try:
+        hold = asyncio.Barrier(7)  # no admitted request ends before all 7 have asked
         results = await asyncio.gather(
-            *(wyoming_request(limited, LONG) for _ in range(5)),
-            *(http_request(limited, LONG) for _ in range(2)),
+            *(wyoming_request(limited, LONG, hold) for _ in range(5)),
+            *(http_request(limited, LONG, hold) for _ in range(2)),
         )
         outcomes = [outcome for outcome, _ in results]
         assert outcomes.count("admitted") == MAX_QUEUE and outcomes.count("refused") == 7 - MAX_QUEUE, outcomes
