@@ -262,6 +262,10 @@ def test_both_doors_speak_and_a_seed_replays(ggml_server: Server) -> None:
     for voice in ("ryan", "clone", "xvec"):
         sizes = asyncio.run(wyoming(voice))
         assert len(sizes) >= 2 and sum(sizes) > 0, voice
+    # Every context loaded its speaker and codec encoders in the warm-up: the first clone
+    # requests print no loader lines (a new clip's one "[SpkExtract]" line remains).
+    served = ggml_server.output()[len(start):]
+    assert not any(tag in served for tag in ("[WeightCtx]", "[SpeakerEncoder]", "[SEANet]")), served[-3000:]
     client = openai.OpenAI(base_url=f"{ggml_server.http_url}/v1", api_key="unused")
 
     def speak(seed: int) -> bytes:

@@ -259,14 +259,20 @@ class GgmlEngine(Engine):
         return list(self._speakers) if self.kind is ModelKind.CUSTOM_VOICE else []
 
     def warmup(self, segment: Segment) -> None:
-        """One short generation per context, before serving (the library allocates its caches
-        and loads the speaker encoder lazily: its lines go to our log at DEBUG).
+        """One short generation per context, before serving: the library allocates its caches,
+        and each context loads its speaker encoder and codec encoder on its first clip (a
+        Base model's contexts each extract the warm-up clip here, not only the first: the
+        prompt cache would serve the others from the first one's result, leaving their lazy
+        loads, with their console lines and a second or more, to the first clone request
+        they serve). The lines go to our log at DEBUG.
 
         Raises:
             RuntimeError: a context produced no audio.
         """
         with native_output(_LOGGER):
             for context in self._contexts:
+                if segment.reference is not None and self.kind is ModelKind.BASE:
+                    context.extract_voice_ref(_at_native_rate(segment.reference.audio, segment.reference.sample_rate))
                 if sum(len(chunk) for chunk in self.stream(segment, context=context)) == 0:
                     raise RuntimeError("warm-up generation produced no audio")
 
