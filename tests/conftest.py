@@ -35,9 +35,25 @@ CLONE_TRANSCRIPT = "This is a short reference recording."
 
 def free_port() -> int:
     """An unused TCP port on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct unused TCP ports on 127.0.0.1 (all held while choosing, so that the
+    kernel cannot hand the same one out twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+#: A port chosen by ``free_ports`` is free when chosen, not when the server binds it (after
+#: loading its models): another process may take it meanwhile. The server then exits saying so.
+_PORT_TAKEN = ("Address already in use", "[Errno 98]")
 
 
 @pytest.fixture(scope="session")
@@ -106,11 +122,31 @@ def start_server(
     ``checkpoint.GGML`` and tests/test_ggml.py). On CUDA it defaults to ``auto`` (the batched
     CUDA-graph engine).
 
+    A server that could not bind its ports because something took them between choosing
+    and binding (it exits saying so) is started again on other ports, up to three times.
+
     Raises:
         RuntimeError: the process exited or did not get ready in ``timeout`` seconds.
     """
+    for attempt in range(3):
+        try:
+            return _start_server(checkpoints, voices_dir, log, device, extra, wrap, uri_host, timeout, engine)
+        except _PortTaken:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(RuntimeError):
+    """The server exited because one of its ports was taken before it bound it."""
+
+
+def _start_server(
+    checkpoints: Path, voices_dir: Path, log: Path, device: str, extra: list[str] | None,
+    wrap: list[str] | None, uri_host: str, timeout: float, engine: str | None,
+) -> Server:
     engine = engine or ("auto" if device == "cuda" else "reference")
-    port, http_port = free_port(), free_port()
+    port, http_port = free_ports(2)
     args = [
         sys.executable, "-m", "wyoming_qwen3tts",
         "--uri", f"tcp://{uri_host}:{port}",
@@ -129,7 +165,9 @@ def start_server(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not server.alive():
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.output()[-4000:]}")
+            output = server.output()
+            error = _PortTaken if any(taken in output for taken in _PORT_TAKEN) else RuntimeError
+            raise error(f"server exited with {proc.returncode}:\n{output[-4000:]}")
         if "Ready: Wyoming" in server.output():
             return server
         time.sleep(0.2)

@@ -324,7 +324,8 @@ def test_the_ggml_server_holds_no_torch(ggml_server: Server) -> None:
 class _Sink:
     """Records when audio arrived and how the segment ended."""
 
-    def __init__(self) -> None:
+    def __init__(self, meet: threading.Barrier | None = None) -> None:
+        self.meet = meet  # waited at the first chunk
         self.first: float | None = None
         self.ended: float | None = None
         self.samples = 0
@@ -335,7 +336,10 @@ class _Sink:
         return False
 
     def audio(self, chunk: np.ndarray) -> None:
-        self.first = self.first or time.monotonic()
+        if self.first is None:
+            self.first = time.monotonic()
+            if self.meet is not None:
+                self.meet.wait()  # BrokenBarrierError: fails this segment
         self.samples += len(chunk)
 
     def done(self, frames: int) -> None:
@@ -374,7 +378,13 @@ def test_two_contexts_generate_two_streams_at_once(gguf: dict[str, tuple[Path, P
     engine = GgmlEngine(ModelKind.CUSTOM_VOICE, *gguf["custom_voice"], chunk_frames=1, contexts=2, threads=1)
     try:
         assert engine.capacity == 2 and "2 stream(s)" in engine.backend
-        works = [Work(_segment(ModelKind.CUSTOM_VOICE, max_new_tokens=20, seed=s), _Sink()) for s in (1, 2, 3)]
+        # The first two wait at their first chunk until both have one (each on its own
+        # context's thread): on a loaded machine one context could otherwise finish its 20
+        # frames before the other's thread ran, and the overlap checked below was luck. Two
+        # contexts that do not run at once never meet there: the wait times out and fails.
+        both = threading.Barrier(2, timeout=60)
+        works = [Work(_segment(ModelKind.CUSTOM_VOICE, max_new_tokens=20, seed=s), sink)
+                 for s, sink in ((1, _Sink(both)), (2, _Sink(both)), (3, _Sink()))]
         engine.start(_Source(works))
         engine.join(120)
         sinks = [w.sink for w in works]

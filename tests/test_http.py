@@ -15,6 +15,7 @@ import io
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -708,11 +709,11 @@ def test_tempo_rejects_out_of_range() -> None:
 class _ScriptedEngine(SerialEngine):
     """Stands in for a Qwen3-TTS model: 4 chunks of noise per segment, each after
     ``pace_s`` seconds; a segment whose text contains FAIL raises after ``fail_after``
-    chunks."""
+    chunks. With a ``hold`` event, the chunks after a segment's first wait until it is set."""
 
-    def __init__(self, kind: ModelKind, fail_after: int, pace_s: float) -> None:
+    def __init__(self, kind: ModelKind, fail_after: int, pace_s: float, hold: threading.Event | None = None) -> None:
         Engine.__init__(self, kind, chunk_frames=2, capacity=1)
-        self.fail_after, self.pace_s = fail_after, pace_s
+        self.fail_after, self.pace_s, self.hold = fail_after, pace_s, hold
 
     def speakers(self) -> list[str]:
         return []
@@ -720,13 +721,17 @@ class _ScriptedEngine(SerialEngine):
     def stream(self, segment: Segment) -> Iterator[np.ndarray]:
         for i in range(4):
             time.sleep(self.pace_s)
+            if i > 0 and self.hold is not None:
+                assert self.hold.wait(120), "the test never released the held segment"
             if "FAIL" in segment.text and i == self.fail_after:
                 raise RuntimeError("scripted failure")
             yield _noise(self.chunk_frames * SAMPLES_PER_FRAME, i)
 
 
 @contextlib.asynccontextmanager
-async def scripted_service(fail_after: int = 4, pace_s: float = 0.0) -> AsyncIterator[TtsService]:
+async def scripted_service(
+    fail_after: int = 4, pace_s: float = 0.0, hold: threading.Event | None = None
+) -> AsyncIterator[TtsService]:
     """A real ``TtsService`` (VoiceDesign presets only) on a ``_ScriptedEngine``."""
     engine = _ScriptedEngine(ModelKind.VOICE_DESIGN, fail_after, pace_s)
     await asyncio.to_thread(engine.warm, Segment("warm", "auto", 2))
@@ -734,16 +739,21 @@ async def scripted_service(fail_after: int = 4, pace_s: float = 0.0) -> AsyncIte
         VoiceCatalog(None, {ModelKind.VOICE_DESIGN}), {ModelKind.VOICE_DESIGN: engine}, "aria", Metrics()
     )
     try:
+        engine.hold = hold  # after the warm-up
         yield service
     finally:
+        if hold is not None:
+            hold.set()
         await asyncio.to_thread(service.stop)
 
 
 @contextlib.asynccontextmanager
-async def scripted_client(fail_after: int = 4, pace_s: float = 0.0) -> AsyncIterator[TestClient]:
+async def scripted_client(
+    fail_after: int = 4, pace_s: float = 0.0, hold: threading.Event | None = None
+) -> AsyncIterator[TestClient]:
     """A client of ``create_app`` on a scripted service (aiohttp's test server)."""
     async with (
-        scripted_service(fail_after, pace_s) as service,
+        scripted_service(fail_after, pace_s, hold) as service,
         TestClient(TestServer(create_app(service))) as client,
     ):
         yield client
@@ -800,7 +810,11 @@ async def test_client_gone_between_writes_cancels_quietly(caplog: pytest.LogCapt
     next write to a gone client fails: that too must cancel the generation, quietly."""
     caplog.set_level(logging.INFO)
     text = "The first sentence is here. The second sentence follows it. The third one ends it."
-    async with scripted_service(pace_s=0.05) as service:
+    # The audio after the first chunk is held until the client has gone: on a loaded machine
+    # all of it (0.55 s of pacing) could otherwise be generated and written before the close,
+    # and the request then rightly ended ok.
+    hold = threading.Event()
+    async with scripted_service(pace_s=0.05, hold=hold) as service:
         runner = web.AppRunner(create_app(service), handler_cancellation=False)
         await runner.setup()
         port = unused_port()
@@ -813,6 +827,7 @@ async def test_client_gone_between_writes_cancels_quietly(caplog: pytest.LogCapt
                 )
                 assert resp.status == 200 and await resp.content.readany()
                 resp.close()
+            hold.set()
             deadline = time.monotonic() + 60  # a hang guard, not a speed assertion
             exposition = ""
             while metric(exposition, "tts_requests_total", door="http", outcome="cancelled") < 1:
@@ -881,7 +896,11 @@ async def test_ready_says_why_no_new_work_is_taken() -> None:
     """/ready (a load balancer's health check): 503 with reason ``busy`` while
     ``max_queue`` requests are open, ``draining`` once a shutdown began (requests are
     still served meanwhile); 200 again when the queue empties."""
-    async with scripted_client(pace_s=0.05) as client:
+    # The open request's segment is held after its first chunk until /ready was asked: a
+    # loaded machine that let the rest of it be generated and written first (0.15 s of
+    # pacing) had ended the request, and /ready then rightly said 200.
+    hold = threading.Event()
+    async with scripted_client(pace_s=0.05, hold=hold) as client:
         service = client.app[_SERVICE_KEY]
         body = await (await client.get("/ready")).json()
         assert body["status"] == "ready" and "reason" not in body
@@ -892,13 +911,13 @@ async def test_ready_says_why_no_new_work_is_taken() -> None:
         await resp.content.readany()  # the request is open
         busy = await client.get("/ready")
         assert busy.status == 503 and (await busy.json())["reason"] == "busy"
+        hold.set()
         await resp.read()
         resp.release()
-        for _ in range(100):  # the stream ends once its audio is read
-            if (await client.get("/ready")).status == 200:
-                break
+        deadline = time.monotonic() + 60  # a hang guard: the stream ends once its audio is read
+        while (await client.get("/ready")).status != 200:
+            assert time.monotonic() < deadline, "/ready stayed 503 after the request ended"
             await asyncio.sleep(0.01)
-        assert (await client.get("/ready")).status == 200
         service.drain()
         draining = await client.get("/ready")
         assert draining.status == 503 and (await draining.json())["reason"] == "draining"

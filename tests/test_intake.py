@@ -140,6 +140,17 @@ def test_a_prompt_that_raises_fails_only_its_request(
     assert after.error is None and after.frames == 8
 
 
+class _UntilFinished(Collect):
+    """A sink whose client leaves once ``other`` has finished."""
+
+    def __init__(self, other: Collect) -> None:
+        super().__init__()
+        self.other = other
+
+    def cancelled(self) -> bool:
+        return self.cancel or self.other.finished
+
+
 def test_the_join_stall_counts_only_admissions_that_running_streams_wait_for(
     serving: tuple[BatchedEngine, Source]
 ) -> None:
@@ -152,8 +163,13 @@ def test_the_join_stall_counts_only_admissions_that_running_streams_wait_for(
         source.items.put(Work(seg("Alone in the pool.", seed=1, frames=4), alone))
         wait_for([alone])
         assert alone.error is None and stalls == []  # nobody was running: nobody waited
-        first, joiner = Collect(), Collect()
-        source.items.put(Work(seg("Running first.", seed=2, frames=120), first))
+        joiner = Collect()
+        # The first stream runs until the joiner has finished (its client then leaves): the
+        # joiner is admitted while it runs however slowly the prompt worker gets to it (with
+        # a fixed 120 frames, a loaded machine could end it before the joiner came). Its
+        # 1500-frame cap is far beyond any wait for one prompt.
+        first = _UntilFinished(joiner)
+        source.items.put(Work(seg("Running first.", seed=2, frames=1500), first))
         deadline = time.monotonic() + 60
         while not first.chunks and not first.finished and time.monotonic() < deadline:
             time.sleep(0.005)
