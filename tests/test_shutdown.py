@@ -169,3 +169,33 @@ def test_sigterm_withdraws_the_zeroconf_announcement(
     assert code == 0 and took < EXIT_WITHIN_S, (code, took, server.output()[-3000:])
     assert "Zeroconf: withdrew qwen3tts-stop._wyoming._tcp.local." in server.output()
     print(f"announcement withdrawn {removed:.2f} s after SIGTERM; exit after {took:.2f} s ({SERVER_ADDRESS})")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_during_start_up_exits_at_once_and_says_so(
+    checkpoints: Path, voices_dir: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """SIGTERM (``docker stop``) or Ctrl-C while a model loads: the process exits with 0
+    within Docker's grace, its log says it stopped during start-up, and no traceback."""
+    log = tmp_path / "server.log"
+    args = [
+        sys.executable, "-m", "wyoming_qwen3tts", "--uri", "tcp://127.0.0.1:0", "--http-port", "0",
+        "--data-dir", str(tmp_path / "data"), "--voices-dir", str(voices_dir), "--no-zeroconf",
+        "--clone-model", str(checkpoints / "base"), "--design-model", str(checkpoints / "voice_design"),
+        "--custom-voice-model", "none", "--device", "cpu", "--engine", "reference", "--local-files-only",
+    ]
+    with log.open("w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + _GUARD_S
+        while "Loading base model" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        code = proc.wait(EXIT_WITHIN_S)
+    finally:
+        proc.kill()
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert f"Stopped during start-up ({sig.name})" in text and "Traceback" not in text, text[-3000:]
+    assert "Ready: Wyoming" not in text

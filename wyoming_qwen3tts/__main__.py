@@ -31,7 +31,7 @@ from .engine.gguf_files import DEFAULT_QUANT as DEFAULT_GGUF_QUANT, QUANTS as GG
 from .metrics import Metrics
 from .handler import DEFAULT_MAX_CONNECTIONS
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED
-from .quiet import quiet_dependencies, route_hub_logs
+from .quiet import quiet_dependencies, restore_console, route_hub_logs
 from .startup import load_engines
 from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, TtsService
 from .studio import HA_INGRESS_PEER
@@ -232,6 +232,8 @@ async def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     route_hub_logs()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # until serving: see _stop_during_start_up
+        signal.signal(sig, _stop_during_start_up)
     check_args(args)
     if not args.debug:  # third-party chatter: banners, optional SoX binary, progress bars
         quiet_dependencies(models=False)  # qwen_tts is imported where a PyTorch engine loads
@@ -303,6 +305,22 @@ async def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal ends the process at once
         loop.remove_signal_handler(sig)
     await shutdown(server, connections, http_runner, announcer, service, anchors, args.drain_seconds)
+
+
+def _stop_during_start_up(signum: int, _frame: object) -> None:
+    """SIGTERM or SIGINT before the server serves (a model download, conversion, load or
+    graph capture can take minutes; ``docker stop`` or the add-on's restart comes meanwhile):
+    say so in the log and exit at once with status 0. Nothing is open to close yet, and the
+    loading threads cannot be interrupted (without this the process died silently with 143,
+    or waited for the load to end on Ctrl-C). Nothing half written is taken for whole at the
+    next start: a Hugging Face download resumes from its ``.incomplete`` file, and a GGUF
+    conversion without its ``.complete`` marker is done again. Replaced by the serving loop's own handlers once it is ready."""
+    restore_console()  # a model import may have the console pointed at /dev/null meanwhile
+    _LOGGER.info("Stopped during start-up (%s): nothing was served yet", signal.Signals(signum).name)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _zeroconf_address(value: str) -> tuple[str, int]:

@@ -127,18 +127,35 @@ def _silenced_output() -> Iterator[None]:
         os.close(null)
 
 
+#: The console's descriptors (1, 2) while ``_output_to`` points them elsewhere, else None.
+_SAVED: tuple[int, int] | None = None
+
+
+def restore_console() -> None:
+    """Point file descriptors 1 and 2 back at the console now, if a silenced or captured
+    block has them (a signal handler's last log line must not go to /dev/null)."""
+    if _SAVED is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(_SAVED[0], 1)
+        os.dup2(_SAVED[1], 2)
+
+
 @contextlib.contextmanager
 def _output_to(fd: int) -> Iterator[None]:
     """Point file descriptors 1 and 2 at ``fd`` for the block (flushing Python's buffers on
     either side), then restore them."""
+    global _SAVED
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
     try:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
+        _SAVED = saved
         yield
     finally:
+        _SAVED = None
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(saved[0], 1)
