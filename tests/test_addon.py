@@ -591,6 +591,8 @@ def test_run_script_debug_and_everything_else(sandbox, config):
         chunk_size=2,
         design_model_memory="on-demand",
         gpu_memory=7.5,
+        cpu_streams=2,
+        cpu_threads=3,
         zeroconf_name="Kitchen TTS",
         local_files_only=True,
         debug_logging=True,
@@ -599,7 +601,7 @@ def test_run_script_debug_and_everything_else(sandbox, config):
         voices_dir="/share/my voices", voice="my voice", device="cuda", chunk_size="2",
         design_model_memory="on-demand",
     ) + [
-        "--gpu-memory", "7.5",
+        "--gpu-memory", "7.5", "--ggml-streams", "2", "--ggml-threads", "3",
         "--http-host", "0.0.0.0", "--http-port", "8880",
         "--zeroconf", "Kitchen TTS", "--local-files-only", "--debug",
     ]
