@@ -241,8 +241,17 @@ async def test_on_demand_model_leaves_when_idle_and_comes_back(checkpoints: Path
         await asyncio.to_thread(service.stop)
 
 
-async def test_models_that_do_not_fit_together_take_turns(checkpoints: Path, voices_dir: Path) -> None:
+async def test_models_that_do_not_fit_together_take_turns(
+    checkpoints: Path, voices_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Base and VoiceDesign take turns through one lease, after the server's ``gc.freeze``:
+    each model that leaves is freed. The Base model, frozen with the start-up heap, needs the
+    heap thawed for that; the VoiceDesign model, loaded after the freeze, is found by a plain
+    collection, without thawing (a full collection pauses the other model's streams)."""
     lease = GpuLease()
+    thaws: list[int] = []
+    unfreeze = gc.unfreeze
+    monkeypatch.setattr(gc, "unfreeze", lambda: (thaws.append(1), unfreeze())[1])
 
     def loader(kind: ModelKind, folder: str) -> Any:
         return lambda shrink=1.0: load_engine(kind, checkpoints / folder, "cpu", 1, "batched", 2, dtype="float32", max_len=512)
@@ -260,14 +269,15 @@ async def test_models_that_do_not_fit_together_take_turns(checkpoints: Path, voi
         assert await _speak(service, "A clone first, by the Base model.", voice="clone") > 0
         assert await _speak(service, "A preset, designed live.") > 0
         assert design.resident and not base.resident
-        gc.collect()
-        assert first_base() is None  # nothing holds the model that left: its memory is free
+        assert first_base() is None and len(thaws) == 1  # nothing holds the model that left: its memory is free
         from wyoming_qwen3tts.anchors import AnchorSpec
 
         clip = await service.render_design(AnchorSpec("A warm voice.", "english", 3, "A short clip.", "model"))
         assert clip.dtype == np.float32 and len(clip) > 0
+        first_design = weakref.ref(design.inner)
         assert await _speak(service, "A clone, by the Base model.", voice="clone") > 0
         assert base.resident and not design.resident and (base.loads, design.loads) == (2, 1)
+        assert first_design() is None and len(thaws) == 1  # freed without thawing the heap
     finally:
         gc.unfreeze()
         await asyncio.to_thread(service.stop)

@@ -195,6 +195,8 @@ class OnDemandEngine(Engine):
         self.home = home and lease is not None
         self.auto_streams = auto_streams
         self.inner: Engine | None = None
+        #: ``gc.get_freeze_count()`` once the model came in (see ``_collect``).
+        self._freeze_mark: int | None = None
         self.loads = 0
         self.backend = "on demand"
 
@@ -224,6 +226,7 @@ class OnDemandEngine(Engine):
             self._drop(None)
             raise
         self.inner = engine
+        self._freeze_mark = gc.get_freeze_count()
         self.loads += 1
         self.capacity = engine.capacity
         self.backend = f"{engine.backend}, on demand"
@@ -237,15 +240,7 @@ class OnDemandEngine(Engine):
             torch.cuda.synchronize()  # a step launched before its rows ended may still run
         gone = weakref.ref(self.inner) if self.inner is not None else None
         self.inner = None
-        # The server freezes what it loaded at start out of the collector's reach (``gc.freeze``
-        # in __main__); a model in reference cycles (bound methods in its graphs) is then never
-        # collected, and its GPU memory never freed: the next model did not fit on an 8 GB card.
-        # So thaw, collect, and freeze what stays again.
-        frozen = gc.get_freeze_count() > 0
-        gc.unfreeze()
-        gc.collect()
-        if frozen:
-            gc.freeze()
+        self._collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
             if gone is not None and gone() is not None:  # something still holds the model
@@ -262,6 +257,29 @@ class OnDemandEngine(Engine):
             _LOGGER.info("%s model left GPU memory (%s); it comes back when needed", self.kind.value, why)
         if self.lease is not None:
             self.lease.release(self.kind.value)
+
+    def _collect(self) -> None:
+        """Collect the model just let go (it sits in reference cycles: bound methods in its
+        graphs), so that its GPU memory is freed.
+
+        The server freezes what it loaded at start out of the collector's reach (``gc.freeze``
+        in __main__). A model frozen so is never collected, and its memory never freed (the
+        next model did not fit on an 8 GB card): thaw, collect, and freeze what stays again,
+        a full collection that holds the GIL, and with it the other model's streams, about
+        0.25 s (this project's CPU machine, ``qwen_tts`` imported). A model that came in after
+        the last freeze is not frozen: a plain collection finds it without scanning the frozen
+        heap (0.3 ms there). Freezing only ever adds objects (the model's own among them)
+        while frozen ones that die lower the count, so a count not above the one taken when
+        the model came in means no freeze since.
+        """
+        if self._freeze_mark is not None and gc.get_freeze_count() <= self._freeze_mark:
+            gc.collect()
+            return
+        frozen = gc.get_freeze_count() > 0
+        gc.unfreeze()
+        gc.collect()
+        if frozen:
+            gc.freeze()
 
     def serve(self, source: WorkSource) -> None:
         me = self.kind.value
