@@ -83,6 +83,29 @@ async def test_clients_take_turns_at_segment_boundaries(engine_and_scheduler: tu
     assert len(chunks_a) == 9 and len(chunks_b) == 6  # every chunk delivered, none duplicated
 
 
+async def test_a_client_arriving_mid_sentence_goes_before_the_running_clients_next(
+    engine_and_scheduler: tuple[RecordingModel, Scheduler],
+) -> None:
+    """One engine slot, client A with four sentences, B asks while A's first is spoken: B's
+    sentence is next, not after A's second (a second satellite waits one sentence, not two)."""
+    model, scheduler = engine_and_scheduler
+    loop = asyncio.get_running_loop()
+    model.gate.clear()
+    a = scheduler.open_job(loop)
+    for i in range(4):
+        a.submit(seg(f"a{i}"))
+    a.close()
+    while model.order != ["a0"]:
+        await asyncio.sleep(0.01)
+    b = scheduler.open_job(loop)
+    b.submit(seg("b0"))
+    b.close()
+    assert scheduler.queue_depth() == 4  # A's three waiting (A is out of the line) and B's one
+    model.gate.set()
+    await asyncio.wait_for(asyncio.gather(drain(a), drain(b)), 30)
+    assert model.order == ["a0", "b0", "a1", "a2", "a3"] and scheduler.queue_depth() == 0
+
+
 async def test_cancel_drops_queued_work_and_stops_the_running_segment(engine_and_scheduler: tuple[RecordingModel, Scheduler]) -> None:
     model, scheduler = engine_and_scheduler
     loop = asyncio.get_running_loop()

@@ -148,6 +148,7 @@ class Scheduler:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._jobs: deque[Job] = deque()  # jobs with queued segments, in serving order
+        self._running: set[Job] = set()  # jobs with a segment in the engine (out of the line)
         self._closed = False
 
     def open_job(self, loop: asyncio.AbstractEventLoop) -> Job:
@@ -157,7 +158,7 @@ class Scheduler:
     def queue_depth(self) -> int:
         """Segments queued (not yet started) over all jobs."""
         with self._cond:
-            return sum(len(job.pending) for job in self._jobs)
+            return sum(len(job.pending) for job in self._running.union(self._jobs))
 
     def close(self) -> None:
         """Tell the engine to stop taking work."""
@@ -169,10 +170,11 @@ class Scheduler:
         return self._closed
 
     def take(self, wait: float | None) -> Work | None:
-        """The next segment, round-robin: the first job in line that has a segment queued,
-        none running and less than ``MAX_BACKLOG_SECONDS`` of unread audio goes to the back of
-        the line. Jobs found empty leave the line and rejoin at the back on their next
-        ``submit``."""
+        """The next segment, round-robin: the first job in line that has a segment queued and
+        less than ``MAX_BACKLOG_SECONDS`` of unread audio starts its next segment and leaves
+        the line; it rejoins at the back when that segment ends (if it has another), so a
+        client that arrived meanwhile goes before the running one's next sentence. Jobs
+        found empty leave the line and rejoin at the back on their next ``submit``."""
         deadline = None if wait is None else time.monotonic() + wait
         with self._cond:
             while True:
@@ -191,22 +193,21 @@ class Scheduler:
         held = False
         for _ in range(len(self._jobs)):
             job = self._jobs.popleft()
-            if not job.pending:
-                continue  # idle: leaves the line
-            self._jobs.append(job)
-            if job.in_flight:
-                continue
+            if not job.pending or job.in_flight:
+                continue  # leaves the line: rejoins on its next submit, or when its segment ends
             if job.backlog_seconds > MAX_BACKLOG_SECONDS:
+                self._jobs.append(job)
                 held = True
                 continue
             segment, queued_at = job.pending.popleft()
             job.in_flight = True
+            self._running.add(job)
             return Work(segment, _SegmentSink(job, queued_at)), held
         return None, held
 
     def _enqueue(self, job: Job, segment: Segment) -> None:
         with self._cond:
-            if job not in self._jobs:
+            if not job.in_flight and job not in self._jobs:  # a running job rejoins when it ends
                 self._jobs.append(job)
             job.pending.append((segment, time.monotonic()))
             self._cond.notify_all()
@@ -220,4 +221,7 @@ class Scheduler:
     def _segment_ended(self, job: Job) -> None:
         with self._cond:
             job.in_flight = False
+            self._running.discard(job)
+            if job.pending and job not in self._jobs:  # to the back: those who came meanwhile first
+                self._jobs.append(job)
             self._cond.notify_all()
