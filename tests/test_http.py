@@ -922,3 +922,21 @@ async def test_ready_says_why_no_new_work_is_taken() -> None:
         draining = await client.get("/ready")
         assert draining.status == 503 and (await draining.json())["reason"] == "draining"
         assert (await client.post("/v1/audio/speech", json={"input": "Still served.", "response_format": "pcm"})).status == 200
+
+
+async def test_a_clone_model_without_clone_voices_says_how_to_add_one(tmp_path: Path) -> None:
+    """The Base model loaded but the clone library empty: the 400 says what to add, and where."""
+    engines: dict[ModelKind, Engine] = {
+        kind: _ScriptedEngine(kind, fail_after=4, pace_s=0.0) for kind in (ModelKind.BASE, ModelKind.VOICE_DESIGN)
+    }
+    for engine in engines.values():
+        await asyncio.to_thread(engine.warm, Segment("warm", "auto", 2))
+    service = TtsService(VoiceCatalog(tmp_path, set(engines)), engines, "aria", Metrics())
+    try:
+        async with TestClient(TestServer(create_app(service))) as client:
+            resp = await client.post("/v1/audio/speech", json={"input": "Hi.", "model": "qwen3-tts-clone"})
+            error = (await resp.json())["error"]
+            assert resp.status == 400 and error["param"] == "voice", error
+            assert "has no voices: add a clone voice (<id>.wav and its transcript <id>.txt)" in error["message"]
+    finally:
+        await asyncio.to_thread(service.stop)

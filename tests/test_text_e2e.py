@@ -112,3 +112,16 @@ async def test_default_models_offer_voices_for_every_pipeline_language(debug_ser
 def test_debug_log_keeps_dependency_output(debug_server: Server) -> None:
     """``--debug`` hides nothing; the default level's quiet log is checked in test_readme.py."""
     assert all(noise in debug_server.output() for noise in ("flash-attn", "Loading weights"))
+
+
+async def test_debug_log_keeps_our_lines_without_default_config_notes(debug_server: Server) -> None:
+    """``--debug`` shows each segment; qwen_tts's "... is None. Initializing ... with default
+    values" lines, one or more a sentence on the CPU, are not there to bury them."""
+    async with AsyncTcpClient("127.0.0.1", debug_server.port) as client:
+        await client.write_event(Synthesize(text="One sentence. And another one.").event())
+        await read_until(client, "audio-stop")
+    log = debug_server.output()
+    assert spoken_segments(debug_server)[-2:] == [
+        ("One sentence.", "english", "aria", FRAMES), ("And another one.", "english", "aria", FRAMES)
+    ]
+    assert "with default values" not in log, [line for line in log.splitlines() if "default values" in line][:3]

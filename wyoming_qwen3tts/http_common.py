@@ -4,6 +4,7 @@ JSON request bodies, and a voice as ``GET /v1/audio/voices`` lists it."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from aiohttp import web
@@ -81,6 +82,11 @@ async def read_json(request: web.Request) -> Any:
         json.dumps(body, ensure_ascii=False).encode("utf-8")
     except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeError, int digits
         reason = "has invalid Unicode" if isinstance(err, UnicodeError) else "is not valid JSON"
-        detail = "nested too deeply" if isinstance(err, RecursionError) else str(err)[:200]
+        detail = (
+            "nested too deeply" if isinstance(err, RecursionError)
+            else f"a number has more than {sys.get_int_max_str_digits()} digits"
+            if "integer string conversion" in str(err)
+            else str(err)[:200]
+        )
         raise ApiError(400, f"The request body {reason}: {detail}", "invalid-json") from None
     return body

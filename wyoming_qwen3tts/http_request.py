@@ -234,5 +234,10 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
         return default.name
     names = sorted(v.name for v in service.catalog.voices() if v.kind is kind)
     if not names:
-        raise _invalid("voice", f"The model {named!r} has no voices")
+        how = (
+            ": add a clone voice (<id>.wav and its transcript <id>.txt) to the voices folder, "
+            "or keep one from the voice studio"
+            if kind is ModelKind.BASE else ""
+        )
+        raise _invalid("voice", f"The model {named!r} has no voices{how}")
     return names[0]
