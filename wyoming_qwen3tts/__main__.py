@@ -315,7 +315,8 @@ def _stop_during_start_up(signum: int, _frame: object) -> None:
     loading threads cannot be interrupted (without this the process died silently with 143,
     or waited for the load to end on Ctrl-C). Nothing half written is taken for whole at the
     next start: a Hugging Face download resumes from its ``.incomplete`` file, and a GGUF
-    conversion without its ``.complete`` marker is done again. Replaced by the serving loop's own handlers once it is ready."""
+    conversion without its ``.complete`` marker is done again. The serving loop's own
+    handlers replace this one once the server is ready."""
     restore_console()  # a model import may have the console pointed at /dev/null meanwhile
     _LOGGER.info("Stopped during start-up (%s): nothing was served yet", signal.Signals(signum).name)
     logging.shutdown()
