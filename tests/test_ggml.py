@@ -226,11 +226,15 @@ def test_native_support_reads_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, tmp
 @pytest.fixture(scope="module")
 def ggml_server(ggml_checkpoints: Path, voices_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The server as a user starts it on the CPU: ``--engine ggml`` on checkpoint folders,
-    converted to Q8_0 GGUF into the data folder at start-up; two native streams of one thread."""
+    converted to Q8_0 GGUF into the data folder at start-up; two native streams of one thread;
+    the clone voice ``clone`` as the default voice."""
     folder = tmp_path_factory.mktemp("server-ggml")
     srv = start_server(
         ggml_checkpoints, voices_dir, folder / "server.log", engine="ggml",
-        extra=["--no-zeroconf", "--anchors", "off", "--ggml-streams", "2", "--ggml-threads", "1", "--design-model", "none"],
+        extra=[
+            "--no-zeroconf", "--anchors", "off", "--ggml-streams", "2", "--ggml-threads", "1", "--design-model", "none",
+            "--voice", "clone",
+        ],
     )
     yield srv
     stop_server(srv)
@@ -263,9 +267,11 @@ def test_both_doors_speak_and_a_seed_replays(ggml_server: Server) -> None:
         sizes = asyncio.run(wyoming(voice))
         assert len(sizes) >= 2 and sum(sizes) > 0, voice
     # Every context loaded its speaker and codec encoders in the warm-up: the first clone
-    # requests print no loader lines (a new clip's one "[SpkExtract]" line remains).
+    # requests print no loader lines. The default voice's clip was extracted at start (its
+    # line at DEBUG): only the other clip's one "[SpkExtract]" line is printed while serving.
     served = ggml_server.output()[len(start):]
     assert not any(tag in served for tag in ("[WeightCtx]", "[SpeakerEncoder]", "[SEANet]")), served[-3000:]
+    assert "Default voice clone: its clip prepared" in start and served.count("[SpkExtract]") == 1, served[-3000:]
     client = openai.OpenAI(base_url=f"{ggml_server.http_url}/v1", api_key="unused")
 
     def speak(seed: int) -> bytes:

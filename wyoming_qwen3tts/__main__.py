@@ -256,6 +256,7 @@ async def main(argv: list[str] | None = None) -> None:
         default_voice = catalog.get(default_voice).name  # the catalogue's spelling (or an alias's voice)
     except KeyError as err:
         raise SystemExit(f"--voice: {err}") from None
+    await _prime_default_voice(catalog, default_voice, engines)
     anchors = await _anchors(args, engines, catalog, default_voice)  # voice studio
     service = TtsService(
         catalog, engines, default_voice, metrics,
@@ -306,6 +307,19 @@ async def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal ends the process at once
         loop.remove_signal_handler(sig)
     await shutdown(server, connections, http_runner, announcer, service, anchors, args.drain_seconds)
+
+
+async def _prime_default_voice(catalog: VoiceCatalog, name: str, engines: dict[ModelKind, Engine]) -> None:
+    """A clone default voice's prompt, prepared before serving where the engine's first use
+    of a clip is slow (the GGML engine: seconds on a small CPU), so that the first request,
+    most likely for the default voice, does not wait for it."""
+    voice = catalog.get(name)
+    engine = engines.get(voice.kind)
+    if voice.reference is None or engine is None:
+        return
+    started = time.monotonic()
+    if await asyncio.to_thread(engine.prime, voice.reference):
+        _LOGGER.info("Default voice %s: its clip prepared in %.1f s", name, time.monotonic() - started)
 
 
 def _stop_during_start_up(signum: int, _frame: object) -> None:

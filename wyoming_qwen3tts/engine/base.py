@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..voices import ModelKind
+from ..voices import ModelKind, Reference
 from .segment import Segment
 
 _LOGGER = logging.getLogger(__name__)
@@ -96,6 +96,12 @@ class Engine(ABC):
     @abstractmethod
     def serve(self, source: WorkSource) -> None:
         """Generate work from ``source`` until it closes (runs on the engine thread)."""
+
+    def prime(self, reference: Reference) -> bool:
+        """Prepare a clone clip's prompt now, before ``start``, where its first use is slow;
+        True if something was prepared. Engines whose first use costs little (a GPU's codec
+        encode) keep this default: nothing, False."""
+        return False
 
     def warm(self, segment: Segment) -> None:
         """Run ``warmup`` (blocking), recording the outcome in ``ready`` / ``warm_error``.
