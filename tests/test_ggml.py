@@ -57,7 +57,8 @@ def gguf(ggml_checkpoints: Path, tmp_path_factory: pytest.TempPathFactory) -> di
 
 @pytest.fixture(scope="module")
 def engines(gguf: dict[str, tuple[Path, Path]]) -> Iterator[dict[ModelKind, GgmlEngine]]:
-    loaded = {kind: GgmlEngine(kind, *gguf[kind.value], chunk_frames=1, contexts=1) for kind in ModelKind}
+    """One engine per kind; the Base one clones in context (ICL) where a clip has a transcript."""
+    loaded = {kind: GgmlEngine(kind, *gguf[kind.value], chunk_frames=1, contexts=1, icl=True) for kind in ModelKind}
     yield loaded
     for engine in loaded.values():
         engine.close()
@@ -101,6 +102,31 @@ def test_each_voice_kind_streams_whole_frames(engines: dict[ModelKind, GgmlEngin
     assert 1 <= total <= 8  # max_new_tokens caps the codec frames
     audio = np.concatenate(chunks)
     assert audio.dtype == np.float32 and np.abs(audio).max() <= 1.0 and np.abs(audio).max() > 0.01
+
+
+def test_clones_go_by_x_vector_unless_in_context_cloning_is_asked(
+    engines: dict[ModelKind, GgmlEngine], gguf: dict[str, tuple[Path, Path]]
+) -> None:
+    """By default a clip with a transcript is cloned by its x-vector alone (no reference codes
+    in the prompt: the native codec would run over the whole clip before each segment's first
+    audio); with ``icl`` its codes and transcript go in too. What reaches the library is
+    recorded at its ``stream`` call."""
+    default = GgmlEngine(ModelKind.BASE, *gguf["base"], chunk_frames=1)
+    try:
+        asked: dict[str, list[str]] = {}
+        for name, engine in (("default", default), ("icl", engines[ModelKind.BASE])):
+            context = engine._contexts[0]
+            real = context.stream
+            context.stream = lambda real=real, name=name, **kw: (asked.setdefault(name, sorted(kw)), real(**kw))[1]
+            try:
+                assert _speak(engine, _segment(ModelKind.BASE)), name
+            finally:
+                del context.stream
+        assert "ref_spk_emb" in asked["default"] and "ref_codes" not in asked["default"] and "ref_text" not in asked["default"]
+        assert {"ref_spk_emb", "ref_codes", "ref_text"} <= set(asked["icl"])
+        assert "clones by x-vector" in default.backend and "clones in context" in engines[ModelKind.BASE].backend
+    finally:
+        default.close()
 
 
 def test_a_seed_replays_byte_for_byte(engines: dict[ModelKind, GgmlEngine]) -> None:

@@ -230,6 +230,7 @@ async def _load_ggml_engines(
                 engine = await asyncio.to_thread(
                     load_engine, kind, pair[0].parent, "cpu", args.chunk_size, "ggml",
                     gguf=pair, contexts=args.ggml_streams, quant=args.gguf_quant, ggml_threads=args.ggml_threads,
+                    ggml_icl=args.ggml_icl,
                 )
             except NativeWidthError as err:  # test checkpoints narrower than the release
                 if args.engine != "auto":

@@ -9,9 +9,9 @@ that many streams run at once and the rest wait in the queue as on the other eng
 The native generator streams audio through a callback as the codec decodes it, checks a
 cancel callback at every frame (so a client that leaves stops its generation within a
 frame), takes the request's seed (its sampler is a pure function of it), language and
-sampling settings, and serves every voice kind: Base clones (ICL with a transcript: the
-clip's codec codes and x-vector; x-vector alone without one), CustomVoice speakers (with an
-optional instruction) and VoiceDesign descriptions. A clip's x-vector and codes are
+sampling settings, and serves every voice kind: Base clones (by the clip's x-vector; with
+``icl`` and a transcript in context, the clip's codec codes in the prompt too), CustomVoice
+speakers (with an optional instruction) and VoiceDesign descriptions. A clip's x-vector and codes are
 extracted once (natively) and cached by its digest.
 """
 
@@ -206,6 +206,11 @@ class GgmlEngine(Engine):
             One more than the cores (2 + 1 on 2 cores) starts speaking about 40 % sooner but
             generates 7 to 18 % slower (``benchmarks/results/cpu-2core``).
         quant: a label for ``backend`` (e.g. "Q8_0").
+        icl: clone voices with a transcript are cloned in context (ICL: the clip's codec
+            codes and transcript in the prompt, the closer likeness). qwentts.cpp then runs
+            its codec over the whole reference before each segment's first audio, about
+            1.9 s per second of clip on 2 cores (``benchmarks/results/cpu-2core/clone_onset.md``).
+            False (the default): every clone by its x-vector alone, starting as a speaker does.
 
     Raises:
         ModelMismatchError: the talker file is of another kind.
@@ -223,9 +228,11 @@ class GgmlEngine(Engine):
         contexts: int = 1,
         threads: int | None = None,
         quant: str = "",
+        icl: bool = False,
     ) -> None:
         super().__init__(kind, chunk_frames, capacity=contexts)
         self.files = (talker, codec)
+        self.icl = icl
         model_type = gguf_model_type(talker)
         if model_type != kind.value:
             raise ModelMismatchError(f"{talker.name} is a {model_type!r} model, expected {kind.value!r}")
@@ -252,7 +259,8 @@ class GgmlEngine(Engine):
         self._refs: OrderedDict[str, Any] = OrderedDict()
         self._refs_lock = threading.Lock()
         self.backend = (
-            f"qwentts.cpp GGML on the CPU ({quant or 'GGUF'}, {contexts} stream(s) x {self.threads} threads)"
+            f"qwentts.cpp GGML on the CPU ({quant or 'GGUF'}, {contexts} stream(s) x {self.threads} threads"
+            + (", clones in context (ICL)" if icl else ", clones by x-vector" if kind is ModelKind.BASE else "") + ")"
         )
 
     def speakers(self) -> list[str]:
@@ -352,7 +360,7 @@ class GgmlEngine(Engine):
                 raise ValueError("a clone voice needs a reference clip")
             ref = self._voice_ref(segment.reference, context)
             kwargs["ref_spk_emb"] = ref.ref_spk_emb
-            if segment.reference.transcript:
+            if segment.reference.transcript and self.icl:
                 kwargs["ref_codes"] = ref.ref_codes
                 kwargs["ref_text"] = segment.reference.transcript
         elif self.kind is ModelKind.VOICE_DESIGN:
@@ -378,7 +386,7 @@ class GgmlEngine(Engine):
                 self._refs.move_to_end(reference.digest)
                 return cached
         audio = _at_native_rate(reference.audio, reference.sample_rate)
-        if reference.transcript:  # end the ICL prompt on silence, as the other engines do
+        if reference.transcript and self.icl:  # end the ICL prompt on silence, as the other engines do
             audio = np.concatenate([audio, np.zeros(int(REFERENCE_TAIL_SECONDS * NATIVE_RATE), np.float32)])
         ref = context.extract_voice_ref(audio)
         with self._refs_lock:

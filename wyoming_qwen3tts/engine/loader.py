@@ -110,6 +110,7 @@ def load_engine(
     chunk_growth: bool = False,
     shrink: float = 1.0,
     ggml_threads: int = 0,
+    ggml_icl: bool = False,
 ) -> Engine:
     """Load a checkpoint through the real loaders (faster-qwen3-tts / qwen_tts).
 
@@ -141,6 +142,8 @@ def load_engine(
         on_eager_prefill: the batched engine's observer of rows prefilled eagerly (no graph).
         chunk_growth: the batched engine's chunks grow 1, 2, 4... up to ``chunk_frames``.
         ggml_threads: the GGML engine's CPU threads per context; 0: the cores / contexts.
+        ggml_icl: the GGML engine clones in context where a voice has a transcript
+            (``GgmlEngine``'s ``icl``); else by x-vector.
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
@@ -161,7 +164,8 @@ def load_engine(
             raise FileNotFoundError(f"{checkpoint} holds no GGUF files for the GGML engine")
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         return GgmlEngine(
-            kind, pair[0], pair[1], chunk_frames, contexts or default_contexts(cores), threads=ggml_threads or None, quant=quant
+            kind, pair[0], pair[1], chunk_frames, contexts or default_contexts(cores), threads=ggml_threads or None, quant=quant,
+            icl=ggml_icl,
         )
     from ..quiet import import_models
 
