@@ -11,8 +11,8 @@ cancel callback at every frame (so a client that leaves stops its generation wit
 frame), takes the request's seed (its sampler is a pure function of it), language and
 sampling settings, and serves every voice kind: Base clones (by the clip's x-vector; with
 ``icl`` and a transcript in context, the clip's codec codes in the prompt too), CustomVoice
-speakers (with an optional instruction) and VoiceDesign descriptions. A clip's x-vector and codes are
-extracted once (natively) and cached by its digest.
+speakers (with an optional instruction) and VoiceDesign descriptions. A clip's x-vector and
+codes are extracted once (natively) and cached by its digest.
 """
 
 from __future__ import annotations
@@ -260,7 +260,8 @@ class GgmlEngine(Engine):
         self._refs_lock = threading.Lock()
         self.backend = (
             f"qwentts.cpp GGML on the CPU ({quant or 'GGUF'}, {contexts} stream(s) x {self.threads} threads"
-            + (", clones in context (ICL)" if icl else ", clones by x-vector" if kind is ModelKind.BASE else "") + ")"
+            + ("" if kind is not ModelKind.BASE else ", clones in context (ICL)" if icl else ", clones by x-vector")
+            + ")"
         )
 
     def speakers(self) -> list[str]:
