@@ -124,6 +124,21 @@ def test_clones_go_by_x_vector_unless_in_context_cloning_is_asked(
                 del context.stream
         assert "ref_spk_emb" in asked["default"] and "ref_codes" not in asked["default"] and "ref_text" not in asked["default"]
         assert {"ref_spk_emb", "ref_codes", "ref_text"} <= set(asked["icl"])
+        # prime: an ICL engine generates once with the clip's codes on every context (its
+        # first-time decode of the clip is paid at start); an x-vector one only extracts.
+        primed: dict[str, list[list[str]]] = {"default": [], "icl": []}
+        clip = _reference("A new clip, primed before serving.")
+        for name, engine in (("default", default), ("icl", engines[ModelKind.BASE])):
+            for context in engine._contexts:
+                real = context.stream
+                context.stream = lambda real=real, name=name, **kw: (primed[name].append(sorted(kw)), real(**kw))[1]
+            try:
+                assert engine.prime(clip)
+            finally:
+                for context in engine._contexts:
+                    del context.stream
+        assert primed["default"] == [] and len(primed["icl"]) == len(engines[ModelKind.BASE]._contexts)
+        assert all("ref_codes" in kw for kw in primed["icl"])
         assert "clones by x-vector" in default.backend and "clones in context" in engines[ModelKind.BASE].backend
     finally:
         default.close()

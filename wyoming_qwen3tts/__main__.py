@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--design-model-idle", type=float, default=DEFAULT_IDLE_S, metavar="SECONDS", help="--design-model-memory on-demand: seconds without work before the VoiceDesign model leaves GPU memory")
     parser.add_argument("--ggml-streams", type=int, default=0, help="GGML engine: streams generated at once per model, each a native context with its own weights (0: one per 4 cores, at most 4)")
     parser.add_argument("--ggml-threads", type=int, default=0, help="GGML engine: CPU threads per stream, half of them decoding audio (0: the cores / --ggml-streams); one more than the cores starts speaking sooner but generates slower")
-    parser.add_argument("--ggml-icl", action="store_true", help="GGML engine: clone voices with a transcript are cloned in context (closer likeness), but each sentence then waits about 1.9 s per second of reference clip (2 cores) before its first audio; default: by x-vector, starting at once")
+    parser.add_argument("--ggml-icl", action="store_true", help="GGML engine: clone voices with a transcript are cloned in context (closer likeness), but the first request of each clip on each stream waits about 2 s per second of reference clip (2 cores) before its first audio (the default voice pays it at start); default: by x-vector, starting at once")
     parser.add_argument("--gguf-quant", type=str.upper, choices=GGUF_QUANTS, default=DEFAULT_GGUF_QUANT, help="GGML engine: weights fetched or converted at this quantization")
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="Weights: auto is bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="Longest text per request")

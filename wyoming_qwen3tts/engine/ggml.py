@@ -207,9 +207,11 @@ class GgmlEngine(Engine):
             generates 7 to 18 % slower (``benchmarks/results/cpu-2core``).
         quant: a label for ``backend`` (e.g. "Q8_0").
         icl: clone voices with a transcript are cloned in context (ICL: the clip's codec
-            codes and transcript in the prompt, the closer likeness). qwentts.cpp then runs
-            its codec over the whole reference before each segment's first audio, about
-            1.9 s per second of clip on 2 cores (``benchmarks/results/cpu-2core/clone_onset.md``).
+            codes and transcript in the prompt, the closer likeness). The first time a
+            context meets a clip, qwentts.cpp runs its codec over the whole reference before
+            the first audio (it keeps the result), about 2 s per second of clip on 2 cores
+            (``benchmarks/results/cpu-2core/clone_onset.md``), and a client that leaves
+            meanwhile cannot stop it; ``prime`` pays it at start for the default voice.
             False (the default): every clone by its x-vector alone, starting as a speaker does.
 
     Raises:
@@ -286,14 +288,21 @@ class GgmlEngine(Engine):
                     raise RuntimeError("warm-up generation produced no audio")
 
     def prime(self, reference: Reference) -> bool:
-        """Extract ``reference``'s x-vector and codec codes into the prompt cache (call before
-        ``start``: it uses the first context), which the clip's first request would otherwise
-        wait for: 1.0 s for a 2.5 s clip on this project's 2-core machine. The library's lines
-        go to our log at DEBUG."""
+        """Extract ``reference``'s x-vector and codec codes into the prompt cache, which the
+        clip's first request would otherwise wait for (1.0 s for a 2.5 s clip on this
+        project's 2-core machine); with ``icl`` and a transcript, also one frame of speech
+        on every context, so that each pays its first-time decode of the clip now (about
+        2 s per second of clip there). Call before ``start``. The library's lines go to our
+        log at DEBUG."""
         if self.kind is not ModelKind.BASE:
             return False
+        segment = Segment(text="Hello.", language="auto", max_new_tokens=2, seed=0, reference=reference)
         with native_output(_LOGGER):
             self._voice_ref(reference, self._contexts[0])
+            if self.icl and reference.transcript:
+                for context in self._contexts:
+                    for _chunk in self.stream(segment, context=context):
+                        pass
         return True
 
     def serve(self, source: WorkSource) -> None:
