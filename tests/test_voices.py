@@ -75,10 +75,16 @@ def test_clone_library_modes_bad_files_and_live_refresh(tmp_path: Path) -> None:
     assert set(clones) == {"icl", "xvec"}
     assert clones["icl"].reference and clones["icl"].reference.transcript == "Hello there."
     assert clones["xvec"].reference and clones["xvec"].reference.transcript is None
+    # A client naming a skipped clip is told why, not only that the voice is unknown.
+    with pytest.raises(UnknownVoiceError, match=r"'tooshort' is a clone whose clip could not be used \(tooshort.wav: .*0.5 s\)"):
+        catalog.get("tooshort")
+    with pytest.raises(UnknownVoiceError, match=r"'Hush' is a clone whose clip could not be used \(hush.wav: the clip is silent"):
+        catalog.get("Hush")
 
     write_voice(tmp_path, "newcomer")
+    write_voice(tmp_path, "tooshort")  # fixed: served, no longer reported
     catalog.refresh()
-    assert catalog.get("newcomer").kind is ModelKind.BASE
+    assert catalog.get("newcomer").kind is ModelKind.BASE and catalog.get("tooshort").kind is ModelKind.BASE
 
 
 def test_reference_digest_follows_content_not_path(tmp_path: Path) -> None:

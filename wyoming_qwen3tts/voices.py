@@ -284,6 +284,7 @@ class VoiceCatalog:
         self._presets_signature: tuple[int, int, int] | None = None
         self._presets_problems: list[str] = []  # why parts of the user presets file were skipped
         self._clones: dict[str, Voice] = {}
+        self._clone_problems: dict[str, str] = {}  # lower-case id: why its clip was skipped
         self._signature: tuple[tuple[str, int, int, int], ...] | None = None
         self.refresh()
 
@@ -338,6 +339,7 @@ class VoiceCatalog:
             return
         self._signature = signature
         clones: dict[str, Voice] = {}
+        problems: dict[str, str] = {}
         for path in files:
             if path.suffix.lower() not in AUDIO_SUFFIXES:
                 continue
@@ -348,6 +350,7 @@ class VoiceCatalog:
                     raise ValueError(f"the clip is silent (peak {peak:.4f} of full scale)")
             except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, never fatal
                 _LOGGER.error("Skipping clone voice %s: %s", path, err)
+                problems[path.stem.lower()] = f"{path.name}: {err}"
                 continue
             mode = "reference transcript" if reference.transcript else "x-vector only, no transcript"
             clones[path.stem] = Voice(
@@ -359,6 +362,7 @@ class VoiceCatalog:
                 source=VoiceSource.CLONE,
             )
         self._clones = clones
+        self._clone_problems = {stem: why for stem, why in problems.items() if stem not in {c.lower() for c in clones}}
         _LOGGER.info("Clone library %s: %d voice(s)", self.voices_dir.resolve(), len(clones))
 
     def voices(self) -> list[Voice]:
@@ -386,7 +390,8 @@ class VoiceCatalog:
         """Look a voice up by name, then by alias (case-insensitive).
 
         Raises:
-            UnknownVoiceError: with a message listing a few available names.
+            UnknownVoiceError: with a message listing a few available names (and, for a clone
+                whose clip was skipped, why).
         """
         voices = self.voices()
         wanted = name.strip().lower()
@@ -406,6 +411,11 @@ class VoiceCatalog:
                         f"Voice {name!r} is {what}, and presets need the VoiceDesign model, which this server "
                         f"has not loaded (--design-model); available: {shown}"
                     )
+        if wanted in self._clone_problems:  # its file is there, but could not be used
+            raise UnknownVoiceError(
+                f"Voice {name!r} is a clone whose clip could not be used ({self._clone_problems[wanted]}); "
+                f"replace the file in the voices folder; available: {shown}"
+            )
         problems = self._presets_problems
         hint = f". Note: {problems[0]}" + (f" (and {len(problems) - 1} more, see the log)" if len(problems) > 1 else "") if problems else ""
         raise UnknownVoiceError(f"Unknown voice {name!r}; available: {shown}{hint}")
