@@ -80,6 +80,9 @@ def test_clone_library_modes_bad_files_and_live_refresh(tmp_path: Path) -> None:
         catalog.get("tooshort")
     with pytest.raises(UnknownVoiceError, match=r"'Hush' is a clone whose clip could not be used \(hush.wav: the clip is silent"):
         catalog.get("Hush")
+    with pytest.raises(UnknownVoiceError, match=r"'corrupt' is a clone whose clip could not be used \(corrupt.wav: ") as unreadable:
+        catalog.get("corrupt")
+    assert str(tmp_path) not in str(unreadable.value)  # the client is not told the server's folders
 
     write_voice(tmp_path, "newcomer")
     write_voice(tmp_path, "tooshort")  # fixed: served, no longer reported

@@ -350,7 +350,8 @@ class VoiceCatalog:
                     raise ValueError(f"the clip is silent (peak {peak:.4f} of full scale)")
             except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, never fatal
                 _LOGGER.error("Skipping clone voice %s: %s", path, err)
-                problems[path.stem.lower()] = f"{path.name}: {err}"
+                # for clients: the file's name, not the server's folders (soundfile names the path)
+                problems[path.stem.lower()] = f"{path.name}: " + str(err).replace(str(path), path.name)
                 continue
             mode = "reference transcript" if reference.transcript else "x-vector only, no transcript"
             clones[path.stem] = Voice(
