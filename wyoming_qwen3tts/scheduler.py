@@ -78,7 +78,6 @@ class Job:
         self._loop = loop
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self.pending: deque[tuple[Segment, float]] = deque()  # guarded by the scheduler lock
-        self.in_flight = False  # guarded by the scheduler lock
         self.cancelled = threading.Event()
         self._submitted = 0
         self._done = 0
@@ -193,21 +192,20 @@ class Scheduler:
         held = False
         for _ in range(len(self._jobs)):
             job = self._jobs.popleft()
-            if not job.pending or job.in_flight:
+            if not job.pending or job in self._running:
                 continue  # leaves the line: rejoins on its next submit, or when its segment ends
             if job.backlog_seconds > MAX_BACKLOG_SECONDS:
                 self._jobs.append(job)
                 held = True
                 continue
             segment, queued_at = job.pending.popleft()
-            job.in_flight = True
             self._running.add(job)
             return Work(segment, _SegmentSink(job, queued_at)), held
         return None, held
 
     def _enqueue(self, job: Job, segment: Segment) -> None:
         with self._cond:
-            if not job.in_flight and job not in self._jobs:  # a running job rejoins when it ends
+            if job not in self._running and job not in self._jobs:  # a running job rejoins when it ends
                 self._jobs.append(job)
             job.pending.append((segment, time.monotonic()))
             self._cond.notify_all()
@@ -220,7 +218,6 @@ class Scheduler:
 
     def _segment_ended(self, job: Job) -> None:
         with self._cond:
-            job.in_flight = False
             self._running.discard(job)
             if job.pending and job not in self._jobs:  # to the back: those who came meanwhile first
                 self._jobs.append(job)
