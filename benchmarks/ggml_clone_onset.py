@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wyoming_qwen3tts.engine.ggml import thread_split
+from wyoming_qwen3tts.engine.cpu.ggml import thread_split
 
 RATE = 24000
 CLIPS_S = (1.0, 2.5, 5.0, 10.0)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from wyoming_qwen3tts.engine import Segment, Work, load_engine
-from wyoming_qwen3tts.engine.batched import BatchedEngine
+from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.voices import ModelKind, Reference
 
 from .bench import TEXTS

@@ -15,7 +15,7 @@ VoiceDesign checkpoint is built offline if missing). It prints a table and write
 * kernels per frame of each part at each batch size (torch.profiler over an eager step), and
   the kernels that take the most GPU time in each part at batch 1 (``top_kernels``).
 
-The step runs the Triton kernels (``wyoming_qwen3tts/engine/kernels``) unless
+The step runs the Triton kernels (``wyoming_qwen3tts/engine/batched/kernels``) unless
 ``QWEN3TTS_KERNELS=eager`` is set.
 """
 
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from wyoming_qwen3tts.engine import MAX_SEQ_LEN, Segment, Work
-from wyoming_qwen3tts.engine.batched import BatchedEngine
+from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.testing.checkpoint import build_checkpoint
 from wyoming_qwen3tts.voices import ModelKind
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from wyoming_qwen3tts.engine import Segment, Work
-from wyoming_qwen3tts.engine.batched import BatchedEngine
+from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.voices import ModelKind
 
 

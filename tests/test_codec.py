@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from wyoming_qwen3tts.engine.codec import StreamingDecoder
+from wyoming_qwen3tts.engine.batched.codec import StreamingDecoder
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from wyoming_qwen3tts.engine import Engine, Sampling, Segment, Work, WorkSource
-from wyoming_qwen3tts.engine.batched import BatchedEngine
+from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.voices import ModelKind, Reference
 
 from .conftest import CLONE_TRANSCRIPT

@@ -22,7 +22,7 @@ import pytest
 
 from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
 from wyoming_qwen3tts.engine import ModelMismatchError, Sampling, Segment
-from wyoming_qwen3tts.engine.ggml import GgmlEngine, native_support
+from wyoming_qwen3tts.engine.cpu.ggml import GgmlEngine, native_support
 from wyoming_qwen3tts.engine import loader
 from wyoming_qwen3tts.voices import ModelKind, Reference
 
@@ -191,7 +191,7 @@ def test_unknown_speaker_and_bad_files_give_clear_errors(
 def test_checkpoints_narrower_than_the_release_are_refused_not_crashed(checkpoints: Path, tmp_path: Path) -> None:
     """The tiny test checkpoints' codec is narrower than qwentts.cpp's hard-coded widths: the
     engine says so (and ``--engine auto`` falls back to the reference engine for it)."""
-    from wyoming_qwen3tts.engine.ggml import NativeWidthError
+    from wyoming_qwen3tts.engine.cpu.ggml import NativeWidthError
     from wyoming_qwen3tts.gguf import convert
 
     pair = convert(checkpoints / "base", tmp_path, "Q8_0")
@@ -336,7 +336,7 @@ def test_both_doors_speak_and_a_seed_replays(ggml_server: Server) -> None:
 
 
 def test_threads_split_between_generation_and_the_codec() -> None:
-    from wyoming_qwen3tts.engine.ggml import thread_split
+    from wyoming_qwen3tts.engine.cpu.ggml import thread_split
 
     assert thread_split(1) == (1, 0)  # one thread: the codec takes turns with generation
     assert [thread_split(n) for n in (2, 3, 4, 8)] == [(1, 1), (2, 1), (2, 2), (4, 4)]
@@ -445,7 +445,7 @@ def test_two_contexts_generate_two_streams_at_once(gguf: dict[str, tuple[Path, P
 
 def test_cpu_defaults_swap_only_models_not_named() -> None:
     from wyoming_qwen3tts.__main__ import DEFAULT_MODELS
-    from wyoming_qwen3tts.engine.cpu_defaults import cpu_default_voice, cpu_sources
+    from wyoming_qwen3tts.engine.cpu.defaults import cpu_default_voice, cpu_sources
 
     swapped = cpu_sources(dict(DEFAULT_MODELS), given=set())
     assert swapped == {

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from wyoming_qwen3tts.engine.ggml import native_support
+from wyoming_qwen3tts.engine.cpu.ggml import native_support
 
 HEAVY = ("torch", "transformers", "qwen_tts", "faster_qwen3_tts")
 

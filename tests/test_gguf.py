@@ -80,7 +80,7 @@ def test_the_server_side_conversion_reports_the_converters_error(tmp_path: Path)
     """``resolve_gguf`` converts in a child process; its refusal comes back as one clear line."""
     import json
 
-    from wyoming_qwen3tts.engine.gguf_files import resolve_gguf
+    from wyoming_qwen3tts.engine.cpu.gguf_files import resolve_gguf
 
     folder = tmp_path / "not-tts"
     folder.mkdir()

@@ -1,4 +1,4 @@
-"""Prompts prepared off the engine thread (``engine/stages/intake.py``) on the real tiny
+"""Prompts prepared off the engine thread (``engine/batched/stages/intake.py``) on the real tiny
 models, float32, CPU: the engine loop (``BatchedEngine.serve``) only replays prefills; a
 prompt that cannot be built fails its request alone; a request cancelled before it starts
 ends empty; the join stall is reported for admissions that running streams waited for."""
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from wyoming_qwen3tts.engine import Segment, Work
-from wyoming_qwen3tts.engine.batched import BatchedEngine
-from wyoming_qwen3tts.engine.prompt import Prompt
-from wyoming_qwen3tts.engine.stages.intake import Inline, PromptWorker
+from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
+from wyoming_qwen3tts.engine.batched.prompt import Prompt
+from wyoming_qwen3tts.engine.batched.stages.intake import Inline, PromptWorker
 from wyoming_qwen3tts.voices import ModelKind, Reference
 
 from .engine_driver import Collect, Source, load_tiny, run

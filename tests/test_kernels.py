@@ -25,8 +25,8 @@ if not torch.cuda.is_available():  # conftest.py sets it; this covers running th
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from wyoming_qwen3tts.engine import Segment  # noqa: E402
-from wyoming_qwen3tts.engine.kernels import attention, noise, rmsnorm, rope, sampler, silu_mul  # noqa: E402
-from wyoming_qwen3tts.engine.sampling import RowParams, effective, gumbel  # noqa: E402
+from wyoming_qwen3tts.engine.batched.kernels import attention, noise, rmsnorm, rope, sampler, silu_mul  # noqa: E402
+from wyoming_qwen3tts.engine.batched.sampling import RowParams, effective, gumbel  # noqa: E402
 from wyoming_qwen3tts.voices import ModelKind  # noqa: E402
 
 from .engine_driver import Collect, load_tiny, run  # noqa: E402

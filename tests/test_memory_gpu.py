@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from wyoming_qwen3tts.engine import Sampling, Segment, load_engine
-from wyoming_qwen3tts.engine.batched import BatchedEngine
+from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.voices import ModelKind
 
 from .conftest import ROOT, Server, start_server, stop_server

@@ -1,4 +1,4 @@
-"""The planner's decisions (``engine/planner.py``) with fake streams and fake stages: no
+"""The planner's decisions (``engine/batched/planner.py``) with fake streams and fake stages: no
 model, no tensors. A small simulated engine (``Sim``) runs the loop the batched engine runs
 (admit per the planner, replay prefills of ``max_join`` rows, one frame step for every row,
 deliver) on a virtual clock with fixed stage costs, and counts what clients would hear."""
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from wyoming_qwen3tts.engine.planner import FRAME_MS, Planner, StreamClock
+from wyoming_qwen3tts.engine.batched.planner import FRAME_MS, Planner, StreamClock
 
 
 def test_buffered_audio_follows_playback_and_restarts_after_an_underrun() -> None:

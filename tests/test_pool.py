@@ -1,4 +1,4 @@
-"""The slot pool's bookkeeping (``engine/pool.py``): rows stay in slots [0, n), a finished
+"""The slot pool's bookkeeping (``engine/batched/pool.py``): rows stay in slots [0, n), a finished
 row's hole is filled by the last row, and the device move is asked for exactly those moves."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from wyoming_qwen3tts.engine import Segment, Work
-from wyoming_qwen3tts.engine.pool import Row, SlotPool
+from wyoming_qwen3tts.engine.batched.pool import Row, SlotPool
 
 from .engine_driver import Collect
 

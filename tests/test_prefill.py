@@ -1,4 +1,4 @@
-"""The graph-shaped prefill (``engine/prefill.py``) on the real tiny VoiceDesign model, float32,
+"""The graph-shaped prefill (``engine/batched/prefill.py``) on the real tiny VoiceDesign model, float32,
 eager on the CPU (the same body is captured per (rows, token bucket) on CUDA): it matches the
 talker's own forward, leaves padded positions out of the cache, and joins under the planner."""
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from wyoming_qwen3tts.engine import Sampling, Segment
-from wyoming_qwen3tts.engine.batched import BatchedEngine
-from wyoming_qwen3tts.engine.planner import Planner
+from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
+from wyoming_qwen3tts.engine.batched.planner import Planner
 from wyoming_qwen3tts.voices import ModelKind, Reference
 
 from .engine_driver import Collect, load_tiny, run

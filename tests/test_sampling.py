@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from wyoming_qwen3tts.engine.sampling import CANDIDATES, RowParams, effective, gumbel, penalise, sample, uniform
+from wyoming_qwen3tts.engine.batched.sampling import CANDIDATES, RowParams, effective, gumbel, penalise, sample, uniform
 
 
 def params(n: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> RowParams:

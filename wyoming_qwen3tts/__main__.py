@@ -25,9 +25,9 @@ from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, resolve_checkpoint
 from .engine.on_demand import DEFAULT_IDLE_S
 from .engine.sizing import DESIGN_MEMORY
-from .engine.cpu_defaults import cpu_default_voice
-from .engine.ggml import GgmlEngine
-from .engine.gguf_files import DEFAULT_QUANT as DEFAULT_GGUF_QUANT, QUANTS as GGUF_QUANTS, gguf_identity
+from .engine.cpu.defaults import cpu_default_voice
+from .engine.cpu.ggml import GgmlEngine
+from .engine.cpu.gguf_files import DEFAULT_QUANT as DEFAULT_GGUF_QUANT, QUANTS as GGUF_QUANTS, gguf_identity
 from .metrics import Metrics
 from .handler import DEFAULT_MAX_CONNECTIONS
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED

@@ -18,10 +18,10 @@ import numpy as np
 
 from .audio import SAMPLE_RATE
 from .engine import Engine, Segment, load_engine, pick_engine, resolve_checkpoint
-from .engine.cpu_defaults import cpu_sources
+from .engine.cpu.defaults import cpu_sources
 from .engine.cuda_env import check_driver, cuda_bf16_supported, driver_cuda_version, pick_dtype
-from .engine.ggml import NativeWidthError, check_checkpoint_widths
-from .engine.gguf_files import resolve_gguf
+from .engine.cpu.ggml import NativeWidthError, check_checkpoint_widths
+from .engine.cpu.gguf_files import resolve_gguf
 from .engine.loader import MemoryFitError, checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers, is_out_of_memory, load_fitting
 from .engine.on_demand import GpuLease, OnDemandEngine
 from .engine.sizing import GB, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions

@@ -11,7 +11,7 @@ from typing import Any
 from ..voices import ModelKind
 from .base import Engine
 from .cuda_env import cuda_bf16_supported, pick_dtype
-from .gguf_files import hub_error
+from .cpu.gguf_files import hub_error
 from .sizing import MIN_STREAMS, memory_budget, plan_streams
 
 _LOGGER = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def pick_engine(engine: str, device: str) -> str:
     if engine == "auto":
         return _auto_engine(device)
     if engine == "ggml":
-        from .ggml import native_support
+        from .cpu.ggml import native_support
 
         ok, why = native_support()
         if not ok:
@@ -81,7 +81,7 @@ def _auto_engine(device: str) -> str:
     if device == "cuda":
         _LOGGER.info("Engine: batched (CUDA graphs), because a CUDA GPU is available")
         return "batched"
-    from .ggml import native_support
+    from .cpu.ggml import native_support
 
     ok, why = native_support()
     if ok:
@@ -135,7 +135,7 @@ def load_engine(
         max_len: talker KV positions per slot of the batched engine (``sizing.slot_positions``).
         reserve: bytes the stream sizing leaves free for models loaded later.
         cap_gb: ``--gpu-memory`` (the sizing's budget; the cap itself is set by the caller).
-        gguf: the GGML engine's (talker, codec) files (``gguf_files.resolve_gguf``); without
+        gguf: the GGML engine's (talker, codec) files (``cpu.gguf_files.resolve_gguf``); without
             them ``checkpoint`` must be a folder holding both.
         contexts: the GGML engine's native contexts (streams at once); 0: ``default_contexts``.
         quant: the GGUF files' quantization, for the GGML engine's description.
@@ -156,8 +156,8 @@ def load_engine(
     if engine == "ggml":
         import os
 
-        from .ggml import GgmlEngine, default_contexts
-        from .gguf_files import find_pair
+        from .cpu.ggml import GgmlEngine, default_contexts
+        from .cpu.gguf_files import find_pair
 
         pair = gguf or find_pair(checkpoint)
         if pair is None:
@@ -192,12 +192,12 @@ def load_engine(
 
     qwen = Qwen3TTSModel.from_pretrained(str(checkpoint), device_map=device, dtype=weights, attn_implementation="sdpa")
     if engine == "reference":
-        from .reference import ReferenceEngine
+        from .cpu.reference import ReferenceEngine
 
         return ReferenceEngine(kind, qwen, chunk_frames)
     from faster_qwen3_tts import FasterQwen3TTS
 
-    from .batched import BatchedEngine
+    from .batched.engine import BatchedEngine
 
     # Only its prompt building is used: its own single-stream graphs (and their 2,048-position
     # cache) are never built.
@@ -291,7 +291,7 @@ def load_fitting(load: Callable[[float], Engine], warm: Callable[[Engine], None]
 
 def slot_bytes(qwen: Any, max_len: int) -> int:
     """Device bytes one slot of the batched engine takes for this model: the talker's KV of
-    ``max_len`` positions and the per-slot buffers (``step.SlotState``), the code predictor's
+    ``max_len`` positions and the per-slot buffers (``batched.step.SlotState``), the code predictor's
     KV and the codec decoder's streaming state, measured on a one-slot probe.
 
     Args:
@@ -299,8 +299,8 @@ def slot_bytes(qwen: Any, max_len: int) -> int:
     """
     import torch
 
-    from .codec import StreamingDecoder
-    from .step import PREDICTOR_POSITIONS, SlotState
+    from .batched.codec import StreamingDecoder
+    from .batched.step import PREDICTOR_POSITIONS, SlotState
 
     model = qwen.model
     state = SlotState(model.talker, 1, max_len)

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..base import Work, WorkSource
+from ...base import Work, WorkSource
 from ..prompt import Prompt
-from ..segment import Segment
+from ...segment import Segment
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from ..voices import ModelKind
-from .prompts import ClonePrompts
-from .segment import Segment
+from ...voices import ModelKind
+from ..prompts import ClonePrompts
+from ..segment import Segment
 
 
 @dataclass

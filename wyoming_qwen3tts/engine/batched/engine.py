@@ -45,16 +45,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..voices import ModelKind
-from .base import Engine, ModelMismatchError, Work, WorkSource
+from ...voices import ModelKind
+from ..base import Engine, ModelMismatchError, Work, WorkSource
 from .codec import StreamingDecoder
 from .graphs import StepGraphs, buckets
 from .planner import Planner
 from .pool import Row, SlotPool
 from .prefill import Prefill
 from .prompt import Prompt, PromptBuilder
-from .prompts import ClonePrompts
-from .segment import Segment
+from ..prompts import ClonePrompts
+from ..segment import Segment
 from .stages.intake import Inline, PromptWorker, hold
 from .step import FrameStep, SlotState
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .base import Work
+from ..base import Work
 from .planner import StreamClock
 
 

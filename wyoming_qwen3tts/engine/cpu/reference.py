@@ -13,7 +13,7 @@ changing what it computes:
   call (``_TalkerDone``) before qwen_tts decodes the whole sentence again.
 
 Generation runs on a helper thread; the engine thread decodes the frames as they come with
-the batched engine's incremental decoder (``codec.StreamingDecoder``, one row, over the
+the batched engine's incremental decoder (``batched.codec.StreamingDecoder``, one row, over the
 codec's own modules), so each frame is decoded once and the samples equal those of a
 whole-sentence decode to within float rounding, and yields them.
 """
@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from ..voices import ModelKind
-from .base import Work, WorkSource
-from .codec import StreamingDecoder
-from .segment import Segment
-from .serial import SerialEngine
+from ...voices import ModelKind
+from ..base import Work, WorkSource
+from ..batched.codec import StreamingDecoder
+from ..segment import Segment
+from ..serial import SerialEngine
 
 _LOGGER = logging.getLogger(__name__)
 

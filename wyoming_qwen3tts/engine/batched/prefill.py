@@ -32,7 +32,7 @@ from .codec import StreamingDecoder
 from .graphs import StepGraphs
 from .layers import FusedLayer, attention_mask, rope_tables
 from .prompt import Prompt
-from .segment import Segment
+from ..segment import Segment
 from .step import FrameStep, SlotState
 
 _LOGGER = logging.getLogger(__name__)

@@ -1,0 +1,4 @@
+"""The CPU engines: qwentts.cpp through GGML (``ggml``, its GGUF files in ``gguf_files``),
+qwen_tts's reference model (``reference``), and what the server loads by default on a
+machine without CUDA (``defaults``).
+"""

@@ -1,1 +1,0 @@
-"""The batched engine's stages, each owning its thread, graphs or buffers (see ``batched.py``)."""
