@@ -7,6 +7,11 @@ it, and a Wyoming client asks for one sentence ``REQUESTS`` times, measuring
 
 * ``ttfa_ms``: Synthesize sent -> first AudioChunk received (median of the requests);
 * ``speed``: seconds of audio per second of wall time, whole requests (median);
+* ``gap_ms``: the longest silence a client heard between two chunks, as audio time owed
+  (a chunk's arrival minus the moment the audio received before it has played out; 0 while
+  the client is ahead), the largest of the requests;
+* ``--clients 2``: that many clients ask at once (each round), every figure per client: the
+  median TTFA and speed over all of them and ``ttfa_ms_max`` (the slower client's median);
 * ``rss_gb``: the server's resident memory (VmRSS) after the requests, serving; also
   ``rss_peak_gb`` (VmHWM: the GGML engine peaks while loading, when the weight files are
   resident beside the library's copy) and ``rss_anon_gb`` (the anonymous part).
@@ -52,8 +57,8 @@ def _status_gb(pid: int, key: str) -> float:
     return float("nan")
 
 
-async def _one_request(port: int, text: str = TEXT) -> tuple[float, float]:
-    """(TTFA ms, audio s per wall s) of one Synthesize."""
+async def _one_request(port: int, text: str = TEXT) -> tuple[float, float, float]:
+    """(TTFA ms, audio s per wall s, longest silence ms) of one Synthesize."""
     from wyoming.audio import AudioChunk, AudioStop
     from wyoming.client import AsyncTcpClient
     from wyoming.tts import Synthesize, SynthesizeVoice
@@ -63,18 +68,21 @@ async def _one_request(port: int, text: str = TEXT) -> tuple[float, float]:
         await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name="ryan")).event())
         first = None
         samples = 0
+        gap = 0.0
         while True:
             event = await client.read_event()
             if event is None:
                 raise RuntimeError("server closed the connection")
             if AudioChunk.is_type(event.type):
                 chunk = AudioChunk.from_event(event)
-                first = first or time.perf_counter()
+                now = time.perf_counter()
+                first = first or now
+                gap = max(gap, now - (first + samples / 24000))  # arrival after the audio so far played out
                 samples += len(chunk.audio) // chunk.width
             elif AudioStop.is_type(event.type):
                 wall = time.perf_counter() - started
                 assert first is not None
-                return (first - started) * 1000, samples / 24000 / wall
+                return (first - started) * 1000, samples / 24000 / wall, gap * 1000
 
 
 #: Thread settings a shell may carry (the project's test instructions set OMP_NUM_THREADS=1):
@@ -82,7 +90,15 @@ async def _one_request(port: int, text: str = TEXT) -> tuple[float, float]:
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
-def run_row(engine: str, checkpoint: Path, data: Path, frames: int, quant: str, text: str = TEXT) -> dict:
+async def _round(port: int, text: str, clients: int) -> list[tuple[float, float, float]]:
+    """``clients`` requests sent at once; their results in order."""
+    return list(await asyncio.gather(*(_one_request(port, text) for _ in range(clients))))
+
+
+def run_row(
+    engine: str, checkpoint: Path, data: Path, frames: int, quant: str, text: str = TEXT, clients: int = 1,
+    extra: list[str] | None = None,
+) -> dict:
     port = _free_port()
     log = data / f"server-{engine}-{checkpoint.name}.log"
     args = [
@@ -90,7 +106,7 @@ def run_row(engine: str, checkpoint: Path, data: Path, frames: int, quant: str, 
         "--data-dir", str(data), "--clone-model", "none", "--design-model", "none",
         "--custom-voice-model", str(checkpoint), "--voice", "ryan", "--engine", engine, "--device", "cpu",
         "--anchors", "off", "--no-zeroconf", "--fixed-frames", str(frames), "--gguf-quant", quant,
-        "--local-files-only",
+        "--local-files-only", *(extra or []),
     ]
     with log.open("w") as handle:
         env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
@@ -101,18 +117,27 @@ def run_row(engine: str, checkpoint: Path, data: Path, frames: int, quant: str, 
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{engine} server did not start:\n{log.read_text()[-3000:]}")
             time.sleep(1)
-        results = [asyncio.run(_one_request(port, text)) for _ in range(REQUESTS)]
+        load = os.getloadavg()[0]
+        rounds = [asyncio.run(_round(port, text, clients)) for _ in range(REQUESTS)]
+        results = [r for one in rounds for r in one]
+        streams = next((l for l in log.read_text(errors="replace").splitlines() if "model: " in l and "stream(s)" in l), "")
         rss, peak, anon = (_status_gb(proc.pid, key) for key in ("VmRSS", "VmHWM", "RssAnon"))
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+    per_client = [[rnd[i] for rnd in rounds] for i in range(clients)]
     return {
+        "clients": clients,
         "ttfa_ms": round(statistics.median(r[0] for r in results), 1),
+        "ttfa_ms_max": round(max(statistics.median(r[0] for r in c) for c in per_client), 1),
         "speed": round(statistics.median(r[1] for r in results), 4),
+        "gap_ms": round(max(r[2] for r in results), 1),
+        "loadavg_1min": round(load, 2),
+        "plan": streams.split("model: ", 1)[-1] if streams else "",
         "rss_gb": round(rss, 2),
         "rss_peak_gb": round(peak, 2),
         "rss_anon_gb": round(anon, 2),
-        "requests": [{"ttfa_ms": round(t, 1), "speed": round(s, 4)} for t, s in results],
+        "requests": [{"ttfa_ms": round(t, 1), "speed": round(s, 4), "gap_ms": round(g, 1)} for t, s, g in results],
     }
 
 
@@ -125,6 +150,9 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", default=["ggml", "reference"], choices=["ggml", "reference"])
     parser.add_argument("--quant", default="Q8_0")
     parser.add_argument("--text", default=TEXT, help="the sentence asked for")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1], help="rows with this many clients at once (e.g. 1 2)")
+    parser.add_argument("--gguf-dir", type=Path, help="GGML rows serve DIR/<QUANT>/ (GGUF files of the --sizes' one size) instead of converting at start")
+    parser.add_argument("--ggml-args", default="", help="extra server flags for the GGML rows (e.g. '--ggml-streams 2')")
     args = parser.parse_args()
     from wyoming_qwen3tts.testing.checkpoint import build_checkpoint
 
@@ -135,10 +163,13 @@ def main() -> None:
         for engine in args.engines:
             print(f"{engine} {SIZES[size]} ...", flush=True)
             weights = f"GGUF {args.quant} (qwentts.cpp)" if engine == "ggml" else "float32 (qwen_tts on the CPU)"
-            row = {"engine": engine, "model": SIZES[size], "quant": args.quant if engine == "ggml" else "float32", "weights": weights}
-            row.update(run_row(engine, checkpoint, args.work / "data", args.frames, args.quant, args.text))
-            print(row, flush=True)
-            rows.append(row)
+            for clients in args.clients if engine == "ggml" else [1]:  # the reference engine: one client (its figure beside)
+                row = {"engine": engine, "model": SIZES[size], "quant": args.quant if engine == "ggml" else "float32", "weights": weights}
+                extra = args.ggml_args.split() if engine == "ggml" else []
+                source = args.gguf_dir / args.quant if engine == "ggml" and args.gguf_dir else checkpoint
+                row.update(run_row(engine, source, args.work / "data", args.frames, args.quant, args.text, clients, extra))
+                print(row, flush=True)
+                rows.append(row)
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "cpu": next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name")), platform.processor()),
@@ -153,8 +184,10 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     # results.json: the issue's fields exactly; results-detail.json: whole rows and the run's settings.
+    # (one client's rows; the rows of several clients at once are in the detail only)
     fields = ("engine", "model", "quant", "ttfa_ms", "speed", "rss_gb")
-    (args.out / "results.json").write_text(json.dumps({"rows": [{k: r[k] for k in fields} for r in rows]}, indent=2) + "\n")
+    single = [{k: r[k] for k in fields} for r in rows if r["clients"] == 1]
+    (args.out / "results.json").write_text(json.dumps({"rows": single}, indent=2) + "\n")
     (args.out / "results-detail.json").write_text(json.dumps({"rows": rows, "meta": meta}, indent=2) + "\n")
     print(json.dumps({"rows": rows, "meta": meta}, indent=2))
 

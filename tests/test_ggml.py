@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import os
 import threading
 import time
@@ -111,7 +112,7 @@ def test_clones_go_by_x_vector_unless_in_context_cloning_is_asked(
     in the prompt: the native codec would run over the whole clip before each segment's first
     audio); with ``icl`` its codes and transcript go in too. What reaches the library is
     recorded at its ``stream`` call."""
-    default = GgmlEngine(ModelKind.BASE, *gguf["base"], chunk_frames=1)
+    default = GgmlEngine(ModelKind.BASE, *gguf["base"], chunk_frames=1, contexts=1)
     try:
         asked: dict[str, list[str]] = {}
         for name, engine in (("default", default), ("icl", engines[ModelKind.BASE])):
@@ -208,7 +209,7 @@ def test_greedy_float32_frames_equal_qwen_tts(ggml_checkpoints: Path, gguf: dict
     import torch
     from qwen_tts import Qwen3TTSModel
 
-    engine = GgmlEngine(ModelKind.CUSTOM_VOICE, *gguf["custom_voice-F32"], chunk_frames=1)
+    engine = GgmlEngine(ModelKind.CUSTOM_VOICE, *gguf["custom_voice-F32"], chunk_frames=1, contexts=1)
     greedy = Sampling(0.0, 50, 1.0, 1.0, 0.0, 50, 1.0)
     ours = np.concatenate(_speak(engine, _segment(ModelKind.CUSTOM_VOICE, sampling=greedy, max_new_tokens=10)))
     engine.close()
@@ -267,13 +268,13 @@ def test_native_support_reads_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, tmp
 @pytest.fixture(scope="module")
 def ggml_server(ggml_checkpoints: Path, voices_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The server as a user starts it on the CPU: ``--engine ggml`` on checkpoint folders,
-    converted to Q8_0 GGUF into the data folder at start-up; two native streams of one thread;
-    the clone voice ``clone`` as the default voice."""
+    converted to Q8_0 GGUF into the data folder at start-up; streams and threads chosen from
+    the machine (``cpu.machine.plan``); the clone voice ``clone`` as the default voice."""
     folder = tmp_path_factory.mktemp("server-ggml")
     srv = start_server(
         ggml_checkpoints, voices_dir, folder / "server.log", engine="ggml",
         extra=[
-            "--no-zeroconf", "--anchors", "off", "--ggml-streams", "2", "--ggml-threads", "1", "--design-model", "none",
+            "--no-zeroconf", "--anchors", "off", "--design-model", "none",
             "--voice", "clone",
         ],
     )
@@ -288,7 +289,10 @@ def test_both_doors_speak_and_a_seed_replays(ggml_server: Server) -> None:
     from wyoming.tts import Synthesize, SynthesizeVoice
 
     log = ggml_server.output()
-    assert "Converting" in log and "GGML" in log and "2 stream(s) x 1 threads" in log
+    assert "Converting" in log and "GGML" in log
+    # the defaults from the machine, each with its reason (at least 2 streams: a second client is heard at once)
+    assert re.search(r"GGML custom_voice model: \d thread\(s\) a stream .*; [2-4] stream\(s\) \(.*core", log), log[-3000:]
+    assert re.search(r"[2-4] stream\(s\) x [12] threads", log)
     start = log[: log.index("Ready: Wyoming")]
     assert "[GGUF]" not in start and "[KVCache]" not in start  # the native loader's lines: at DEBUG only
 
@@ -335,6 +339,47 @@ def test_both_doors_speak_and_a_seed_replays(ggml_server: Server) -> None:
     assert len(speak(5)) > 0 and ggml_server.alive()
 
 
+def test_two_clients_of_one_model_are_heard_at_once(ggml_server: Server) -> None:
+    """A Wyoming client and an OpenAI client ask the same model for one long sentence each,
+    at once: each hears its first audio before the other's reply ends (with one native
+    context the second waited for the whole first reply: 43 s in the issue's trial)."""
+    import openai
+    from wyoming.audio import AudioChunk, AudioStop
+    from wyoming.client import AsyncTcpClient
+    from wyoming.tts import Synthesize, SynthesizeVoice
+
+    text = "Welcome home, the door is locked"  # one sentence: with one context the second waits for all of it
+    times: dict[str, list[float]] = {}
+
+    def openai_client() -> None:
+        client = openai.OpenAI(base_url=f"{ggml_server.http_url}/v1", api_key="unused")
+        with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="ryan", input=text, response_format="pcm", extra_body={"seed": 2}
+        ) as response:
+            for data in response.iter_bytes(2048):
+                if data:
+                    times.setdefault("openai", []).append(time.monotonic())
+
+    async def wyoming_client() -> None:
+        async with AsyncTcpClient("127.0.0.1", ggml_server.port) as client:
+            await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name="ryan")).event())
+            while True:
+                event = await asyncio.wait_for(client.read_event(), timeout=120)
+                assert event is not None
+                if AudioChunk.is_type(event.type):
+                    times.setdefault("wyoming", []).append(time.monotonic())
+                if AudioStop.is_type(event.type):
+                    return
+
+    other = threading.Thread(target=openai_client)
+    other.start()
+    asyncio.run(wyoming_client())
+    other.join(120)
+    w, o = times["wyoming"], times["openai"]
+    assert len(w) >= 2 and len(o) >= 2
+    assert w[0] < o[-1] and o[0] < w[-1], (w[0], w[-1], o[0], o[-1])  # neither waited for the other's whole reply
+
+
 def test_threads_split_between_generation_and_the_codec() -> None:
     from wyoming_qwen3tts.engine.cpu.ggml import thread_split
 
@@ -348,14 +393,14 @@ def test_a_thread_count_per_stream_is_taken_and_checked(gguf: dict[str, tuple[Pa
     threads than CPUs is refused before the library sees them."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one CPU: 2 generating threads are more than it has")
-    engine = GgmlEngine(ModelKind.CUSTOM_VOICE, *gguf["custom_voice"], chunk_frames=1, threads=3)
+    engine = GgmlEngine(ModelKind.CUSTOM_VOICE, *gguf["custom_voice"], chunk_frames=1, contexts=1, threads=3)
     try:
         assert "1 stream(s) x 3 threads" in engine.backend
         assert sum(len(c) for c in _speak(engine, _segment(ModelKind.CUSTOM_VOICE))) > 0
     finally:
         engine.close()
     with pytest.raises(ValueError, match="more than twice this machine's"):
-        GgmlEngine(ModelKind.CUSTOM_VOICE, *gguf["custom_voice"], chunk_frames=1, threads=2 * (os.cpu_count() or 1) + 2)
+        GgmlEngine(ModelKind.CUSTOM_VOICE, *gguf["custom_voice"], chunk_frames=1, contexts=1, threads=2 * (os.cpu_count() or 1) + 2)
 
 
 def test_the_ggml_server_holds_no_torch(ggml_server: Server) -> None:
@@ -495,3 +540,57 @@ def test_named_models_on_the_cpu_get_nothing_added_and_narrow_ones_are_not_conve
     assert "The base model runs on the reference engine (slower), not on GGML: its codec's codebook_dim is" in output, output[-3000:]
     assert "needs --engine reference" not in output  # the fallback happened: no instruction to give
     assert "GGML, CPU" not in output and not list(data.rglob("*.gguf"))
+
+
+def test_4_bit_generation_weights_load_and_stream(ggml_checkpoints: Path, tmp_path: Path) -> None:
+    """``Q4_0``: the talker's and code predictor's layer matrices 4-bit, the codec file the
+    ``Q8_0`` one (same name, so models of both formats find it); the library loads and streams it."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    from wyoming_qwen3tts.gguf import convert
+
+    talker, codec = convert(ggml_checkpoints / "custom_voice", tmp_path, "Q4_0")
+    assert talker.name.endswith("-Q4_0.gguf") and codec.name == "qwen-tokenizer-12hz-Q8_0.gguf"
+    types = {t.name: t.tensor_type for t in GGUFReader(str(talker)).tensors}
+    assert types["talker.blk.0.ffn_up.weight"] == GGMLQuantizationType.Q4_0
+    assert types["code_pred.blk.0.attn_q.weight"] == GGMLQuantizationType.Q4_0
+    assert types["talker.codec_head.weight"] != GGMLQuantizationType.Q4_0  # heads stay 8-bit
+    engine = GgmlEngine(ModelKind.CUSTOM_VOICE, talker, codec, chunk_frames=1, contexts=1, quant="Q4_0")
+    try:
+        chunks = _speak(engine, _segment(ModelKind.CUSTOM_VOICE))
+        assert len(chunks) >= 2 and all(len(c) == SAMPLES_PER_FRAME for c in chunks[:-1])
+        assert "Q4_0" in engine.backend and "weights Q4_0" in engine.plan.describe()
+    finally:
+        engine.close()
+
+
+def test_the_codec_streamed_frame_by_frame_equals_the_reference_decoder(
+    ggml_checkpoints: Path, gguf: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """The codec that serves the GGML engine (qwentts.cpp's own, streaming one frame a chunk)
+    against the reference decoder (qwen_tts's, PyTorch float32, the whole sequence at once) on
+    the same codes: the generation's greedy codes, which the library writes to ``dump_dir``.
+    float32 weights, so what differs is qwentts.cpp's float16 convolutions; one wrong frame
+    boundary (a lost or repeated past sample) would differ by the signal itself."""
+    import torch
+    from qwen_tts import Qwen3TTSModel
+
+    engine = GgmlEngine(ModelKind.CUSTOM_VOICE, *gguf["custom_voice-F32"], chunk_frames=1, contexts=1)
+    try:
+        chunks = [np.asarray(c, np.float32) for c, _ in engine._contexts[0].stream(
+            text=TEXT * 2, speaker="ryan", lang="english", seed=0, max_new_tokens=40, do_sample=False,
+            subtalker_do_sample=False, repetition_penalty=1.0, dump_dir=str(tmp_path),
+        )]
+    finally:
+        engine.close()
+    raw = np.fromfile(tmp_path / "codes-full.bin", dtype=np.int32)  # int32 ndim, dims, float32 values
+    codes = raw[1 + raw[0]:].view(np.float32).reshape([int(d) for d in raw[1 : 1 + raw[0]]]).astype(np.int64)
+    assert codes.shape[1] == 16 and codes.shape[0] >= 20 and len(chunks) == codes.shape[0]
+    assert all(len(c) == SAMPLES_PER_FRAME for c in chunks)  # frame by frame
+    qwen = Qwen3TTSModel.from_pretrained(str(ggml_checkpoints / "custom_voice"), device_map="cpu", dtype=torch.float32)
+    with torch.inference_mode():
+        whole = qwen.model.speech_tokenizer.model.decoder(torch.from_numpy(codes.T.copy())[None])[0, 0].numpy()
+    streamed = np.concatenate(chunks)
+    assert streamed.shape == whole.shape
+    scale = float(np.abs(whole).max())
+    assert scale > 0 and float(np.abs(streamed - whole).max()) < 0.02 * scale, float(np.abs(streamed - whole).max()) / scale

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wyoming_qwen3tts.gguf import ConversionError, convert
+from wyoming_qwen3tts.gguf import ConversionError, convert, output_names
 
 
 def _fields(path: Path) -> tuple[dict, dict]:
@@ -29,7 +30,12 @@ def test_converts_every_tensor_with_the_library_names(checkpoints: Path, tmp_pat
     from gguf import GGMLQuantizationType as T
 
     talker, codec = convert(checkpoints / "custom_voice", tmp_path, "Q8_0")
-    assert talker.name == "qwen-talker-1.7b-customvoice-Q8_0.gguf" and codec.name == "qwen-tokenizer-12hz-Q8_0.gguf"
+    # a test checkpoint's talker is named by its width, not by the "1b7" its config carries
+    width = json.loads((checkpoints / "custom_voice" / "config.json").read_text())["talker_config"]["hidden_size"]
+    assert talker.name == f"qwen-talker-h{width}-customvoice-Q8_0.gguf" and codec.name == "qwen-tokenizer-12hz-Q8_0.gguf"
+    assert output_names({"tts_model_size": "1b7", "talker_config": {"hidden_size": 1024}, "tts_model_type": "base"}, "Q8_0")[0] == "qwen-talker-0.6b-base-Q8_0.gguf"
+    assert output_names({"tts_model_size": "0b6", "talker_config": {"hidden_size": 2048}, "tts_model_type": "base"}, "Q4_0") == (
+        "qwen-talker-1.7b-base-Q4_0.gguf", "qwen-tokenizer-12hz-Q8_0.gguf")  # Q4_0: 4-bit generation, the Q8_0 codec
     fields, tensors = _fields(talker)
     assert _text(fields, "general.architecture") == "qwen3-tts"
     assert _text(fields, "qwen3-tts.model_type") == "custom_voice"

@@ -34,7 +34,7 @@ class Metrics:
             buckets=_RTF_BUCKETS, registry=self.registry,
         )
         self.queue_wait = Histogram(
-            "tts_queue_wait_seconds", "Time a segment waited for its model worker", ["door"],
+            "tts_queue_wait_seconds", "Time each sentence waited from being queued to a model worker taking it; a reply's sentences are all queued when its text arrives, so a later sentence's wait includes the generation of the earlier ones", ["door"],
             buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
         self.audio_seconds = Counter(

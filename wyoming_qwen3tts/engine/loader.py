@@ -137,11 +137,11 @@ def load_engine(
         cap_gb: ``--gpu-memory`` (the sizing's budget; the cap itself is set by the caller).
         gguf: the GGML engine's (talker, codec) files (``cpu.gguf_files.resolve_gguf``); without
             them ``checkpoint`` must be a folder holding both.
-        contexts: the GGML engine's native contexts (streams at once); 0: ``default_contexts``.
+        contexts: the GGML engine's native contexts (streams at once); 0: chosen from the machine (``cpu.machine.plan``).
         quant: the GGUF files' quantization, for the GGML engine's description.
         on_eager_prefill: the batched engine's observer of rows prefilled eagerly (no graph).
         chunk_growth: the batched engine's chunks grow 1, 2, 4... up to ``chunk_frames``.
-        ggml_threads: the GGML engine's CPU threads per context; 0: the cores / contexts.
+        ggml_threads: the GGML engine's CPU threads per context; 0: chosen from the machine (``cpu.machine.plan``).
         ggml_icl: the GGML engine clones in context where a voice has a transcript
             (``GgmlEngine``'s ``icl``); else by x-vector.
 
@@ -154,18 +154,14 @@ def load_engine(
     """
     engine = pick_engine(engine, device)
     if engine == "ggml":
-        import os
-
-        from .cpu.ggml import GgmlEngine, default_contexts
+        from .cpu.ggml import GgmlEngine
         from .cpu.gguf_files import find_pair
 
         pair = gguf or find_pair(checkpoint)
         if pair is None:
             raise FileNotFoundError(f"{checkpoint} holds no GGUF files for the GGML engine")
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return GgmlEngine(
-            kind, pair[0], pair[1], chunk_frames, contexts or default_contexts(cores), threads=ggml_threads or None, quant=quant,
-            icl=ggml_icl,
+        return GgmlEngine(  # contexts/threads 0: chosen from the machine (cpu.machine.plan)
+            kind, pair[0], pair[1], chunk_frames, contexts, threads=ggml_threads or None, quant=quant, icl=ggml_icl,
         )
     from ..quiet import import_models
 

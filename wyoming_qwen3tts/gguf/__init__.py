@@ -9,7 +9,11 @@
 
 These are the file names of the published GGUF repository, so a folder written here can be
 used where downloaded files would be. Quantizations: ``F32`` (exact: for comparisons with
-the PyTorch model), ``BF16``, ``Q8_0`` (the default: 8-bit blocks of 32 with one scale).
+the PyTorch model), ``BF16``, ``Q8_0`` (the default: 8-bit blocks of 32 with one scale) and
+``Q4_0`` (4-bit blocks of 32 with one scale, for the talker's and the code predictor's layer
+matrices only: the generation reads every such weight once a frame, so they set its memory
+traffic; embeddings, output heads and the codec stay ``Q8_0``, and the codec file is the
+``Q8_0`` one, shared with that format's models).
 Only matrices are quantized; norms, biases, the speaker encoder, convolutions, codebooks and
 SnakeBeta parameters stay float32, because qwentts.cpp reads those as float32 on the host or
 converts them itself at load. A matrix whose rows are not a multiple of 32 values (tiny test
@@ -35,7 +39,9 @@ from .names import CODEBOOK_EPSILON, CODEBOOKS, CODEC_RULES, TALKER_RULES, gguf_
 _LOGGER = logging.getLogger(__name__)
 
 #: Quantizations the converter writes (Q4_K_M exists only as a download: gguf-py cannot make it).
-QUANTS = ("F32", "BF16", "Q8_0")
+QUANTS = ("F32", "BF16", "Q8_0", "Q4_0")
+#: The codec file's quantization for each talker quantization (Q4_0 is for generation only).
+CODEC_QUANT = {"Q4_0": "Q8_0"}
 ARCH = "qwen3-tts"
 _SIZES = {"0b6": "0.6b", "1b7": "1.7b"}
 _TYPES = {"base": "base", "custom_voice": "customvoice", "voice_design": "voicedesign"}
@@ -45,11 +51,20 @@ class ConversionError(ValueError):
     """The folder is not a Qwen3-TTS checkpoint this converter knows."""
 
 
+#: Talker widths of the released sizes: a checkpoint of another width (a random test
+#: checkpoint, whose ``tts_model_size`` says "1b7" for the packages' sake) is named by its width.
+_WIDTHS = {1024: "0.6b", 2048: "1.7b"}
+
+
 def output_names(config: dict[str, Any], quant: str) -> tuple[str, str]:
-    """(talker file name, codec file name) for a checkpoint's ``config.json`` dict."""
+    """(talker file name, codec file name) for a checkpoint's ``config.json`` dict: the
+    published names for the released sizes, ``qwen-talker-h{width}-...`` for any other width."""
     size = _SIZES.get(str(config.get("tts_model_size")), str(config.get("tts_model_size")))
+    width = config.get("talker_config", {}).get("hidden_size")
+    if width is not None:
+        size = _WIDTHS.get(int(width), f"h{width}")
     kind = _TYPES.get(str(config.get("tts_model_type")), str(config.get("tts_model_type")))
-    return f"qwen-talker-{size}-{kind}-{quant}.gguf", f"qwen-tokenizer-12hz-{quant}.gguf"
+    return f"qwen-talker-{size}-{kind}-{quant}.gguf", f"qwen-tokenizer-12hz-{CODEC_QUANT.get(quant, quant)}.gguf"
 
 
 def _tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
@@ -72,9 +87,15 @@ def _store(writer: Any, name: str, data: np.ndarray, quant: str, quantize: bool)
     elif quant == "BF16":
         writer.add_tensor(name, gguf.quants.quantize(data, kind.BF16), raw_dtype=kind.BF16)
     elif data.shape[-1] % 32 == 0:
-        writer.add_tensor(name, gguf.quants.quantize(data, kind.Q8_0), raw_dtype=kind.Q8_0)
+        q = kind.Q4_0 if quant == "Q4_0" and _layer_matrix(name) else kind.Q8_0
+        writer.add_tensor(name, gguf.quants.quantize(data, q), raw_dtype=q)
     else:
         writer.add_tensor(name, data.astype(np.float16))
+
+
+def _layer_matrix(name: str) -> bool:
+    """A transformer layer's matrix of the talker or the code predictor (``Q4_0``'s share)."""
+    return bool(re.match(r"^(talker|code_pred)\.blk\.\d+\.(attn_[qkv]|attn_output|ffn_up|ffn_down|ffn_gate)\.weight$", name))
 
 
 def _talker_quantized(name: str) -> bool:
@@ -286,5 +307,5 @@ def convert(checkpoint: Path, out_dir: Path, quant: str = "Q8_0") -> tuple[Path,
     _LOGGER.info("Writing %s", talker)
     _write_talker(checkpoint, talker, quant)
     _LOGGER.info("Writing %s", codec)
-    _write_codec(checkpoint / "speech_tokenizer", codec, quant)
+    _write_codec(checkpoint / "speech_tokenizer", codec, CODEC_QUANT.get(quant, quant))
     return talker, codec

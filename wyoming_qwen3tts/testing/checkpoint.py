@@ -892,7 +892,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("out", nargs="?", type=Path, help="checkpoint folder to write")
     parser.add_argument("--type", choices=MODEL_TYPES, dest="model_type", help="model type")
-    parser.add_argument("--size", choices=SIZES, default="tiny", help="default: tiny")
+    parser.add_argument("--size", choices=SIZES, default="tiny", help="tiny: seconds to build, runs on the reference engine (default); ggml: the tiny talker with the codec widths qwentts.cpp needs, for the GGML engine (about 440 MB a type); 0.6b / full: the released 0.6B / 1.7B shapes (for benchmarks; 0.6b is the CPU's default size); full-0.6b: 0.6B shapes under a 1.7B name")
     parser.add_argument("--all", type=Path, metavar="DIR", help="write all three types under DIR")
     parser.add_argument("--seed", type=int, default=0, help="default: 0")
     parser.add_argument("--debug", action="store_true", help="show the dependencies' banners and warnings")

@@ -176,11 +176,6 @@ def thread_split(threads: int) -> tuple[int, int]:
     return threads - threads // 2, threads // 2
 
 
-def default_contexts(cores: int) -> int:
-    """Native contexts by default: one per 4 cores (each uses its share of threads), 1..4."""
-    return max(1, min(4, cores // 4))
-
-
 class _Cancel:
     """The binding's ``cancel_event``: set once the client left or the stream was closed."""
 
@@ -200,9 +195,10 @@ class GgmlEngine(Engine):
         talker: talker GGUF file; codec: codec GGUF file (see ``gguf_files``).
         chunk_frames: codec frames per native chunk (1, 2 or 4; 80 ms each): the library's
             ``cpu_stream_frames``. Larger values are clamped to 4.
-        contexts: native contexts, i.e. streams generated at once (each holds the weights).
-        threads: CPU threads per context (default: the cores this process may use / contexts);
-            with two or more, half of them decode audio beside generation (``thread_split``).
+        contexts: native contexts, i.e. streams generated at once (each holds the weights);
+            0: chosen from the cores and memory (``machine.plan``, its reasons in ``plan``).
+        threads: CPU threads per context (None: ``machine.plan``'s, 2 where there are two
+            cores); with two or more, half of them decode audio beside generation (``thread_split``).
             One more than the cores (2 + 1 on 2 cores) starts speaking about 40 % sooner but
             generates 7 to 18 % slower (``benchmarks/results/cpu-2core``).
         quant: a label for ``backend`` (e.g. "Q8_0").
@@ -227,23 +223,27 @@ class GgmlEngine(Engine):
         talker: Path,
         codec: Path,
         chunk_frames: int,
-        contexts: int = 1,
+        contexts: int = 0,
         threads: int | None = None,
         quant: str = "",
         icl: bool = False,
     ) -> None:
-        super().__init__(kind, chunk_frames, capacity=contexts)
-        self.files = (talker, codec)
-        self.icl = icl
+        from .machine import available_memory, cpu_flags, plan, usable_cores
+
         model_type = gguf_model_type(talker)
         if model_type != kind.value:
             raise ModelMismatchError(f"{talker.name} is a {model_type!r} model, expected {kind.value!r}")
         check_native_widths(talker, codec)
+        weights = sum(p.stat().st_size for p in (talker, codec))
+        self.plan = plan(usable_cores(), cpu_flags(), available_memory(), weights, quant or "GGUF", contexts, threads or 0)
+        contexts = self.plan.streams
+        super().__init__(kind, chunk_frames, capacity=contexts)
+        self.files = (talker, codec)
+        self.icl = icl
         import qwentts_cpp_cpu
 
         _route_native_log()
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self.threads = threads or max(1, cores // contexts)
+        self.threads = self.plan.threads
         generating, decoding = thread_split(self.threads)
         if generating > (os.cpu_count() or 1):
             raise ValueError(f"{self.threads} threads a stream is more than twice this machine's {os.cpu_count()} CPUs")
@@ -265,6 +265,7 @@ class GgmlEngine(Engine):
             + ("" if kind is not ModelKind.BASE else ", clones in context (ICL)" if icl else ", clones by x-vector")
             + ")"
         )
+        _LOGGER.info("GGML %s model: %s", kind.value, self.plan.describe())
 
     def speakers(self) -> list[str]:
         return list(self._speakers) if self.kind is ModelKind.CUSTOM_VOICE else []

@@ -32,8 +32,11 @@ def hub_error(err: BaseException) -> str:
 
 #: The published GGUF conversions (the repository realtimetts-qwen-native-cpu 0.4.2 names).
 GGUF_REPO = "Serveurperso/Qwen3-TTS-GGUF"
-#: Quantizations of the published files; the converter makes all but Q4_K_M.
-QUANTS = ("BF16", "Q8_0", "Q4_K_M")
+#: Quantizations: the published files' (BF16, Q8_0, Q4_K_M; the converter makes all but
+#: Q4_K_M) and Q4_0, made by the converter only (4-bit generation weights, Q8_0 codec).
+QUANTS = ("BF16", "Q8_0", "Q4_K_M", "Q4_0")
+#: Made from a checkpoint folder only: not among the published files.
+CONVERTED_ONLY = ("Q4_0",)
 DEFAULT_QUANT = "Q8_0"
 #: Released model id -> stem of its talker file in ``GGUF_REPO`` (the binding's own table).
 _TALKER_STEMS = {
@@ -129,6 +132,11 @@ def _converted(checkpoint: Path, models_dir: Path, quant: str) -> tuple[Path, Pa
 def _download(model_id: str, models_dir: Path, quant: str, local_files_only: bool) -> tuple[Path, Path]:
     """The published files of ``model_id`` through ``huggingface_hub`` (cached in ``models_dir``)."""
     stem = _TALKER_STEMS.get(model_id)
+    if quant in CONVERTED_ONLY:
+        raise FileNotFoundError(
+            f"{quant} is not published for {model_id!r}: it is made from a checkpoint folder "
+            "(give one), or use the published 4-bit Q4_K_M"
+        )
     if stem is None:
         raise FileNotFoundError(
             f"No published GGUF for {model_id!r} (known: {', '.join(sorted(_TALKER_STEMS))}); "

@@ -1,0 +1,51 @@
+"""The GGML engine's settings chosen from the machine (``engine.cpu.machine``), from faked
+core counts, CPU flags and free memory: no library, no timing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from wyoming_qwen3tts.engine.cpu.machine import available_memory, cpu_flags, plan
+
+GB = 2**30
+AVX2 = {"avx2", "fma", "f16c", "bmi2"}
+
+
+def test_two_cores_get_two_streams_of_two_threads_and_say_why() -> None:
+    chosen = plan(2, AVX2, 16 * GB, int(1.4 * GB), "Q8_0")
+    assert (chosen.streams, chosen.threads, chosen.quant, chosen.codec) == (2, 2, "Q8_0", "qwentts.cpp")
+    text = chosen.describe()
+    assert "one generating, one decoding" in text and "second client" in text and "weights Q8_0" in text
+
+
+def test_more_cores_give_more_streams_up_to_four() -> None:
+    assert [plan(n, AVX2, None, GB, "Q8_0").streams for n in (1, 2, 4, 6, 8, 16, 64)] == [2, 2, 2, 3, 4, 4, 4]
+    assert [plan(n, AVX2, None, GB, "Q8_0").threads for n in (1, 2, 8)] == [1, 2, 2]
+
+
+def test_memory_caps_the_streams_and_the_log_says_so() -> None:
+    weights = int(1.4 * GB)  # 0.6B Q8_0: talker + codec files
+    tight = plan(8, AVX2, 4 * GB, weights, "Q8_0")
+    assert tight.streams == 1 and "free holds 1" in tight.describe()
+    assert plan(8, AVX2, 7 * GB, weights, "Q8_0").streams == 2  # 2.4 GB a context: its weights and KV cache
+    assert plan(8, AVX2, 1 * GB, weights, "Q8_0").streams == 1  # never fewer than one
+
+
+def test_options_override_each_choice() -> None:
+    given = plan(2, AVX2, 1 * GB, GB, "Q4_0", streams=3, threads=1)
+    assert (given.streams, given.threads, given.quant) == (3, 1, "Q4_0")
+    assert "(--ggml-streams)" in given.describe() and "(--ggml-threads)" in given.describe()
+
+
+def test_wider_isas_are_named_as_unused_by_the_avx2_build() -> None:
+    assert "AVX512F/AMX_TILE here unused" in plan(2, AVX2 | {"avx512f", "amx_tile"}, None, GB, "Q8_0").describe()
+    assert "unused" not in plan(2, AVX2, None, GB, "Q8_0").describe()
+
+
+def test_flags_and_memory_are_read_from_proc_files(tmp_path: Path) -> None:
+    cpuinfo, meminfo = tmp_path / "cpuinfo", tmp_path / "meminfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma avx512f\n")
+    meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:    2000000 kB\n")
+    assert cpu_flags(cpuinfo) == {"fpu", "avx2", "fma", "avx512f"}
+    assert available_memory(meminfo) == 2_000_000 * 1024
+    assert cpu_flags(tmp_path / "none") == set() and available_memory(tmp_path / "none") is None

@@ -1,0 +1,147 @@
+"""The GGML engine's settings chosen from the machine: streams (native contexts), threads per
+stream, weight format and codec runtime, each with the reason the start-up log gives.
+
+What the choices rest on (``benchmarks/results/cpu-2core/limits.md``):
+
+* **Threads per stream: 2** (one generating, one decoding audio beside it; one on a 1-core
+  machine). Per 80 ms frame the library spends about 100 ms generating (0.6B Q8_0) and
+  150 ms in the codec on one core each; more threads per context did not help on 4 cores
+  of the GPU machine (0.34-0.41x with 4 threads, as with 2 here): its small matrices gain
+  less from a split than the threads' barriers cost.
+* **Streams: one per 2 cores, at least 2, at most 4, as many as memory holds.** One context
+  generates one stream at a time (the binding's batched rows, ``max_batch`` > 1, ran a
+  2-stream batch about 80 times slower on the CPU than one context each, and forbid the
+  codec thread). With one context, a second client waits a whole sentence for its first
+  audio (43 s in the issue's trial); with two, both are heard at once. On 2 cores two busy
+  contexts share the cores (4 threads on 2 CPUs, each at about half speed, the same total);
+  an idle one costs only its memory. Each context holds its own copy of the weights (the
+  library copies them at load; nothing in its API shares them), so memory caps the count.
+* **Weights: Q8_0.** ``Q4_0`` generation weights (4-bit talker and code predictor) read
+  30 % fewer bytes a frame; the default stays 8-bit until greedy codes of real weights show
+  the voices hold (``--gguf-quant Q4_0`` offers them).
+* **Codec runtime: qwentts.cpp's own.** The wheel decodes inside its generation call and
+  hands over audio only (codes come out only in a debugging dump after the whole request),
+  so another codec cannot serve its streams.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Threads one stream uses by default (one generating, one decoding; see the module text).
+THREADS_PER_STREAM = 2
+#: At most this many contexts by default (each holds the weights).
+MAX_DEFAULT_STREAMS = 4
+#: Memory a context needs beyond its weight files, bytes: qwentts.cpp's talker KV cache
+#: (4096 positions hard-coded, float32: 0.94 GB for 0.6B and 1.7B alike, "896 MB" in its load
+#: log) and compute buffers (about 0.07 GB; ``benchmarks/results/cpu-2core/results.md``,
+#: Memory: 2.16 GB anonymous for one 0.6B Q8_0 context).
+CONTEXT_OVERHEAD = 1024 * 2**20
+#: Memory kept free for the rest of the server (other models, the page cache), bytes.
+MEMORY_RESERVE = 1536 * 2**20
+#: ISA extensions the wheel (an AVX2 build) cannot use, named in the log where present.
+UNUSED_ISA = ("avx512f", "amx_tile")
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    """Chosen settings of one model's GGML engine.
+
+    Attributes:
+        streams: native contexts (streams generated at once).
+        threads: CPU threads per stream (``ggml.thread_split`` divides them).
+        quant: GGUF weight format of the generation (``Q8_0``/``Q4_0``...).
+        codec: the codec runtime serving the streams.
+        reasons: one line per choice, for the start-up log.
+    """
+
+    streams: int
+    threads: int
+    quant: str
+    codec: str
+    reasons: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """One log line: the choices and why."""
+        return "; ".join(self.reasons)
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The CPU's feature flags (x86 ``flags``/aarch64 ``Features`` of /proc/cpuinfo; empty elsewhere)."""
+    try:
+        text = cpuinfo.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """``MemAvailable`` in bytes (None where unknown)."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. under ``taskset``)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def plan(
+    cores: int,
+    flags: set[str],
+    memory: int | None,
+    weights: int,
+    quant: str,
+    streams: int = 0,
+    threads: int = 0,
+) -> CpuPlan:
+    """Settings for one model from the machine; a non-zero ``streams``/``threads`` overrides.
+
+    Args:
+        cores: CPUs usable (``usable_cores``).
+        flags: CPU flags (``cpu_flags``), for the log's ISA note.
+        memory: bytes available now (``available_memory``; None: unknown, not a limit).
+        weights: bytes of the model's two GGUF files (a context copies them).
+        quant: the weight format in use (chosen by ``--gguf-quant``).
+        streams, threads: the user's ``--ggml-streams``/``--ggml-threads`` (0: choose).
+
+    Returns:
+        The plan, its ``reasons`` naming each choice and whether it was given or chosen.
+    """
+    reasons = []
+    if threads:
+        reasons.append(f"{threads} threads a stream (--ggml-threads)")
+    else:
+        threads = min(THREADS_PER_STREAM, cores)
+        reasons.append(
+            f"{threads} thread(s) a stream ({'one generating, one decoding audio' if threads > 1 else 'one core'})"
+        )
+    if streams:
+        reasons.append(f"{streams} stream(s) (--ggml-streams)")
+    else:
+        wanted = max(2, min(MAX_DEFAULT_STREAMS, cores // THREADS_PER_STREAM))
+        per_context = weights + CONTEXT_OVERHEAD
+        fit = wanted if memory is None else max(1, (memory - MEMORY_RESERVE) // per_context)
+        streams = int(min(wanted, fit))
+        why = f"{cores} core(s): one per {THREADS_PER_STREAM}, at least 2 so a second client is heard at once"
+        if streams < wanted:
+            why = f"{wanted} wanted ({why}) but {memory / 2**30:.1f} GB free holds {streams} of {per_context / 2**30:.1f} GB"  # type: ignore[operator]
+        reasons.append(f"{streams} stream(s) ({why})")
+    reasons.append(f"weights {quant}" + (" (8-bit: the default until 4-bit is shown to hold the voices)" if quant == "Q8_0" else ""))
+    unused = [flag.upper() for flag in UNUSED_ISA if flag in flags]
+    codec = "qwentts.cpp"
+    reasons.append(
+        "codec: qwentts.cpp's own (the wheel decodes inside generation)"
+        + (f"; {'/'.join(unused)} here unused by the AVX2 build" if unused else "")
+    )
+    return CpuPlan(streams=streams, threads=threads, quant=quant, codec=codec, reasons=reasons)
