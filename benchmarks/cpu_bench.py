@@ -100,6 +100,7 @@ def run_row(
     extra: list[str] | None = None,
 ) -> dict:
     port = _free_port()
+    data.mkdir(parents=True, exist_ok=True)
     log = data / f"server-{engine}-{checkpoint.name}.log"
     args = [
         sys.executable, "-m", "wyoming_qwen3tts", "--uri", f"tcp://127.0.0.1:{port}", "--http-port", "0",

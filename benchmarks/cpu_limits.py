@@ -181,7 +181,7 @@ def greedy_codes(talker: Path, codec: Path, frames: int, dump: Path) -> np.ndarr
     """Greedy codes [frames, 16] of one CustomVoice request (``TEXT`` x 4, speaker ryan)."""
     import qwentts_cpp_cpu
 
-    context = qwentts_cpp_cpu.QwenTTS(talker, codec, cpu_threads=1, cpu_codec_threads=1)
+    context = qwentts_cpp_cpu.QwenTTS(talker, codec, cpu_threads=1)  # (dump_dir beside the codec thread crashed)
     dump.mkdir(parents=True, exist_ok=True)
     context.synthesize(text=TEXT * 4, speaker="ryan", seed=0, max_new_tokens=frames, do_sample=False,
                        subtalker_do_sample=False, repetition_penalty=1.0, dump_dir=str(dump))
@@ -276,6 +276,8 @@ def main() -> None:
             runtimes.setdefault("onnxruntime CPU streaming", {})[f"{n} thread(s)"] = o
         print(n, runtimes, flush=True, file=sys.stderr)
     result["codec_runtimes"] = runtimes
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")  # kept if the share below fails
     if args.share_frames and {"Q8_0", "Q4_0"} <= set(pairs):
         runs = {q: greedy_codes(*pairs[q], args.share_frames, Path(f"/tmp/cpu-limits-share-{q}")) for q in ("Q8_0", "Q4_0")}
         result["q4_0_vs_q8_0_greedy_codes"] = {"custom_voice ryan": code_share(runs["Q8_0"], runs["Q4_0"])}

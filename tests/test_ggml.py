@@ -552,9 +552,9 @@ def test_4_bit_generation_weights_load_and_stream(ggml_checkpoints: Path, tmp_pa
     talker, codec = convert(ggml_checkpoints / "custom_voice", tmp_path, "Q4_0")
     assert talker.name.endswith("-Q4_0.gguf") and codec.name == "qwen-tokenizer-12hz-Q8_0.gguf"
     types = {t.name: t.tensor_type for t in GGUFReader(str(talker)).tensors}
-    assert types["talker.blk.0.ffn_up.weight"] == GGMLQuantizationType.Q4_0
-    assert types["code_pred.blk.0.attn_q.weight"] == GGMLQuantizationType.Q4_0
-    assert types["talker.codec_head.weight"] != GGMLQuantizationType.Q4_0  # heads stay 8-bit
+    # (the tiny talker's narrower matrices, rows not a multiple of 32 values, stay F16)
+    assert types["talker.blk.0.ffn_gate.weight"] == types["code_pred.blk.0.ffn_down.weight"] == GGMLQuantizationType.Q4_0
+    assert types["talker.codec_head.weight"] == GGMLQuantizationType.Q8_0  # heads stay 8-bit
     engine = GgmlEngine(ModelKind.CUSTOM_VOICE, talker, codec, chunk_frames=1, contexts=1, quant="Q4_0")
     try:
         chunks = _speak(engine, _segment(ModelKind.CUSTOM_VOICE))
