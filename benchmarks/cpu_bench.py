@@ -7,9 +7,9 @@ it, and a Wyoming client asks for one sentence ``REQUESTS`` times, measuring
 
 * ``ttfa_ms``: Synthesize sent -> first AudioChunk received (median of the requests);
 * ``speed``: seconds of audio per second of wall time, whole requests (median);
-* ``gap_ms``: the longest silence a client heard between two chunks, as audio time owed
-  (a chunk's arrival minus the moment the audio received before it has played out; 0 while
-  the client is ahead), the largest of the requests;
+* ``gap_ms``: the longest silence a client heard between two chunks, playing each chunk as
+  it arrives (or when the one before it ends): a chunk's arrival minus the end of the audio
+  before it, 0 while the client is ahead; the largest of the requests;
 * ``--clients 2``: that many clients ask at once (each round), every figure per client: the
   median TTFA and speed over all of them and ``ttfa_ms_max`` (the slower client's median);
 * ``rss_gb``: the server's resident memory (VmRSS) after the requests, serving; also
@@ -69,6 +69,7 @@ async def _one_request(port: int, text: str = TEXT) -> tuple[float, float, float
         first = None
         samples = 0
         gap = 0.0
+        played_until = 0.0  # when the audio received so far ends, playing from its arrival
         while True:
             event = await client.read_event()
             if event is None:
@@ -77,8 +78,11 @@ async def _one_request(port: int, text: str = TEXT) -> tuple[float, float, float
                 chunk = AudioChunk.from_event(event)
                 now = time.perf_counter()
                 first = first or now
-                gap = max(gap, now - (first + samples / 24000))  # arrival after the audio so far played out
-                samples += len(chunk.audio) // chunk.width
+                if samples:
+                    gap = max(gap, now - played_until)  # silence before this chunk
+                n = len(chunk.audio) // chunk.width
+                played_until = max(now, played_until) + n / 24000
+                samples += n
             elif AudioStop.is_type(event.type):
                 wall = time.perf_counter() - started
                 assert first is not None

@@ -229,8 +229,6 @@ def main() -> None:
     parser.add_argument("--onnx", type=Path, help="an exported streaming codec (see onnx_codec)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    import torch
-    from qwen_tts import Qwen3TTSModel
 
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -249,6 +247,13 @@ def main() -> None:
     quant = "Q8_0" if "Q8_0" in pairs else next(iter(pairs))
     ggml = {n: ggml_codec(*pairs[quant], args.frames, n, Path(f"/tmp/cpu-limits-dump-{n}")) for n in args.threads}
     codes = ggml[args.threads[0]]["codes"]
+    share = {}  # before PyTorch is loaded: a native context made after it crashed (twice, in this step)
+    if args.share_frames and {"Q8_0", "Q4_0"} <= set(pairs):
+        runs = {q: greedy_codes(*pairs[q], args.share_frames, Path(f"/tmp/cpu-limits-share-{q}")) for q in ("Q8_0", "Q4_0")}
+        share = code_share(runs["Q8_0"], runs["Q4_0"])
+    import torch
+    from qwen_tts import Qwen3TTSModel
+
     torch.set_num_threads(max(args.threads))
     qwen = Qwen3TTSModel.from_pretrained(str(args.checkpoint), device_map="cpu", dtype=torch.float32)
     decoder = qwen.model.speech_tokenizer.model.decoder
@@ -276,11 +281,8 @@ def main() -> None:
             runtimes.setdefault("onnxruntime CPU streaming", {})[f"{n} thread(s)"] = o
         print(n, runtimes, flush=True, file=sys.stderr)
     result["codec_runtimes"] = runtimes
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")  # kept if the share below fails
-    if args.share_frames and {"Q8_0", "Q4_0"} <= set(pairs):
-        runs = {q: greedy_codes(*pairs[q], args.share_frames, Path(f"/tmp/cpu-limits-share-{q}")) for q in ("Q8_0", "Q4_0")}
-        result["q4_0_vs_q8_0_greedy_codes"] = {"custom_voice ryan": code_share(runs["Q8_0"], runs["Q4_0"])}
+    if share:
+        result["q4_0_vs_q8_0_greedy_codes"] = {"custom_voice ryan": share}
     result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
