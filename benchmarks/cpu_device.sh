@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 26's CPU figures on the GPU machine's CPU, 4 and 8 cores (taskset), in one go (~6-7 min):
+# Issue 26's CPU figures on the GPU machine's CPU, 4 and 8 cores (taskset), in one go (~6-7 min; each
+# step has a timeout, LIMITS_S=120 and BENCH_S=180 by default, and the 8-core set runs last):
 # a server CPU with more cache and memory bandwidth than a desktop: label its figures so.
 #
 #   benchmarks/cpu_device.sh            (from the project root; CORES="0-1" to try it on 2 cores)
@@ -45,11 +46,11 @@ for cores in ${CORES:-0-3 0-7}; do
   mkdir -p "$dir"
   uptime > "$dir/uptime-before.txt"
   threads="1 2"; [ "$n" -gt 2 ] && threads="1 2 $n"
-  timeout "${LIMITS_S:-150}" taskset -c "$cores" $PY -m benchmarks.cpu_limits --checkpoint "$CKPT" \
+  timeout "${LIMITS_S:-120}" taskset -c "$cores" $PY -m benchmarks.cpu_limits --checkpoint "$CKPT" \
     --gguf-dir "$WORK/gguf" --frames 40 --threads $threads --share-frames "$share" --out "$dir/limits.json" > "$dir/limits.log" 2>&1
   share=0
   echo "$n cores: limits rc=$? at $(( $(date +%s) - start )) s"
-  timeout "${BENCH_S:-240}" taskset -c "$cores" $PY -m benchmarks.cpu_bench --out "$dir" --work "$WORK" \
+  timeout "${BENCH_S:-180}" taskset -c "$cores" $PY -m benchmarks.cpu_bench --out "$dir" --work "$WORK" \
     --frames 25 --sizes 0.6b --clients 1 2 --gguf-dir "$WORK/gguf" > "$dir/bench.log" 2>&1
   echo "$n cores: bench rc=$? at $(( $(date +%s) - start )) s"
   uptime > "$dir/uptime-after.txt"
