@@ -135,6 +135,10 @@ def onnx_codec(model: Path, codes: np.ndarray, threads: int, reference: np.ndarr
     return {"ms_per_frame": round(1000 * statistics.median(times[5:]), 1), "max_abs_diff": float(np.abs(audio - reference).max())}
 
 
+#: Library objects holding our log callbacks (freed, the library would call freed memory).
+_LOG_OWNERS: list[Any] = []
+
+
 def _read_dump(path: Path) -> np.ndarray:
     """A qwentts.cpp dump (int32 ndim, int32 dims..., float32 values; ggml order)."""
     raw = np.fromfile(path, dtype=np.int32)
@@ -152,6 +156,7 @@ def ggml_codec(talker: Path, codec: Path, frames: int, threads: int, dump: Path)
     lines: list[str] = []
     library = qwentts_cpp_cpu.QwenLibrary()
     library.set_log_callback(lambda level, message: lines.append(message))
+    _LOG_OWNERS.append(library)  # the native callback is process-wide: its owner must outlive it
     context = qwentts_cpp_cpu.QwenTTS(talker, codec, cpu_threads=threads)
     dump.mkdir(parents=True, exist_ok=True)
     audio, _ = context.synthesize(text=TEXT, speaker="ryan", seed=0, max_new_tokens=frames, do_sample=False,
@@ -181,7 +186,7 @@ def greedy_codes(talker: Path, codec: Path, frames: int, dump: Path) -> np.ndarr
     """Greedy codes [frames, 16] of one CustomVoice request (``TEXT`` x 4, speaker ryan)."""
     import qwentts_cpp_cpu
 
-    context = qwentts_cpp_cpu.QwenTTS(talker, codec, cpu_threads=1)  # (dump_dir beside the codec thread crashed)
+    context = qwentts_cpp_cpu.QwenTTS(talker, codec, cpu_threads=1)
     dump.mkdir(parents=True, exist_ok=True)
     context.synthesize(text=TEXT * 4, speaker="ryan", seed=0, max_new_tokens=frames, do_sample=False,
                        subtalker_do_sample=False, repetition_penalty=1.0, dump_dir=str(dump))
@@ -247,7 +252,7 @@ def main() -> None:
     quant = "Q8_0" if "Q8_0" in pairs else next(iter(pairs))
     ggml = {n: ggml_codec(*pairs[quant], args.frames, n, Path(f"/tmp/cpu-limits-dump-{n}")) for n in args.threads}
     codes = ggml[args.threads[0]]["codes"]
-    share = {}  # before PyTorch is loaded: a native context made after it crashed (twice, in this step)
+    share = {}
     if args.share_frames and {"Q8_0", "Q4_0"} <= set(pairs):
         runs = {q: greedy_codes(*pairs[q], args.share_frames, Path(f"/tmp/cpu-limits-share-{q}")) for q in ("Q8_0", "Q4_0")}
         share = code_share(runs["Q8_0"], runs["Q4_0"])
