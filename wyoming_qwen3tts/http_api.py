@@ -46,7 +46,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from .encoders import StreamEncoder, open_encoder
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
 from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
-from . import openapi
+from . import http_ws, openapi
 from .http_common import ApiError, error_body, read_json, voice_json
 from .http_request import GENERIC_MODELS, HUB_MODEL, KIND_MODELS, SpeechParams, model_kind, parse_speech, pick_voice
 from .studio import add_routes, from_ingress, is_page  # the page is open, ingress is authenticated
@@ -474,6 +474,7 @@ def create_app(
     api_key: str | None = None,
     ingress_peer: str | None = None,
     write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
 ) -> web.Application:
     """The aiohttp application (routes and middleware) for ``service``.
 
@@ -482,6 +483,7 @@ def create_app(
         api_key: Bearer key required by ``/v1/*``, or None.
         ingress_peer: address of Home Assistant's ingress proxy; its requests need no key.
         write_timeout: seconds a response write may wait for the client to read.
+        idle_timeout: seconds a WebSocket session with open text may send nothing.
     """
     body_limit = max(1 << 20, 8 * service.max_chars + (64 << 10))
     app = web.Application(middlewares=[_middleware(service, api_key, ingress_peer)], client_max_size=body_limit)
@@ -497,6 +499,7 @@ def create_app(
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi_json)
+    http_ws.add_route(app, service, write_timeout, idle_timeout)  # /v1/audio/speech/ws
     add_routes(app, service)  # the voice studio's routes and page
     return app
 
@@ -571,7 +574,7 @@ async def start_http(
     if _MALFORMED_FILTER not in server_logger.filters:
         server_logger.addFilter(_MALFORMED_FILTER)
     runner = web.AppRunner(
-        create_app(service, api_key, ingress_peer, write_timeout),
+        create_app(service, api_key, ingress_peer, write_timeout, idle_timeout),
         access_log=None,  # each request has its own line ("http request ok: ..."), cut or whole
         handler_cancellation=True,
         shutdown_timeout=2.0,
