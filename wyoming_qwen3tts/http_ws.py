@@ -87,6 +87,7 @@ class SpeechSession:
         self._ended = False  # input_text.end accepted: the server owes the rest
         self._cancelled = False  # response.cancel
         self._started = False  # response.started sent
+        self._samples_sent = 0  # samples in the binary messages so far (after the tempo change)
         self._finished = False  # the last event (response.done or a closing error) is sent or under way
         self._errors_in_a_row = 0
         self._errors_logged = 0
@@ -246,7 +247,7 @@ class SpeechSession:
         with contextlib.suppress(ConnectionError, RuntimeError):
             await self._begin_response()
             reason = "cancelled" if self._cancelled else "stop"
-            await self._send_json(ev.response_done(self.request_id, reason, chunks, stream.samples))
+            await self._send_json(ev.response_done(self.request_id, reason, chunks, self._samples_sent))
             await self._ws.close(code=WSCloseCode.OK)
 
     async def _send_audio(self, audio: Any) -> int:
@@ -255,6 +256,7 @@ class SpeechSession:
             return 0
         await self._begin_response()
         await self._send(to_pcm16(audio))
+        self._samples_sent += len(audio)
         return 1
 
     async def _begin_response(self) -> None:

@@ -5,29 +5,20 @@ The protocol is the one of nari-labs/nari-qwen3-tts (``docs/websocket.md``) as t
 benchmark harness nari-labs/benchmarks (``tts_bench``, its ``--transport websocket``) speaks
 it; this module was written from reading both, not copied. One request per connection:
 
-====================  ======================================================================
-client -> server      server -> client
-====================  ======================================================================
-(handshake, offering  ``session.created`` {protocol, audio}
-subprotocol
-``nari.speech.v1``)
-``request.start``     ``request.configured`` {request_id, voice, language, audio}
-{model?, voice?,
-language?, speed?,
-seed?, instructions?,
-reference_voice?,
-response_format?}
-``input_text.append`` ``input_text.ack`` {event: "input_text.append", sequence, request_id}
-{sequence, text}
-``input_text.end``    ``input_text.ack`` {event: "input_text.end", sequence, request_id}
-{sequence}
-``response.cancel``   ``response.done`` {stop_reason: "cancelled"}
-\                     ``response.started`` {request_id, audio}, once, before the first audio
-\                     binary messages: PCM, signed 16-bit little-endian, 24 kHz, mono
-\                     ``response.done`` {request_id, stop_reason: "stop", audio_chunks}, then
-                      the server closes the WebSocket with code 1000
-\                     ``error`` {request_id, error: {message, type, param, code}}
-====================  ======================================================================
+1. The client opens the WebSocket offering the subprotocol ``nari.speech.v1``; the server
+   sends ``session.created`` {protocol, audio}.
+2. Client ``request.start`` {model?, voice?, language?, speed?, seed?, instructions?,
+   reference_voice?, response_format?: "pcm"}; server ``request.configured``
+   {request_id, voice, language, audio}.
+3. Client ``input_text.append`` {sequence, text}, any number; each gets ``input_text.ack``
+   {event: "input_text.append", sequence, request_id}.
+4. Client ``input_text.end`` {sequence}; server ``input_text.ack`` {event: "input_text.end",
+   sequence, request_id}. (Or client ``response.cancel``: the response ends "cancelled".)
+5. Meanwhile, as speech is generated: ``response.started`` {request_id, audio} once, just
+   before the first binary message; binary messages of PCM (signed 16-bit little-endian,
+   24 kHz, mono); after the last, ``response.done`` {request_id, stop_reason: "stop" or
+   "cancelled", audio_chunks, audio_samples}; then the server closes the WebSocket (1000).
+6. Anywhere: ``error`` {request_id, error: {message, type, param, code}}.
 
 ``audio`` is always ``{"encoding": "pcm_s16le", "sample_rate": 24000, "channels": 1}``
 (the harness compares it with exactly that object). ``audio_chunks`` counts the binary
