@@ -438,3 +438,17 @@ def test_parse_reads_the_harness_events() -> None:
         parsed = ev.parse_client_event(json.dumps(event))
         assert parsed.type == event["type"] and parsed.sequence == event.get("sequence")
         assert parsed.text == event.get("text", "")
+
+
+def test_readme_client_works_as_written(ws_server: Server) -> None:
+    """The README's WebSocket client, run as written but for the server's address and key."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("\n### Streamed text over a WebSocket\n") :]
+    code = section[section.index("```python\n") + 10 : section.index("\n```", section.index("```python\n"))]
+    assert len(code.splitlines()) <= 22
+    url = f"ws://127.0.0.1:{ws_server.http_port}{ev.PATH}"
+    code = code.replace("ws://localhost:8880/v1/audio/speech/ws", url).replace("your key, or anything", KEY)
+    scope: dict[str, Any] = {}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the README's own code
+    pcm = scope["pcm"]
+    assert isinstance(pcm, bytes) and len(pcm) > 0 and len(pcm) % (2 * SAMPLES_PER_FRAME) == 0

@@ -232,6 +232,31 @@ def _speech_operation() -> dict[str, Any]:
     }
 
 
+#: Where the README describes the WebSocket door (OpenAPI 3.1 has no way to describe a
+#: WebSocket's messages).
+WEBSOCKET_DOCS = "https://github.com/wyoming-qwen3tts/wyoming-qwen3tts#streamed-text-over-a-websocket"
+
+
+def _speech_ws_operation() -> dict[str, Any]:
+    """``GET /v1/audio/speech/ws``: only its handshake can be described here."""
+    return {
+        "operationId": "speechWebSocket",
+        "summary": "Streamed text in, PCM out, over a WebSocket (subprotocol nari.speech.v1)",
+        "description": (
+            "A WebSocket endpoint for voice agents: the text comes as it is written (input_text.append "
+            "deltas), speech starts at the first clause, audio returns as binary messages of 24 kHz "
+            "16-bit mono PCM. OpenAPI cannot describe WebSocket messages; this entry covers only the "
+            "HTTP handshake (an Upgrade request offering the subprotocol nari.speech.v1, answered 101). "
+            f"The messages, errors and limits are in the README: {WEBSOCKET_DOCS}"
+        ),
+        "externalDocs": {"description": "The WebSocket protocol", "url": WEBSOCKET_DOCS},
+        "responses": {
+            "101": {"description": "Switching Protocols: the WebSocket session begins."},
+            "400": _error("Not a WebSocket handshake (code websocket-required)."),
+        },
+    }
+
+
 def _get(operation_id: str, summary: str, responses: dict[str, Any]) -> dict[str, Any]:
     return {"get": {"operationId": operation_id, "summary": summary, "responses": responses}}
 
@@ -414,6 +439,7 @@ def document(max_chars: int, api_key: bool = False) -> dict[str, Any]:
     """
     paths: dict[str, Any] = {
         "/v1/audio/speech": {"post": _speech_operation()},
+        "/v1/audio/speech/ws": {"get": _speech_ws_operation()},
         "/v1/audio/voices": _get(
             "listVoices", "The voice catalogue",
             {"200": _json({"$ref": "#/components/schemas/VoiceList"}, "Every voice, by name.")},
