@@ -406,7 +406,7 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
         )
     await ws.prepare(request)
     limit_send_buffer(request.get_extra_info("socket"))
-    session = SpeechSession(sessions, ws, request.transport)  # type: ignore[arg-type]
+    session = SpeechSession(sessions, ws, request.transport)
     sessions.add(session)
     await session.run()
     return ws
