@@ -11,6 +11,9 @@
 #   soak     a real server on the full-size checkpoints, python -m benchmarks.soak against it
 #   poisson  a real server (all three full-size models, --max-streams 32, --fixed-frames 75),
 #            python -m benchmarks.poisson against it (POISSON_ARGS: its flags, e.g. --rates 10)
+#   wsfirst  a real server (full-size CustomVoice, --max-streams 32, --fixed-frames 75),
+#            python -m benchmarks.ws_first_audio against it: first audio from the first delta,
+#            WebSocket door and Wyoming streamed text at once (WSFIRST_ARGS: its flags)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -76,6 +79,19 @@ for stage in "$@"; do
         --out "$OUT/poisson" ${POISSON_ARGS:---http-voices custom_voice} 2>&1 | tee "$OUT/poisson/poisson.log" | tail -40
       kill -TERM $server; wait $server
       cp /tmp/poisson/server.log "$OUT/poisson/server.log"; grep -E "ERROR|Traceback" /tmp/poisson/server.log | head -5 ;;
+    wsfirst)
+      python3 -m wyoming_qwen3tts.testing.checkpoint .ckpt/full/custom_voice --type custom_voice --size full > /dev/null
+      mkdir -p /tmp/wsfirst/voices "$OUT/wsfirst"
+      python3 -m wyoming_qwen3tts --uri tcp://127.0.0.1:10300 --http-host 127.0.0.1 --http-port 8890 \
+        --data-dir /tmp/wsfirst/data --voices-dir /tmp/wsfirst/voices --clone-model none --design-model none \
+        --custom-voice-model .ckpt/full/custom_voice --voice ryan --device cuda --no-zeroconf --local-files-only \
+        --max-streams 32 --fixed-frames 75 --seed 17 ${WSFIRST_SERVER_ARGS:---max-queue 64} > /tmp/wsfirst/server.log 2>&1 &
+      server=$!
+      for _ in $(seq 360); do grep -q "Ready: Wyoming" /tmp/wsfirst/server.log && break; sleep 0.5; done
+      timeout "${WSFIRST_S:-300}" python3 -m benchmarks.ws_first_audio --wyoming-port 10300 --http-port 8890 \
+        --out "$OUT/wsfirst" ${WSFIRST_ARGS:-} 2>&1 | tee "$OUT/wsfirst/ws_first_audio.log" | tail -20
+      kill -TERM $server; wait $server
+      cp /tmp/wsfirst/server.log "$OUT/wsfirst/server.log"; grep -E "ERROR|Traceback" /tmp/wsfirst/server.log | head -5 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   echo "== $stage: $(( $(date +%s) - start )) s"

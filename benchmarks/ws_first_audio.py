@@ -173,7 +173,8 @@ async def run_door(door: str, args: argparse.Namespace, seed: int) -> list[Resul
 
         async def one(i: int, out: Result) -> None:
             await asyncio.sleep(max(0.0, start + out.arrival - time.perf_counter()))
-            text = REPLIES[i % len(REPLIES)]
+            replies = args.text or REPLIES
+            text = replies[i % len(replies)]
             try:
                 async with asyncio.timeout(args.timeout):
                     if door == "websocket":
@@ -215,13 +216,14 @@ def wait_ready(args: argparse.Namespace) -> None:
 
 async def run(args: argparse.Namespace) -> dict[str, list[Result]]:
     """Both doors at once (each its own Poisson stream), after one warm-up request each."""
+    text = (args.text or REPLIES)[0]
     for door in DOORS:
         warm = Result(door, 0.0)
         if door == "websocket":
             async with aiohttp.ClientSession() as http:
-                await websocket_request(http, args, REPLIES[0], warm)
+                await websocket_request(http, args, text, warm)
         else:
-            await wyoming_request(args, REPLIES[0], warm)
+            await wyoming_request(args, text, warm)
     rows = await asyncio.gather(*(run_door(door, args, args.seed + i) for i, door in enumerate(DOORS)))
     return dict(zip(DOORS, rows))
 
@@ -235,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests", type=int, default=200, help="requests per door")
     parser.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second, per door")
     parser.add_argument("--voice", default="ryan")
+    parser.add_argument("--text", action="append", help="a reply to stream instead of the built-in ones (repeatable)")
     parser.add_argument("--delta-ms", type=float, default=10.0, help="milliseconds between word deltas")
     parser.add_argument("--seed", type=int, default=28)
     parser.add_argument("--timeout", type=float, default=60.0, help="a request longer than this fails")

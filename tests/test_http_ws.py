@@ -452,3 +452,22 @@ def test_readme_client_works_as_written(ws_server: Server) -> None:
     exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the README's own code
     pcm = scope["pcm"]
     assert isinstance(pcm, bytes) and len(pcm) > 0 and len(pcm) % (2 * SAMPLES_PER_FRAME) == 0
+
+
+def test_first_audio_benchmark_runs_both_doors(ws_server: Server, tmp_path: Path) -> None:
+    """``benchmarks/ws_first_audio.py`` (the GPU figure's script), a few requests per door
+    against the tiny server: every request gets audio and the report has both doors (the
+    figures themselves are the GPU machine's)."""
+    from benchmarks.ws_first_audio import deltas, main
+
+    assert "".join(deltas("Hi there.  Two\\nlines.")) == "Hi there.  Two\\nlines."
+    code = main([
+        "--wyoming-port", str(ws_server.port), "--http-port", str(ws_server.http_port), "--api-key", KEY,
+        "--requests", "2", "--rate", "4", "--text", "Hi there. Bye.", "--timeout", "200", "--out", str(tmp_path),
+    ])
+    report = json.loads((tmp_path / "ws_first_audio.json").read_text())
+    assert code == 0, report["errors"]
+    for door in ("websocket", "wyoming"):
+        row = report["rows"][door]
+        assert row["n"] == 2 and row["failed"] == 0 and 0 < row["p50_ms"] <= row["p95_ms"], row
+    assert report["p95_difference_ms"] is not None
