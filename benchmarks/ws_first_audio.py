@@ -80,7 +80,9 @@ async def _paced(words: list[str], interval: float, send: Any) -> None:
         await send(i, word)
 
 
-async def websocket_request(http: aiohttp.ClientSession, args: argparse.Namespace, text: str, out: Result) -> None:
+async def websocket_request(
+    http: aiohttp.ClientSession, args: argparse.Namespace, text: str, out: Result
+) -> None:
     """One ``nari.speech.v1`` session; first audio from the first ``input_text.append``."""
     url = f"ws://{args.host}:{args.http_port}/v1/audio/speech/ws"
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -191,7 +193,10 @@ async def run_door(door: str, args: argparse.Namespace, seed: int) -> list[Resul
 def summary(results: list[Result]) -> dict[str, Any]:
     """n, failed, and first audio p50/p95/p99/max in ms over the requests that got audio."""
     ms = [r.first_audio * 1000 for r in results if r.first_audio is not None and not r.error]
-    row: dict[str, Any] = {"n": len(ms), "failed": sum(1 for r in results if r.error or r.first_audio is None)}
+    row: dict[str, Any] = {
+        "n": len(ms),
+        "failed": sum(1 for r in results if r.error or r.first_audio is None),
+    }
     for q in (50, 95, 99):
         value = percentile(ms, q)
         row[f"p{q}_ms"] = None if value is None else round(value, 1)
@@ -237,7 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests", type=int, default=200, help="requests per door")
     parser.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second, per door")
     parser.add_argument("--voice", default="ryan")
-    parser.add_argument("--text", action="append", help="a reply to stream instead of the built-in ones (repeatable)")
+    parser.add_argument(
+        "--text", action="append", help="a reply to stream instead of the built-in ones (repeatable)"
+    )
     parser.add_argument("--delta-ms", type=float, default=10.0, help="milliseconds between word deltas")
     parser.add_argument("--seed", type=int, default=28)
     parser.add_argument("--timeout", type=float, default=60.0, help="a request longer than this fails")
@@ -256,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "rows": rows,
         "p95_difference_ms": None if ws is None or wy is None else round(ws - wy, 1),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "api_key"},
+        "config": {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "api_key"
+        },
         "seconds": round(time.monotonic() - began, 1),
         "errors": [asdict(r) for rs in results.values() for r in rs if r.error][:20],
     }
@@ -269,7 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for door, row in rows.items():
-        lines.append(f"| {door} | {row['n']} | {row['failed']} | {row['p50_ms']} | {row['p95_ms']} | {row['p99_ms']} | {row['max_ms']} |")
+        lines.append(
+            f"| {door} | {row['n']} | {row['failed']} | {row['p50_ms']} | {row['p95_ms']} | {row['p99_ms']} | {row['max_ms']} |"
+        )
     lines += ["", f"p95 WebSocket minus Wyoming: {report['p95_difference_ms']} ms ({report['seconds']} s)"]
     (args.out / "ws_first_audio.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

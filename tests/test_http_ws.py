@@ -40,13 +40,24 @@ _CLOSED = (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType
 
 
 @pytest.fixture(scope="module")
-def ws_server(checkpoints: Path, voices_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def ws_server(
+    checkpoints: Path, voices_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     """The CPU reference engine, all three models, a fixed seed, a short idle timeout, a
     small text limit and an API key."""
     folder = tmp_path_factory.mktemp("ws-server")
     extra = [
-        "--no-zeroconf", "--anchors", "off", "--seed", "7", "--idle-timeout", str(IDLE_S),
-        "--max-chars", str(MAX_CHARS), "--api-key", KEY,
+        "--no-zeroconf",
+        "--anchors",
+        "off",
+        "--seed",
+        "7",
+        "--idle-timeout",
+        str(IDLE_S),
+        "--max-chars",
+        str(MAX_CHARS),
+        "--api-key",
+        KEY,
     ]
     srv = start_server(checkpoints, voices_dir, folder / "server.log", extra=extra)
     yield srv
@@ -82,7 +93,9 @@ class Session:
         if msg.type in _CLOSED:
             return None
         assert msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY), msg
-        item: dict[str, Any] | bytes = json.loads(msg.data) if msg.type is aiohttp.WSMsgType.TEXT else bytes(msg.data)
+        item: dict[str, Any] | bytes = (
+            json.loads(msg.data) if msg.type is aiohttp.WSMsgType.TEXT else bytes(msg.data)
+        )
         self.messages.append(item)
         return item
 
@@ -91,7 +104,11 @@ class Session:
         while True:
             item = await self.next()
             assert item is not None, f"closed before {kind}: {self.types()}"
-            if isinstance(item, dict) and item["type"] == kind and all(item.get(k) == v for k, v in fields.items()):
+            if (
+                isinstance(item, dict)
+                and item["type"] == kind
+                and all(item.get(k) == v for k, v in fields.items())
+            ):
                 return item
 
     async def send(self, event: dict[str, Any]) -> None:
@@ -104,8 +121,12 @@ class Session:
         return self.ws.close_code
 
 
-async def connect(http: aiohttp.ClientSession, server: Server, headers: dict[str, str] | None = None) -> Session:
-    ws = await http.ws_connect(f"{server.http_url}{ev.PATH}", protocols=(ev.PROTOCOL,), headers=AUTH if headers is None else headers)
+async def connect(
+    http: aiohttp.ClientSession, server: Server, headers: dict[str, str] | None = None
+) -> Session:
+    ws = await http.ws_connect(
+        f"{server.http_url}{ev.PATH}", protocols=(ev.PROTOCOL,), headers=AUTH if headers is None else headers
+    )
     assert ws.protocol == ev.PROTOCOL
     session = Session(ws)
     created = await session.until("session.created")
@@ -234,8 +255,10 @@ async def test_harness_sequence_replayed(ws_server: Server) -> None:
     assert "".join(a["text"] for a in h["appends"]) == h["prompt"]
     async with aiohttp.ClientSession(timeout=_GUARD) as http:
         ws = await http.ws_connect(
-            f"{ws_server.http_url}{h['handshake']['path']}", protocols=tuple(h["handshake"]["subprotocols"]),
-            compress=h["handshake"]["compress"], headers=AUTH,  # the harness sends no key; our server has one
+            f"{ws_server.http_url}{h['handshake']['path']}",
+            protocols=tuple(h["handshake"]["subprotocols"]),
+            compress=h["handshake"]["compress"],
+            headers=AUTH,  # the harness sends no key; our server has one
         )
         assert ws.protocol == h["requires"]["negotiated_subprotocol"]
         session = Session(ws)
@@ -260,7 +283,10 @@ async def test_harness_sequence_replayed(ws_server: Server) -> None:
     assert after.index(started[0]) < first_audio
     done = after[-1]
     assert isinstance(done, dict) and done["type"] == "response.done"
-    assert done["request_id"] == started[0]["request_id"] and done["stop_reason"] == req["response_done"]["stop_reason"]
+    assert (
+        done["request_id"] == started[0]["request_id"]
+        and done["stop_reason"] == req["response_done"]["stop_reason"]
+    )
     assert done["audio_chunks"] == sum(isinstance(m, bytes) for m in after)
     assert close_code == req["close"]["code"]
 
@@ -285,7 +311,9 @@ async def test_bad_input_gets_error_events_and_the_session_goes_on(ws_server: Se
         await refused({"type": "session.update"}, "unknown-event")
         await refused({"type": "input_text.append", "sequence": 0, "text": "early"}, "not-configured")
         await refused({"type": "request.start", "voice": "no-such-voice"}, "unknown-voice")
-        await refused({"type": "request.start", "voice": "ryan", "response_format": "mp3"}, "unsupported-format")
+        await refused(
+            {"type": "request.start", "voice": "ryan", "response_format": "mp3"}, "unsupported-format"
+        )
         await refused({"type": "request.start", "voice": "ryan", "speed": 9}, "invalid-value")
         await session.send({"type": "request.start", "voice": "ryan"})
         await session.until("request.configured")
@@ -352,19 +380,26 @@ async def test_disconnect_cancels_within_a_frame_and_the_server_serves_on(ws_ser
     async with aiohttp.ClientSession(timeout=_GUARD) as http:
         session = await connect(http, ws_server)
         await session.send({"type": "request.start", "voice": "ryan"})
-        await session.send({"type": "input_text.append", "text": long + " And then"})  # the sentence is complete
+        await session.send(
+            {"type": "input_text.append", "text": long + " And then"}
+        )  # the sentence is complete
         while not isinstance(chunk := await session.next(), bytes):
             pass
         delivered = len(chunk) // (2 * SAMPLES_PER_FRAME)
         await session.ws.close()
         deadline = time.monotonic() + 120  # a hang guard while the cancellation propagates
-        while metric(await scrape(ws_server), "tts_requests_total", door="websocket", outcome="cancelled") <= before:
+        while (
+            metric(await scrape(ws_server), "tts_requests_total", door="websocket", outcome="cancelled")
+            <= before
+        ):
             assert time.monotonic() < deadline, "disconnect did not cancel the stream"
             await asyncio.sleep(0.2)
         other = await connect(http, ws_server)
         await speak(other, ["Next, please."], voice="ryan")
         check_response(other, await other.rest())
-    stopped = re.search(r"Generation stopped after (\d+) codec frames \(cap (\d+)\)", ws_server.output()[mark:])
+    stopped = re.search(
+        r"Generation stopped after (\d+) codec frames \(cap (\d+)\)", ws_server.output()[mark:]
+    )
     assert stopped, ws_server.output()[-3000:]
     made, cap = int(stopped[1]), int(stopped[2])
     assert cap > 300 and delivered <= made < delivered + 20, (delivered, made, cap)
@@ -390,7 +425,9 @@ async def test_sigterm_ends_each_session_with_an_error_event(
     """SIGTERM while one session receives audio and another has not started its request:
     each gets ``error`` ``server-stopping``, then the close (1001); the process exits 0."""
     server = start_server(
-        checkpoints, voices_dir, tmp_path / "server.log",
+        checkpoints,
+        voices_dir,
+        tmp_path / "server.log",
         extra=["--no-zeroconf", "--anchors", "off", "--clone-model", "none", "--design-model", "none"],
     )
     try:
@@ -404,7 +441,9 @@ async def test_sigterm_ends_each_session_with_an_error_event(
             for session in (speaking, waiting):
                 code = await session.rest()
                 error = session.events[-1]
-                assert error["type"] == "error" and error["error"]["code"] == "server-stopping", session.types()
+                assert error["type"] == "error" and error["error"]["code"] == "server-stopping", (
+                    session.types()
+                )
                 assert code == 1001
             assert "response.done" not in speaking.types()
         assert await asyncio.to_thread(server.proc.wait, 15) == 0
@@ -420,8 +459,11 @@ async def test_sigterm_ends_each_session_with_an_error_event(
 @pytest.mark.parametrize(
     ("message", "code"),
     [
-        ("", "invalid-json"), ("null", "invalid-json"), ('"text"', "invalid-json"),
-        ('{"type": "input_audio.append"}', "unknown-event"), ("{}", "unknown-event"),
+        ("", "invalid-json"),
+        ("null", "invalid-json"),
+        ('"text"', "invalid-json"),
+        ('{"type": "input_audio.append"}', "unknown-event"),
+        ("{}", "unknown-event"),
         ('{"type": "input_text.append", "sequence": -1, "text": "a"}', "invalid-event"),
         ('{"type": "input_text.append", "sequence": true, "text": "a"}', "invalid-event"),
         ('{"type": "input_text.append", "text": null}', "invalid-event"),
@@ -461,10 +503,26 @@ def test_first_audio_benchmark_runs_both_doors(ws_server: Server, tmp_path: Path
     from benchmarks.ws_first_audio import deltas, main
 
     assert "".join(deltas("Hi there.  Two\\nlines.")) == "Hi there.  Two\\nlines."
-    code = main([
-        "--wyoming-port", str(ws_server.port), "--http-port", str(ws_server.http_port), "--api-key", KEY,
-        "--requests", "2", "--rate", "4", "--text", "Hi there. Bye.", "--timeout", "200", "--out", str(tmp_path),
-    ])
+    code = main(
+        [
+            "--wyoming-port",
+            str(ws_server.port),
+            "--http-port",
+            str(ws_server.http_port),
+            "--api-key",
+            KEY,
+            "--requests",
+            "2",
+            "--rate",
+            "4",
+            "--text",
+            "Hi there. Bye.",
+            "--timeout",
+            "200",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     report = json.loads((tmp_path / "ws_first_audio.json").read_text())
     assert code == 0, report["errors"]
     for door in ("websocket", "wyoming"):

@@ -73,7 +73,9 @@ class SpeechSession:
         transport: the connection's transport (aborted for a client that does not read).
     """
 
-    def __init__(self, sessions: Sessions, ws: web.WebSocketResponse, transport: asyncio.Transport | None) -> None:
+    def __init__(
+        self, sessions: Sessions, ws: web.WebSocketResponse, transport: asyncio.Transport | None
+    ) -> None:
         self._sessions = sessions
         self._service = sessions.service
         self._ws = ws
@@ -101,7 +103,9 @@ class SpeechSession:
         try:
             if self._ws.ws_protocol != ev.PROTOCOL:
                 message = f"Offer the WebSocket subprotocol {ev.PROTOCOL!r} (Sec-WebSocket-Protocol)"
-                await self._fail(ev.ProtocolError("subprotocol-required", message), WSCloseCode.PROTOCOL_ERROR)
+                await self._fail(
+                    ev.ProtocolError("subprotocol-required", message), WSCloseCode.PROTOCOL_ERROR
+                )
                 return
             if not self._sessions.accepting:
                 await self._fail(ServerStoppingError("The server is shutting down"), WSCloseCode.GOING_AWAY)
@@ -109,13 +113,22 @@ class SpeechSession:
             await self._send_json(ev.session_created())
             while True:
                 message = await self._receive()
-                if message is None or message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+                if message is None or message.type in (
+                    WSMsgType.CLOSE,
+                    WSMsgType.CLOSING,
+                    WSMsgType.CLOSED,
+                    WSMsgType.ERROR,
+                ):
                     break
                 self.last_active = time.monotonic()
                 if message.type is WSMsgType.TEXT:
                     await self._handle(message.data)
                 elif message.type is WSMsgType.BINARY:
-                    await self._refuse(ev.ProtocolError("invalid-json", "Binary messages are the server's audio; send JSON text events"))
+                    await self._refuse(
+                        ev.ProtocolError(
+                            "invalid-json", "Binary messages are the server's audio; send JSON text events"
+                        )
+                    )
         except (ConnectionError, RuntimeError) as err:
             _LOGGER.debug("WebSocket client went away: %s", err)
         except Exception:  # noqa: BLE001 - a bug of ours: log it, end this session only
@@ -132,7 +145,10 @@ class SpeechSession:
                 return await self._ws.receive()
             left = self.last_active + idle - time.monotonic()
             if left <= 0:
-                message = f"No message for {idle:g} s: closing the session (send input_text.end when the text is complete)"
+                message = (
+                    f"No message for {idle:g} s: closing the session "
+                    "(send input_text.end when the text is complete)"
+                )
                 await self._fail(ev.ProtocolError("idle-timeout", message), WSCloseCode.POLICY_VIOLATION)
                 return None
             with contextlib.suppress(asyncio.TimeoutError):
@@ -160,35 +176,52 @@ class SpeechSession:
     async def _start(self, data: dict[str, Any]) -> None:
         """``request.start``: check it as ``POST /v1/audio/speech``'s body, open the stream."""
         if self.request_id is not None:
-            raise ev.ProtocolError("already-configured", "This session has its request: open a new WebSocket for another")
+            raise ev.ProtocolError(
+                "already-configured", "This session has its request: open a new WebSocket for another"
+            )
         fmt = data.get("response_format")
         if fmt is not None and fmt != "pcm":
             raise ev.ProtocolError(
-                "unsupported-format", f"This door sends raw PCM only ('response_format': 'pcm'); got {fmt!r}",
+                "unsupported-format",
+                f"This door sends raw PCM only ('response_format': 'pcm'); got {fmt!r}",
                 "response_format",
             )
-        fields = {k: v for k, v in data.items() if k not in ("type", "input", "response_format", "stream", "stream_format")}
+        fields = {
+            k: v
+            for k, v in data.items()
+            if k not in ("type", "input", "response_format", "stream", "stream_format")
+        }
         params = parse_speech({**fields, "input": _NO_INPUT_YET}, self._service.max_chars)
         if not self._service.is_ready():
-            raise ApiError(503, "The models are still warming up; retry shortly", "not-ready", kind="server_error")
+            raise ApiError(
+                503, "The models are still warming up; retry shortly", "not-ready", kind="server_error"
+            )
         name = pick_voice(self._service, params)
         request = SpeechRequest(name, params.language, params.instructions, params.seed, door=DOOR)
         self._stream = self._service.open(request)
         self._tempo = Tempo(params.speed)
         self.request_id = f"ws-{uuid.uuid4().hex}"
-        self._speaker = asyncio.create_task(self._speak(self._stream), name=f"websocket speaker {self.request_id}")
-        await self._send_json(ev.request_configured(self.request_id, self._stream.voice.name, self._stream.language))
+        self._speaker = asyncio.create_task(
+            self._speak(self._stream), name=f"websocket speaker {self.request_id}"
+        )
+        await self._send_json(
+            ev.request_configured(self.request_id, self._stream.voice.name, self._stream.language)
+        )
 
     def _check_sequence(self, event: ev.ClientEvent) -> int:
         if self._stream is None or self.request_id is None:
             raise ev.ProtocolError("not-configured", f"{event.type} before request.start")
         if self._ended or self._cancelled:
             raise ev.ProtocolError(
-                "input-ended", f"{event.type} after the text ended ({'cancelled' if self._cancelled else 'input_text.end'}); it is ignored"
+                "input-ended",
+                f"{event.type} after the text ended "
+                f"({'cancelled' if self._cancelled else 'input_text.end'}); it is ignored",
             )
         if event.sequence is not None and event.sequence != self._sequence:
             raise ev.ProtocolError(
-                "invalid-sequence", f"Expected sequence {self._sequence}, got {event.sequence}; the event is ignored", "sequence"
+                "invalid-sequence",
+                f"Expected sequence {self._sequence}, got {event.sequence}; the event is ignored",
+                "sequence",
             )
         return self._sequence
 
@@ -231,7 +264,11 @@ class SpeechSession:
             if not self._cancelled:
                 chunks += await self._send_audio(self._tempo.finish())
         except GenerationError as err:
-            await self._fail(RequestError(f"Speech generation failed: {err}"), WSCloseCode.INTERNAL_ERROR, "generation-failed")
+            await self._fail(
+                RequestError(f"Speech generation failed: {err}"),
+                WSCloseCode.INTERNAL_ERROR,
+                "generation-failed",
+            )
             return
         except ServerStoppingError as err:
             await self._fail(ServerStoppingError(f"{err}; the audio is incomplete"), WSCloseCode.GOING_AWAY)
@@ -270,7 +307,9 @@ class SpeechSession:
         self._errors_in_a_row += 1
         await self._error(err)
         if self._errors_in_a_row >= MAX_ERRORS_IN_A_ROW:
-            _LOGGER.info("Closing a WebSocket session after %d refused events in a row", self._errors_in_a_row)
+            _LOGGER.info(
+                "Closing a WebSocket session after %d refused events in a row", self._errors_in_a_row
+            )
             await self._fail(None, WSCloseCode.POLICY_VIOLATION)
 
     async def _fail(self, err: RequestError | None, close_code: int, code: str | None = None) -> None:
@@ -360,7 +399,12 @@ class Sessions:
         idle_timeout: seconds without a message before a session with open text is closed.
     """
 
-    def __init__(self, service: TtsService, write_timeout: float = DEFAULT_WRITE_TIMEOUT, idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+    def __init__(
+        self,
+        service: TtsService,
+        write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    ) -> None:
         self.service = service
         self.write_timeout = write_timeout
         self.idle_timeout = idle_timeout
@@ -402,7 +446,9 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
     )
     if not ws.can_prepare(request).ok:
         raise ApiError(
-            400, f"{ev.PATH} is a WebSocket endpoint (subprotocol {ev.PROTOCOL}); see the README", "websocket-required"
+            400,
+            f"{ev.PATH} is a WebSocket endpoint (subprotocol {ev.PROTOCOL}); see the README",
+            "websocket-required",
         )
     await ws.prepare(request)
     limit_send_buffer(request.get_extra_info("socket"))
@@ -412,7 +458,9 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
     return ws
 
 
-def add_route(app: web.Application, service: TtsService, write_timeout: float, idle_timeout: float) -> Sessions:
+def add_route(
+    app: web.Application, service: TtsService, write_timeout: float, idle_timeout: float
+) -> Sessions:
     """Serve the WebSocket door on ``app`` at ``ws_events.PATH``; its sessions end on the
     application's shutdown. Returns the session registry."""
     sessions = Sessions(service, write_timeout, idle_timeout)

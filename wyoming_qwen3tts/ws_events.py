@@ -95,7 +95,9 @@ def parse_client_event(message: str) -> ClientEvent:
     kind = data.get("type")
     if kind not in CLIENT_EVENTS:
         raise ProtocolError(
-            "unknown-event", f"Unknown event type {kind!r}; this protocol has {', '.join(CLIENT_EVENTS)}", "type"
+            "unknown-event",
+            f"Unknown event type {kind!r}; this protocol has {', '.join(CLIENT_EVENTS)}",
+            "type",
         )
     sequence = data.get("sequence")
     if sequence is not None and (isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 0):
@@ -115,8 +117,11 @@ def request_configured(request_id: str, voice: str, language: str) -> dict[str, 
     """The answer to an accepted ``request.start``: the request's id, the resolved voice
     and Qwen3-TTS language."""
     return {
-        "type": "request.configured", "request_id": request_id, "voice": voice,
-        "language": language, "audio": dict(AUDIO),
+        "type": "request.configured",
+        "request_id": request_id,
+        "voice": voice,
+        "language": language,
+        "audio": dict(AUDIO),
     }
 
 
@@ -135,15 +140,26 @@ def response_done(request_id: str, stop_reason: str, audio_chunks: int, samples:
     "cancelled" (``response.cancel``); ``audio_chunks`` binary messages were sent, holding
     ``samples`` samples at 24 kHz."""
     return {
-        "type": "response.done", "request_id": request_id, "stop_reason": stop_reason,
-        "audio_chunks": audio_chunks, "audio_samples": samples,
+        "type": "response.done",
+        "request_id": request_id,
+        "stop_reason": stop_reason,
+        "audio_chunks": audio_chunks,
+        "audio_samples": samples,
     }
 
 
-def error(request_id: str | None, message: str, code: str, param: str | None = None, kind: str | None = None) -> dict[str, Any]:
+def error(
+    request_id: str | None, message: str, code: str, param: str | None = None, kind: str | None = None
+) -> dict[str, Any]:
     """An ``error`` event: OpenAI's error object (``http_common.error_body``) with the
     request's id (None before ``request.start`` was accepted). ``kind`` defaults to
     ``server_error`` for the server's own failures and ``invalid_request_error`` else."""
-    server_side = code in ("server-stopping", "generation-failed", "internal-error", "not-ready", "overloaded")
+    server_side = code in (
+        "server-stopping",
+        "generation-failed",
+        "internal-error",
+        "not-ready",
+        "overloaded",
+    )
     kind = kind or ("server_error" if server_side else "invalid_request_error")
     return {"type": "error", "request_id": request_id, **error_body(message, code, param, kind)}
