@@ -35,7 +35,7 @@ IDLE_S = 6.0
 MAX_CHARS = 300
 _GUARD = aiohttp.ClientTimeout(total=240)
 HARNESS = json.loads((Path(__file__).parent / "data" / "nari_ws_harness.json").read_text())
-TWO_SENTENCES = "Hello there, my friend. This is the second sentence."
+TWO_SENTENCES = "Hi there, friend. Bye now."
 _CLOSED = (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED)
 
 
@@ -198,7 +198,7 @@ async def test_whole_exchange_speaks_as_the_wyoming_streamed_text(ws_server: Ser
 async def test_first_audio_comes_before_the_last_delta(ws_server: Server) -> None:
     """Speech starts at the first sentence while the text is still open: the client sends
     the second sentence only once audio came."""
-    first, second = words("Hello there, my friend. "), words("This is the second sentence.")
+    first, second = words("Hi there, friend. "), words("Bye now.")
     async with aiohttp.ClientSession(timeout=_GUARD) as http:
         session = await connect(http, ws_server)
         await session.send({"type": "request.start", "voice": "ryan"})
@@ -403,6 +403,22 @@ async def test_disconnect_cancels_within_a_frame_and_the_server_serves_on(ws_ser
     assert stopped, ws_server.output()[-3000:]
     made, cap = int(stopped[1]), int(stopped[2])
     assert cap > 300 and delivered <= made < delivered + 20, (delivered, made, cap)
+
+
+async def test_response_cancel_ends_the_response_cancelled(ws_server: Server) -> None:
+    """``response.cancel`` (what the harness sends when it gives up): the generation stops,
+    ``response.done`` says ``cancelled`` and counts what was sent, then the close (1000)."""
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        session = await connect(http, ws_server)
+        await session.send({"type": "request.start", "voice": "ryan"})
+        await session.send({"type": "input_text.append", "text": "One sentence here. Another one follows. And more"})
+        while not isinstance(await session.next(), bytes):
+            pass
+        await session.send({"type": "response.cancel"})
+        close_code = await session.rest()
+    done = session.events[-1]
+    assert done["type"] == "response.done" and done["stop_reason"] == "cancelled", session.types()
+    assert done["audio_chunks"] == session.types().count("<audio>") and close_code == 1000
 
 
 async def test_api_key_and_handshake_errors(ws_server: Server) -> None:
