@@ -111,6 +111,7 @@ def load_engine(
     shrink: float = 1.0,
     ggml_threads: int = 0,
     ggml_icl: bool = False,
+    weight_quant: str = "none",
 ) -> Engine:
     """Load a checkpoint through the real loaders (faster-qwen3-tts / qwen_tts).
 
@@ -144,6 +145,9 @@ def load_engine(
         ggml_threads: the GGML engine's CPU threads per context; 0: the cores / contexts.
         ggml_icl: the GGML engine clones in context where a voice has a transcript
             (``GgmlEngine``'s ``icl``); else by x-vector.
+        weight_quant: "int8": the batched engine's talker and code predictor hold int8
+            weights (``batched.quant``; loaded on the CPU, quantized onto ``device``);
+            "none": ``dtype`` throughout (``precision.pick_weight_quant`` chooses).
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
@@ -190,7 +194,14 @@ def load_engine(
         return SingleStreamEngine(kind, tts, chunk_frames)
     from qwen_tts import Qwen3TTSModel
 
-    qwen = Qwen3TTSModel.from_pretrained(str(checkpoint), device_map=device, dtype=weights, attn_implementation="sdpa")
+    int8 = weight_quant == "int8" and engine == "batched"
+    qwen = Qwen3TTSModel.from_pretrained(
+        str(checkpoint), device_map="cpu" if int8 else device, dtype=weights, attn_implementation="sdpa"
+    )
+    if int8:
+        from .batched.quant import load_int8
+
+        load_int8(qwen, device)
     if engine == "reference":
         from .cpu.reference import ReferenceEngine
 
