@@ -24,6 +24,7 @@ from .anchors import AnchorMode, Anchors, AnchorStore
 from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, resolve_checkpoint
 from .engine.on_demand import DEFAULT_IDLE_S
+from .engine.precision import WEIGHT_QUANTS
 from .engine.sizing import DESIGN_MEMORY
 from .engine.cpu.defaults import cpu_default_voice
 from .engine.cpu.ggml import GgmlEngine
@@ -100,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--http-port", type=int, default=8880, help="OpenAI-compatible endpoint port (0 = off)")
     parser.add_argument("--api-key", help="Bearer key required by the HTTP endpoint")
     parser.add_argument("--local-files-only", action="store_true", help="Never download; use only local files")
+    # GPU weights (engine/precision.py, engine/batched/quant.py)
+    parser.add_argument("--weight-quant", choices=WEIGHT_QUANTS, default="auto", help="Batched engine: int8 stores the talker's and code predictor's weights in 8 bits (per-channel scales; a 1.7B model's weights take 2.4 GB instead of 4.2), none keeps --dtype's; auto: int8 when the GPU memory the card reports free is too short for every model at full precision with 4 streams each")
     # Voice studio (anchors.py, studio.py)
     parser.add_argument("--anchors", choices=["auto", "all", "used", "kept", "off"], default="auto", help="Preset anchors: all (every VoiceDesign preset rendered once in the background, then cloned by the Base model), used (the default voice and presets once used), kept (none rendered: only designs kept in the voice studio, with the clip you heard), off (presets designed live for every sentence); auto: all with CUDA, kept on the CPU")
     parser.add_argument("--ingress-peer", default=HA_INGRESS_PEER if os.environ.get("SUPERVISOR_TOKEN") else None, help="Address of Home Assistant's ingress proxy: its requests (with X-Ingress-Path) need no API key (default: 172.30.32.2 inside a Home Assistant add-on, else none)")
