@@ -167,6 +167,18 @@ def test_fused_int8_projections_share_the_modules_storage() -> None:
     torch.testing.assert_close(torch.cat([lin(x) for lin in int8], dim=-1), separate)
 
 
+def test_quantizing_a_block_of_rows_at_a_time_is_quantizing_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The embedding (311 M weights) is quantized onto the GPU in blocks of rows, so that a
+    4 GB card never holds it in float32; blocks give what one pass gives."""
+    from wyoming_qwen3tts.engine.batched import quant
+
+    w = torch.randn(7, 50, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    monkeypatch.setattr(quant, "CHUNK_ELEMENTS", 100)  # 2 rows a block, the last one short
+    q, scale = quant.quantize_to(w, "cpu")
+    q_ref, scale_ref = quant.quantize_rows(w)
+    assert torch.equal(q, q_ref) and torch.equal(scale, scale_ref)
+
+
 @pytest.mark.gpu
 def test_int8_cuda_graph_engine_streams_like_the_eager_int8_step(checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA, float32 (exact products), greedy: the captured int8 step (the Triton kernel)

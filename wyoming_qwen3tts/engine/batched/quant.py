@@ -46,6 +46,22 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), scale
 
 
+#: Weights quantized at once when moving to the device (``quantize_to``): 16 M, so that the
+#: float32 temporaries stay near 64 MB (the text embedding alone is 311 M).
+CHUNK_ELEMENTS = 1 << 24
+
+
+def quantize_to(weight: torch.Tensor, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows`` of ``weight`` [N, K] (on any device) onto ``device``, a block of rows
+    at a time, so that the device never holds more than ``CHUNK_ELEMENTS`` of it in float."""
+    rows = max(1, CHUNK_ELEMENTS // max(1, weight.shape[1]))
+    q = torch.empty(weight.shape, dtype=torch.int8, device=device)
+    scale = torch.empty(weight.shape[0], dtype=torch.float32, device=device)
+    for start in range(0, weight.shape[0], rows):
+        q[start : start + rows], scale[start : start + rows] = quantize_rows(weight[start : start + rows].to(device))
+    return q, scale
+
+
 def dequant_linear(
     x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -77,7 +93,7 @@ class Int8Linear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, device: torch.device | str) -> Int8Linear:
         """Quantize ``linear`` (on any device) onto ``device``."""
-        q, scale = quantize_rows(linear.weight.to(device))
+        q, scale = quantize_to(linear.weight, device)
         bias = linear.bias.detach().to(device) if linear.bias is not None else None
         return cls(q, scale, bias)
 
@@ -123,7 +139,7 @@ class Int8Embedding(nn.Module):
         super().__init__()
         self.dtype = embedding.weight.dtype
         self.num_embeddings, self.embedding_dim = (int(d) for d in embedding.weight.shape)
-        q, scale = quantize_rows(embedding.weight.to(device))
+        q, scale = quantize_to(embedding.weight, device)
         self.qweight: torch.Tensor
         self.scale: torch.Tensor
         self.register_buffer("qweight", q)
