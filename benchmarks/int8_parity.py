@@ -10,7 +10,9 @@ model's dtype (bfloat16) and with ``weight_quant="int8"``, and for each:
   VoiceDesign preset's description, a CustomVoice speaker) generates ``--frames`` frames
   greedily (argmax everywhere, no repetition penalty), alone in the batch. The int8 codes are
   compared with the full-precision ones: the share of identical codes (all 16 codebooks of
-  every frame), of identical first codebooks, and the first frame that differs. With random
+  every frame), of identical first codebooks, and the first frame that differs. And the same
+  shares teacher-forced (``int8_vs_full_teacher_forced``): int8 predicting each frame from the
+  full-precision codes so far, so that each code is compared on the same history. With random
   weights the logits are nearly flat, so one flipped argmax changes everything after it; the
   floor to read them against is full precision against itself batched (the same request with
   ``--streams`` - 1 other requests beside it: bf16 GEMMs of another shape round differently,
@@ -163,6 +165,40 @@ def compare(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
     }
 
 
+def teacher_forced(engine: BatchedEngine, voice: dict[str, Any], reference: np.ndarray) -> np.ndarray:
+    """Which codes ``engine`` predicts as ``reference`` [frames, 16] does, given the same
+    history: every frame's step runs on the reference's codes so far (the first codebook
+    forced into the row's token before each step, the other 15 forced into the talker's input
+    through a wrapped code predictor, which records its own predictions), so one differing
+    code does not change everything after it. Re-captures the step graphs with the wrapper;
+    leave the engine to be dropped after. Returns bool [frames, 16]."""
+    frames = len(reference)
+    step, s = engine.step, engine.state
+    original = step._predict
+    forced = torch.zeros(s.slots, step.groups - 1, dtype=torch.int64, device=engine.device)
+    predicted = torch.zeros_like(forced)
+
+    def predict(past_hidden: torch.Tensor, first: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        b = first.shape[0]
+        predicted[:b].copy_(original(past_hidden, first, noise))
+        return forced[:b]
+
+    step._predict = predict  # type: ignore[method-assign]
+    if engine.use_graphs:
+        engine.graphs.capture()
+    admit(engine, [greedy(TEXT, frames + 2, voice)])
+    ref = torch.as_tensor(reference, device=engine.device)
+    same = np.zeros((frames, 16), dtype=bool)
+    with torch.inference_mode():
+        for f in range(frames):
+            same[f, 0] = int(s.token[0]) == int(reference[f, 0])  # predicted by the step before (or the prefill)
+            s.token[0] = ref[f, 0]
+            forced[0] = ref[f, 1:]
+            engine.graphs.run(*engine.graphs.bucket(1, int(s.position[0]) + 2))
+            same[f, 1:] = predicted[0].cpu().numpy() == reference[f, 1:]
+    return same
+
+
 def speed(engine: BatchedEngine, voice: dict[str, Any], rows: int, frames: int) -> dict[str, float]:
     """Frame time with ``rows`` rows running: loop wall ms per frame, step graph GPU ms."""
     long = frames * 3 + 20
@@ -187,8 +223,11 @@ def speed(engine: BatchedEngine, voice: dict[str, Any], rows: int, frames: int) 
     return out
 
 
-def measure(kind: ModelKind, path: Path, quant: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One model at one precision: load, codes of each voice kind, speed, memory."""
+def measure(
+    kind: ModelKind, path: Path, quant: str, args: argparse.Namespace, reference: dict[str, np.ndarray] | None = None
+) -> dict[str, Any]:
+    """One model at one precision: load, codes of each voice kind, speed, memory; with the
+    full-precision codes as ``reference``, also the teacher-forced agreement with them."""
     gc.collect()
     cuda = args.device == "cuda"
     if cuda:
@@ -215,6 +254,8 @@ def measure(kind: ModelKind, path: Path, quant: str, args: argparse.Namespace) -
         first = KINDS[kind][0]
         result["codes_batched"] = {first: codes_of(engine, all_voices[first], args.frames, neighbours=args.streams - 1)}
     result["speed"] = {str(b): speed(engine, all_voices[KINDS[kind][0]], b, args.timed_frames) for b in args.batches}
+    if reference is not None:  # last: it re-captures the step graphs with a wrapped predictor
+        result["forced"] = {name: teacher_forced(engine, all_voices[name], reference[name]) for name in KINDS[kind]}
     del engine, model
     gc.collect()
     if cuda:
@@ -249,22 +290,30 @@ def main(argv: list[str] | None = None) -> None:
     for kind in kinds:
         path = Path(args.checkpoints) / kind.value
         full = measure(kind, path, "none", args)
-        int8 = measure(kind, path, "int8", args)
+        int8 = measure(kind, path, "int8", args, reference=full["codes"])
         entry: dict[str, Any] = {"voices": {}}
         for name, codes in full["codes"].items():
-            entry["voices"][name] = {"int8_vs_full": compare(int8["codes"][name], codes)}
+            same = int8["forced"][name]
+            entry["voices"][name] = {
+                "int8_vs_full": compare(int8["codes"][name], codes),
+                "int8_vs_full_teacher_forced": {
+                    "identical_codes": float(same.mean()), "identical_first_codebook": float(same[:, 0].mean()),
+                    "identical_frames": float(same.all(axis=1).mean()),
+                },
+            }
         for name, codes in full["codes_batched"].items():
             entry["voices"][name]["full_batched_vs_alone"] = compare(codes, full["codes"][name])
         for label, r in (("full", full), ("int8", int8)):
-            entry[label] = {k: v for k, v in r.items() if not k.startswith("codes")}
+            entry[label] = {k: v for k, v in r.items() if not k.startswith("codes") and k != "forced"}
         entry["weight_saving"] = 1 - int8["weight_bytes"] / full["weight_bytes"]
         report["models"][kind.value] = entry
         print(f"{kind.value}: weights {full['weight_bytes'] / 1e9:.2f} -> {int8['weight_bytes'] / 1e9:.2f} GB "
               f"({entry['weight_saving']:.0%} less); load {full['load_s']} / {int8['load_s']} s", flush=True)
         for name, v in entry["voices"].items():
-            c = v["int8_vs_full"]
+            c, t = v["int8_vs_full"], v["int8_vs_full_teacher_forced"]
             floor = v.get("full_batched_vs_alone")
-            print(f"  {name}: int8 vs full {c['identical_codes']:.1%} codes identical, first codebook "
+            print(f"  {name}: int8 vs full, same history: {t['identical_codes']:.1%} codes identical (first codebook "
+                  f"{t['identical_first_codebook']:.1%}); free-running: {c['identical_codes']:.1%}, first codebook "
                   f"{c['identical_first_codebook']:.1%}, first difference at frame {c['first_differing_frame']}"
                   + (f"; floor (full precision at batch {args.streams} vs alone) {floor['identical_codes']:.1%}, first at {floor['first_differing_frame']}"
                      if floor else ""), flush=True)

@@ -212,3 +212,28 @@ def test_int8_cuda_graph_engine_streams_like_the_eager_int8_step(checkpoints: Pa
         results.append({row: np.stack(c) for row, c in codes.items()})
     for row in results[0]:
         np.testing.assert_array_equal(results[0][row], results[1][row])
+
+
+def test_parity_benchmark_runs_on_the_cpu(checkpoints: Path, tmp_path: Path) -> None:
+    """benchmarks/int8_parity.py end to end on a tiny checkpoint (what the GPU run does, at
+    float32 and eagerly), and its teacher forcing: a model forced along its own greedy codes
+    predicts every one of them again."""
+    import json
+
+    from benchmarks import int8_parity
+
+    int8_parity.main(["--device", "cpu", "--checkpoints", str(checkpoints), "--kinds", "custom_voice", "--frames", "6",
+                      "--timed-frames", "2", "--batches", "1,2", "--streams", "2", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "int8_parity.json").read_text())
+    model = report["models"]["custom_voice"]
+    voice = model["voices"]["custom_voice"]
+    for key in ("int8_vs_full", "int8_vs_full_teacher_forced", "full_batched_vs_alone"):
+        assert 0.0 <= voice[key]["identical_codes"] <= 1.0
+    assert model["int8"]["weight_bytes"] < model["full"]["weight_bytes"]
+    assert set(model["int8"]["speed"]) == {"1", "2"} and model["int8"]["speed"]["2"]["loop_ms_per_frame"] > 0
+
+    engine = _load(checkpoints / "custom_voice", ModelKind.CUSTOM_VOICE, "none")
+    engine._capture()
+    voice_args = int8_parity.voices()["custom_voice"]
+    reference = int8_parity.codes_of(engine, voice_args, 8)
+    assert int8_parity.teacher_forced(engine, voice_args, reference).all()
