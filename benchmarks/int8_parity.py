@@ -114,7 +114,12 @@ def _sync() -> None:
 def admit(engine: BatchedEngine, segments: list[Segment]) -> list[_Sink]:
     """Start ``segments`` in rows 0, 1, ... (all of them before the first step)."""
     sinks = [_Sink() for _ in segments]
-    engine._admit(_List([Work(s, k) for s, k in zip(segments, sinks, strict=True)]), block=False)
+    source = _List([Work(s, k) for s, k in zip(segments, sinks, strict=True)])
+    while source.works:  # the planner may admit a few per call
+        before = len(engine._rows)
+        engine._admit(source, block=False)
+        if len(engine._rows) == before:
+            break
     assert len(engine._rows) == len(segments), "the pool is smaller than the batch"
     return sinks
 
