@@ -188,7 +188,7 @@ def load_int8(qwen: Any, device: str) -> int:
     model.to(device)
     tokenizer = model.speech_tokenizer
     tokenizer.model.to(device)
-    qwen.device = tokenizer.device = torch.device(device)
+    qwen.device = tokenizer.device = next(model.parameters()).device  # "cuda:0", as a load onto it gives
     return count
 
 
