@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,10 +46,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...voices import ModelKind
+from ...voices import ModelKind, Reference
 from ..base import Engine, ModelMismatchError, Work, WorkSource
 from .codec import StreamingDecoder
-from .graphs import StepGraphs, buckets
+from .graphs import StepGraphs, buckets, role_stream
 from .planner import Planner
 from .pool import Row, SlotPool
 from .prefill import Prefill
@@ -153,7 +154,8 @@ class BatchedEngine(Engine):
         self.graphs = StepGraphs(self._step_body, self.state.tensors, batches, buckets(max_len, length_buckets))
         self.decode_graphs = StepGraphs(self._decode_body, self.decoder.state, batches, [1])
         self.overlap = self.use_graphs and overlap_decode
-        self._side = torch.cuda.Stream(self.device) if self.overlap else None
+        self._side = role_stream(self.device, f"{kind.value}-decode") if self.overlap else None
+        self._prime_lock = threading.Lock()
         self._copied: torch.cuda.Event | None = None  # the last decode has taken its codes
         self._decoded: torch.cuda.Event | None = None  # the last decode has finished
         self._host: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -177,6 +179,33 @@ class BatchedEngine(Engine):
         if self.kind is not ModelKind.CUSTOM_VOICE:
             return []
         return list(self._qwen.get_supported_speakers() or [])
+
+    #: ``prime`` may be called while the engine serves (``library.ClipPreparer``).
+    prime_any_time = True
+
+    def prime(self, reference: Reference) -> bool:
+        """Prepare a clone clip now, so that its first request starts like any other: its
+        speaker embedding and ICL codes (``ClonePrompts``, the codec encoder's first run
+        included) and the codec decoder's state after those codes (``Prefill.prefix``). Runs
+        on a CUDA stream of its own; safe while the engine serves. True if prepared (the Base
+        model only).
+
+        Raises:
+            ValueError / RuntimeError: a clip the model cannot encode.
+        """
+        if self.kind is not ModelKind.BASE:
+            return False
+        segment = Segment(text="Hello.", language="auto", max_new_tokens=2, seed=0, reference=reference)
+        with self._prime_lock:
+            if self.device.type != "cuda":
+                self._build(segment)
+                return True
+            stream = role_stream(self.device, f"{self.kind.value}-prime")
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                self._build(segment)
+            stream.synchronize()
+        return True
 
     def warmup(self, segment: Segment) -> None:
         """Capture every (batch, length) graph, then generate ``segment`` through the pool."""
@@ -228,7 +257,8 @@ class BatchedEngine(Engine):
 
     def serve(self, source: WorkSource) -> None:
         """Generate until ``source`` closes; prompts are prepared by a ``PromptWorker``."""
-        intake = PromptWorker(source, self._build, self.device, name=f"prompts-{self.kind.value}")
+        intake = PromptWorker(source, self._build, self.device, name=f"prompts-{self.kind.value}",
+                              stream=role_stream(self.device, f"{self.kind.value}-prompts") if self.use_graphs else None)
         intake.start()
         try:
             self._serve(source, intake)
