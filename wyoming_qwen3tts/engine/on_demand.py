@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from ..voices import ModelKind, Reference
 from .base import Engine, Sink, Work, WorkSource
-from .loader import load_fitting
+from .loader import gpu_memory_note, is_out_of_memory, load_fitting
 from .segment import Segment
 
 _LOGGER = logging.getLogger(__name__)
@@ -221,15 +221,17 @@ class _Relay:
     """The work source a loaded model serves: the real one, until the model should leave.
 
     It closes (the inner engine's ``serve`` returns) when the real source closes, or when
-    no segment runs and either ``idle_s`` passed since the last one, or (taking turns) the
-    lease says to yield and no request it started has a segment waiting.
+    no segment runs and either ``idle_s`` passed since the last one, or ``shed()`` (the model
+    ran out of GPU memory while serving: it reloads with the streams the memory holds now),
+    or (taking turns) the lease says to yield and no request it started has a segment waiting.
     """
 
     def __init__(
         self, source: WorkSource, first: Work | None, idle_s: float | None, who: str, lease: GpuLease | None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, shed: Callable[[], bool] = lambda: False,
     ) -> None:
         self._source = source
+        self._shed = shed
         self._first: Work | None = first
         self._idle_s = idle_s
         self._who = who
@@ -260,7 +262,7 @@ class _Relay:
             if self._running > 0 or self._first is not None:
                 return False
             idle = self._idle_s is not None and self._clock() - self._last >= self._idle_s
-        return idle or (self._yielding() and not self._started_waiting())
+        return idle or self._shed() or (self._yielding() and not self._started_waiting())
 
     def closed(self) -> bool:
         return self._source.closed() or self._leaving()
@@ -269,8 +271,12 @@ class _Relay:
         if self._first is not None:
             first, self._first = self._first, None
             return self._wrap(first)
-        bound = _POLL_S if self._idle_s is None else max(_POLL_S, min(self._idle_s, 1.0))
-        wait = bound if wait is None else min(wait, bound)
+        # Short waits: a segment that comes while the model is about to leave is taken only
+        # within this much of the decision.
+        wait = _POLL_S if wait is None else min(wait, _POLL_S)
+        if self._shed():  # out of memory: take nothing new, leave once what runs ended, reload
+            time.sleep(min(wait, _POLL_S / 2))
+            return None
         if self._yielding():  # another model's client waits: finish the requests started here only
             work = None
             if self._started_waiting():  # only a source with ``has_started`` (the scheduler) says so
@@ -460,6 +466,10 @@ class OnDemandEngine(Engine):
         if frozen:
             gc.freeze()
 
+    def _out_of_memory(self) -> bool:
+        """The loaded engine ran out of GPU memory while serving (another process took it)."""
+        return getattr(self.inner, "out_of_memory", 0) > 0
+
     def _idle_bound(self) -> float | None:
         """Seconds without work before leaving: ``idle_s``, at most ``TURNS_IDLE_S`` while a
         ``home`` model waits to come back."""
@@ -485,14 +495,18 @@ class OnDemandEngine(Engine):
                     if work is None or not self._come_back(work):
                         continue
             assert self.inner is not None
-            relay = _Relay(source, work, self._idle_bound(), me, lease, self._clock)
+            relay = _Relay(source, work, self._idle_bound(), me, lease, self._clock, self._out_of_memory)
             # No local reference to the engine: ``_drop`` must leave it unreferenced.
             self.inner.serve(relay)
             work = None
             if source.closed():
                 break
             yielded = lease is not None and lease.must_yield(me, busy=False)
-            self._drop("another model needs the GPU" if yielded else f"no work for {self._idle_bound():.0f} s")
+            self._drop(
+                "out of GPU memory while serving: it comes back with the streams the free memory holds"
+                if self._out_of_memory() else "another model needs the GPU" if yielded
+                else f"no work for {self._idle_bound():.0f} s"
+            )
             del relay
 
     def _take_turn(self, lease: GpuLease, source: WorkSource) -> bool:
@@ -550,28 +564,10 @@ class OnDemandEngine(Engine):
 
 def _oom_hint(err: BaseException) -> str:
     """The error in one line; for an out-of-memory, what to change."""
-    if type(err).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(err):
+    if is_out_of_memory(err):
+        note = f": {gpu_memory_note()}" if gpu_memory_note() else ""
         return (
-            f"it does not fit in the GPU memory left (CUDA out of memory{gpu_memory_note()}); free GPU memory "
+            f"it does not fit in the GPU memory left (CUDA out of memory{note}); free GPU memory "
             "(another process?), lower --max-streams, or use --clone-model Qwen/Qwen3-TTS-12Hz-0.6B-Base"
         )
     return str(err).splitlines()[0] if str(err) else repr(err)
-
-
-def gpu_memory_note() -> str:
-    """", X GB free on the card, Y GB held by other processes" (empty without CUDA): what an
-    out-of-memory message names as its cause."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return ""
-        free, total = torch.cuda.mem_get_info()
-        ours = torch.cuda.memory_reserved()
-    except Exception:  # noqa: BLE001 - a note only
-        return ""
-    others = max(0, total - free - ours)
-    return (
-        f": {free / 2**30:.1f} GB free on the card, {others / 2**30:.1f} GB held by other processes "
-        f"and the CUDA contexts, {ours / 2**30:.1f} GB by this server"
-    )

@@ -48,6 +48,7 @@ import torch
 
 from ...voices import ModelKind, Reference
 from ..base import Engine, ModelMismatchError, Work, WorkSource
+from ..loader import is_out_of_memory, serving_error
 from .codec import StreamingDecoder
 from .graphs import StepGraphs, buckets, role_stream
 from .planner import Planner
@@ -167,6 +168,8 @@ class BatchedEngine(Engine):
         self._joins: list[tuple[torch.cuda.Event, torch.cuda.Event, int]] = []
         self._stall: torch.cuda.Event | float | None = None  # an admission's start, until the next step
         self._stall_replays = 0  # prefill replays in that admission
+        #: Out-of-memory errors while serving (``_failure``).
+        self.out_of_memory = 0
 
     def slot_bytes(self) -> int:
         """Device memory held per slot: talker and predictor KV, codec decoder state, the rest."""
@@ -284,7 +287,7 @@ class BatchedEngine(Engine):
                     for row in self._rows:
                         if not row.finished:
                             row.finished = True
-                            row.work.sink.failed(err)
+                            row.work.sink.failed(self._failure(err))
             try:
                 if pending is not None:
                     self._deliver(pending)
@@ -359,7 +362,7 @@ class BatchedEngine(Engine):
             if sink.cancelled():
                 sink.done(0)
             elif item.error is not None or item.prompt is None:
-                sink.failed(item.error or RuntimeError("no prompt"))
+                sink.failed(self._failure(item.error or RuntimeError("no prompt")))
             else:
                 batch.append((item.work, item.prompt))
         if not batch:
@@ -377,7 +380,7 @@ class BatchedEngine(Engine):
         except Exception as err:  # noqa: BLE001 - fail these requests only
             _LOGGER.exception("Prefill failed for %d request(s)", len(batch))
             for work, _prompt in batch:
-                work.sink.failed(err)
+                work.sink.failed(self._failure(err))
             return len(items)
         if self.prefill.bucket(max(lengths)) is None and self._on_eager_prefill is not None:
             self._on_eager_prefill(len(batch))
@@ -568,8 +571,19 @@ class BatchedEngine(Engine):
         with self._on_decoder():
             self.decoder.move_row(src, dst)
 
+    def _failure(self, error: BaseException) -> BaseException:
+        """What a request that failed with ``error`` is told (``loader.serving_error``: an
+        out-of-memory names its cause); an out-of-memory is also counted in ``out_of_memory``
+        (an on-demand model then reloads with the streams the free memory holds)."""
+        if is_out_of_memory(error):
+            self.out_of_memory += 1
+            _LOGGER.warning("%s model: out of GPU memory while serving (%s)", self.kind.value,
+                            str(error).splitlines()[0] if str(error) else "CUDA out of memory")
+        return serving_error(error, self.kind)
+
     def _fail_all(self, error: BaseException) -> None:
         """End every row with ``error`` and free all slots (after an unexpected error)."""
+        error = self._failure(error)
         if self.use_graphs:
             torch.cuda.synchronize(self.device)
         for row in self._rows:
