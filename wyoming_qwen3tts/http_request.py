@@ -124,8 +124,13 @@ def _model_kind(body: dict[str, Any]) -> ModelKind | None:
 
 
 def _stream_format(body: dict[str, Any]) -> str:
-    """``stream_format``, or as vLLM-Omni reads it when absent: ``stream: true`` selects SSE,
-    ``stream: false`` (or absent) the raw audio bytes, sent as they are generated.
+    """``stream_format`` (OpenAI's field): ``sse`` for server-sent events, else (``audio``, or
+    absent) the raw audio bytes in ``response_format``, sent as they are generated.
+
+    ``stream`` is not OpenAI's: the serving engines' clients send ``"stream": true`` to mean
+    "stream the audio", and read raw bytes (sglang-omni, VoxServe, nari-qwen3-tts; vLLM-Omni
+    adds ``stream_format: audio``). So it is validated and never selects SSE: every response
+    streams as it is generated anyway.
 
     Raises:
         ApiError: 400 for a wrong type or value of either field.
@@ -133,7 +138,7 @@ def _stream_format(body: dict[str, Any]) -> str:
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _invalid("stream", "'stream' must be a boolean", "invalid-type")
-    return _choice(body, "stream_format", list(STREAM_FORMATS), "sse" if stream else "audio")
+    return _choice(body, "stream_format", list(STREAM_FORMATS), "audio")
 
 
 def _voice(body: dict[str, Any]) -> str | None:
