@@ -32,6 +32,9 @@ import pytest
 import soundfile as sf
 
 from wyoming_qwen3tts.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from wyoming_qwen3tts.http_common import ApiError
+from wyoming_qwen3tts.http_request import loaded_model_names, model_kind
+from wyoming_qwen3tts.voices import ModelKind
 
 from .conftest import ROOT, Server
 from .test_http import TEXT, assert_frames, client_for
@@ -143,6 +146,54 @@ async def test_stream_true_never_selects_server_sent_events(server: Server) -> N
     status, _, chunks = await harness_post(server, {**base, "stream": "yes"})
     error = json.loads(b"".join(chunks))["error"]
     assert status == 400 and error["param"] == "stream" and error["code"] == "invalid-type"
+
+
+# --- the model's name: the hub id or the folder the server loaded ----------------------------
+
+#: A voice of each kind on the test server, and the kind's hub id (the harness's --model).
+KIND_VOICES = {
+    ModelKind.BASE: ("clone", "Qwen/Qwen3-TTS-12Hz-1.7B-Base", "base"),
+    ModelKind.VOICE_DESIGN: ("alloy", "Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign", "voice_design"),
+    ModelKind.CUSTOM_VOICE: ("Ryan", "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice", "custom_voice"),
+}
+
+
+@pytest.mark.parametrize("kind", list(KIND_VOICES), ids=lambda k: k.value)
+async def test_the_hub_id_and_the_folder_of_each_loaded_model_select_it(
+    server: Server, checkpoints: Path, kind: ModelKind
+) -> None:
+    """vLLM-Omni's body with ``model`` as the harness's ``--model`` sets it: the hub id, the
+    folder the server loaded (conftest: ``--custom-voice-model <checkpoints>/custom_voice``),
+    or that folder's name. Each selects its model (raw PCM of the text's length), and
+    ``/v1/models`` lists the folder's name; another kind's voice is refused as a mismatch."""
+    voice, hub_id, folder = KIND_VOICES[kind]
+    body = {**CONTRACTS["targets"]["vllm-omni"]["body"], "input": TEXT, "voice": voice}
+    for model in (hub_id, folder, str(checkpoints / folder), f"{checkpoints / folder}/"):
+        status, headers, chunks = await harness_post(server, {**body, "model": model})
+        assert status == 200, (model, b"".join(chunks)[:300])
+        assert headers["content-type"] == "audio/pcm"
+        check_speech(pcm16(b"".join(chunks)))
+    other = next(v for k, (v, _, _) in KIND_VOICES.items() if k is not kind)
+    status, _, chunks = await harness_post(server, {**body, "model": folder, "voice": other})
+    assert status == 400 and json.loads(b"".join(chunks))["error"]["code"] == "voice-model-mismatch"
+    listed = [m.id for m in client_for(server).models.list()]
+    assert folder in listed and client_for(server).models.retrieve(folder).id == folder
+
+
+def test_loaded_model_names(tmp_path: Path) -> None:
+    """A hub id is its own name; a folder is named by its last part (a path ending in it
+    selects it too); a folder name two loaded models share selects neither."""
+    for folder in ("ft", "a/model", "b/model"):
+        (tmp_path / folder).mkdir(parents=True)
+    names = loaded_model_names({ModelKind.BASE: "Qwen/Qwen3-TTS-12Hz-0.6B-Base", ModelKind.CUSTOM_VOICE: f"{tmp_path}/ft/"})
+    assert names == {"Qwen/Qwen3-TTS-12Hz-0.6B-Base": ModelKind.BASE, "ft": ModelKind.CUSTOM_VOICE}
+    assert model_kind("/somewhere/else/FT", names) is ModelKind.CUSTOM_VOICE
+    assert model_kind("qwen/qwen3-tts-12hz-0.6b-base", names) is ModelKind.BASE
+    shared = {ModelKind.BASE: str(tmp_path / "a" / "model"), ModelKind.VOICE_DESIGN: str(tmp_path / "b" / "model")}
+    assert loaded_model_names(shared) == {}
+    with pytest.raises(ApiError) as unknown:
+        model_kind("model", loaded_model_names(shared))
+    assert unknown.value.status == 404 and unknown.value.code == "model_not_found"
 
 
 # --- OpenAI's SDK ---------------------------------------------------------------------------
