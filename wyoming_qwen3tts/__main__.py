@@ -287,10 +287,13 @@ async def main(argv: list[str] | None = None) -> None:
     http_runner = None
     if args.http_port:
         from .http_api import start_http
+        from .http_request import loaded_model_names
 
+        sources = {kind: source for kind, source in getattr(args, "model_sources", {}).items() if kind in engines}
         http_runner = await start_http(
             service, args.http_host, args.http_port, args.api_key, ingress_peer=args.ingress_peer,
             write_timeout=args.write_timeout, idle_timeout=args.idle_timeout,
+            model_names=loaded_model_names(sources),
         )
     announcer = None
     if isinstance(server, AsyncTcpServer) and not args.no_zeroconf:
