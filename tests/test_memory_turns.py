@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from wyoming_qwen3tts.engine import Engine, Segment, WorkSource
-from wyoming_qwen3tts.engine.on_demand import TURNS_IDLE_S, Demand, GpuLease, OnDemandEngine, must_yield, next_turn
+from wyoming_qwen3tts.engine.on_demand import BACKGROUND_AFTER_IDLE_S, TURNS_IDLE_S, Demand, GpuLease, OnDemandEngine, must_yield, next_turn
 from wyoming_qwen3tts.scheduler import Job, Scheduler, background
 from wyoming_qwen3tts.voices import ModelKind
 
@@ -36,10 +36,12 @@ def test_the_client_that_waits_longest_gets_the_card_then_background_then_home()
 def test_the_holder_yields_to_a_client_and_to_background_work_only_when_idle() -> None:
     assert must_yield("voice_design", {"voice_design": Demand(background=5), "base": Demand(clients=1, since=1.0)}, busy=True)
     assert not must_yield("voice_design", {"voice_design": Demand(background=5), "base": Demand()}, busy=False)
-    # background for the other model: only once the holder has nothing to do
+    # background for the other model: only once the holder has had nothing to do for a while
     assert not must_yield("base", {"base": Demand(), "voice_design": Demand(background=1)}, busy=True)
     assert not must_yield("base", {"base": Demand(clients=1, since=1.0), "voice_design": Demand(background=1)}, busy=False)
-    assert must_yield("base", {"base": Demand(), "voice_design": Demand(background=1)}, busy=False)
+    assert not must_yield("base", {"base": Demand(), "voice_design": Demand(background=1)}, busy=False, idle_s=0.5)
+    assert must_yield("base", {"base": Demand(), "voice_design": Demand(background=1)}, busy=False,
+                      idle_s=BACKGROUND_AFTER_IDLE_S)
     # between two anchors the VoiceDesign model has nothing queued: it stays
     assert not must_yield("voice_design", {"voice_design": Demand(), "base": Demand()}, busy=False)
 
@@ -197,7 +199,12 @@ async def test_voice_design_renders_every_missing_anchor_in_one_visit_then_base_
     turns = Turns()
     turns.start()
     try:
-        await asyncio.wait_for(_anchors(turns, ["a1", "a2", "a3", "a4"]), 30)
+        anchors = asyncio.create_task(_anchors(turns, ["a1", "a2", "a3", "a4"]))
+        await _until(lambda: turns.lease.demand("voice_design").background == 1, "the first anchor queued")
+        await asyncio.sleep(0.3)
+        assert turns.base.resident and turns.said() == []  # the Base model was busy a moment ago: it stays
+        turns.clock.now += BACKGROUND_AFTER_IDLE_S  # now it has been idle long enough
+        await asyncio.wait_for(anchors, 30)
         assert turns.said() == ["a1", "a2", "a3", "a4"]
         assert turns.loads() == ["base", "voice_design"]  # one visit for all four
         assert turns.design.resident
@@ -214,6 +221,8 @@ async def test_a_client_waiting_for_base_goes_before_the_remaining_anchors_and_w
     turns.start()
     try:
         anchors = asyncio.create_task(_anchors(turns, ["a1", "a2", "a3"]))
+        await _until(lambda: turns.lease.demand("voice_design").background == 1, "the first anchor queued")
+        turns.clock.now += BACKGROUND_AFTER_IDLE_S  # the Base model has been idle since it loaded
         await _until(lambda: ("start", "a1") in turns.events, "the first anchor started")
         loads_before = len(turns.loads())
         clone = turns.job(BASE, "clone")
@@ -221,6 +230,8 @@ async def test_a_client_waiting_for_base_goes_before_the_remaining_anchors_and_w
         turns.gates["a1"].set()  # the running anchor ends; the next one is queued at once
         await asyncio.wait_for(_drain(clone), 30)
         assert turns.loads()[loads_before:] == ["base"]  # the request waited for one swap
+        await _until(lambda: turns.lease.demand("voice_design").background == 1, "the next anchor queued")
+        turns.clock.now += BACKGROUND_AFTER_IDLE_S  # the Base model idle again: the anchors go on
         await asyncio.wait_for(anchors, 30)
         assert turns.said() == ["a1", "clone", "a2", "a3"]
         assert turns.loads() == ["base", "voice_design", "base", "voice_design"]  # a2 and a3 in one visit

@@ -48,6 +48,10 @@ DEFAULT_IDLE_S = 60.0
 #: Seconds without work after which a model taking turns with a ``home`` model gives the
 #: card back to it (the Base model is then in GPU memory again for the next clone request).
 TURNS_IDLE_S = 5.0
+#: Seconds the model on the card must have had nothing to do before it gives the card to
+#: another model's background work (anchors), so that a client's next request, seconds after
+#: its last, does not find the card gone.
+BACKGROUND_AFTER_IDLE_S = 3.0
 #: How often a serving model checks whether the other model waits for the lease, in seconds.
 _POLL_S = 0.1
 #: Seconds between attempts to load a model that did not fit (another process holds the memory).
@@ -87,19 +91,23 @@ def next_turn(demands: dict[str, Demand], home: str | None) -> str | None:
     return home
 
 
-def must_yield(holder: str, demands: dict[str, Demand], busy: bool) -> bool:
+def must_yield(holder: str, demands: dict[str, Demand], busy: bool, idle_s: float = float("inf")) -> bool:
     """Whether the model holding the card takes no new work and leaves once what it runs
     ended: a client waits for another model and waited longer than every client queued for
     the holder (so the clients of both are served in the order they came, each waiting for at
-    most one swap), or only background work waits for another model while the holder has
-    nothing at all to do (``busy``: segments running).
+    most one swap), or only background work waits for another model while the holder has had
+    nothing at all to do for ``BACKGROUND_AFTER_IDLE_S``.
+
+    Args:
+        busy: the holder has segments running.
+        idle_s: seconds since the holder's last segment ended (or it came in).
     """
     mine = demands.get(holder, Demand())
     others = [d for who, d in demands.items() if who != holder]
     mine_since = mine.since if mine.clients and mine.since is not None else float("inf")
     if any(d.clients and (d.since if d.since is not None else 0.0) < mine_since for d in others):
         return True
-    idle = not busy and not (mine.clients or mine.background)
+    idle = not busy and not (mine.clients or mine.background) and idle_s >= BACKGROUND_AFTER_IDLE_S
     return idle and any(d.background for d in others)
 
 
@@ -161,10 +169,10 @@ class GpuLease:
                 self._holder = None
                 self._cond.notify_all()
 
-    def must_yield(self, who: str, busy: bool) -> bool:
+    def must_yield(self, who: str, busy: bool, idle_s: float = float("inf")) -> bool:
         """True when ``who`` (the holder) should take no new work and leave (``must_yield``)."""
         with self._cond:
-            return must_yield(who, self._demands(), busy)
+            return must_yield(who, self._demands(), busy, idle_s)
 
     def demand(self, who: str) -> Demand:
         """What waits for ``who`` now."""
@@ -251,7 +259,8 @@ class _Relay:
             return False
         with self._lock:
             busy = self._running > 0
-        return self._lease.must_yield(self._who, busy)
+            idle_s = self._clock() - self._last
+        return self._lease.must_yield(self._who, busy, idle_s)
 
     def _started_waiting(self) -> bool:
         has_started = getattr(self._source, "has_started", None)
