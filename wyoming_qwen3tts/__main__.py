@@ -21,6 +21,7 @@ from wyoming.server import AsyncServer, AsyncTcpServer
 
 from . import __version__
 from .anchors import AnchorMode, Anchors, AnchorStore
+from .clips import ClipPreparer
 from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, resolve_checkpoint
 from .engine.on_demand import DEFAULT_IDLE_S
@@ -36,7 +37,7 @@ from .quiet import drop_default_config_notes, quiet_dependencies, restore_consol
 from .startup import load_engines
 from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, TtsService
 from .studio import HA_INGRESS_PEER
-from .voices import ModelKind, VoiceCatalog
+from .voices import ModelKind, Reference, VoiceCatalog
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -269,6 +270,7 @@ async def main(argv: list[str] | None = None) -> None:
     )
     if anchors is not None:
         anchors.start(service.render_design)
+    await _prepare_clips(engines, catalog, anchors)
     _LOGGER.info("%d voice(s); default %s", len(names), default_voice)
     # The models and libraries loaded so far live as long as the process: keep them out of
     # every garbage collection (no pauses scanning them while serving, and no 10 s final
@@ -288,10 +290,13 @@ async def main(argv: list[str] | None = None) -> None:
     http_runner = None
     if args.http_port:
         from .http_api import start_http
+        from .http_request import loaded_model_names
 
+        sources = {kind: source for kind, source in getattr(args, "model_sources", {}).items() if kind in engines}
         http_runner = await start_http(
             service, args.http_host, args.http_port, args.api_key, ingress_peer=args.ingress_peer,
             write_timeout=args.write_timeout, idle_timeout=args.idle_timeout,
+            model_names=loaded_model_names(sources),
         )
     announcer = None
     if isinstance(server, AsyncTcpServer) and not args.no_zeroconf:
@@ -324,6 +329,29 @@ async def _prime_default_voice(catalog: VoiceCatalog, name: str, engines: dict[M
     started = time.monotonic()
     if await asyncio.to_thread(engine.prime, voice.reference):
         _LOGGER.info("Default voice %s: its clip prepared in %.1f s", name, time.monotonic() - started)
+
+
+# --- GPU memory (issue 25): clone clips prepared before they are asked for ---------------
+
+
+async def _prepare_clips(engines: dict[ModelKind, Engine], catalog: VoiceCatalog, anchors: Anchors | None) -> ClipPreparer | None:
+    """Prepare every clone clip (and stored preset anchor) on the Base engine now, and keep
+    preparing new or changed ones as they appear (``clips.ClipPreparer``); None where the
+    Base engine cannot prepare while it serves (the GGML engine: ``_prime_default_voice``)."""
+    base = engines.get(ModelKind.BASE)
+    if base is None or not getattr(base, "prime_any_time", False):
+        return None
+
+    def clones() -> list[Reference]:
+        return [v.reference for v in catalog.voices() if v.kind is ModelKind.BASE and v.reference is not None]
+
+    preparer = ClipPreparer(base, [clones] + ([anchors.ready_references] if anchors is not None else []), catalog.refresh)
+    started = time.monotonic()
+    count = await preparer.prepare_new()
+    if count:
+        _LOGGER.info("%d clone clip(s) prepared in %.1f s", count, time.monotonic() - started)
+    preparer.start()
+    return preparer
 
 
 def _stop_during_start_up(signum: int, _frame: object) -> None:

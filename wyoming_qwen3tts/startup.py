@@ -132,6 +132,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         )
         sources = chosen
         args.cpu_speaker_default = sources[ModelKind.CUSTOM_VOICE].lower() != "none"
+    args.model_sources = sources  # each model's hub id or folder: names the HTTP door accepts
     if pick_engine(args.engine, device) == "ggml":
         return await _load_ggml_engines(args, sources, models_dir, metrics)
     checkpoints: dict[ModelKind, Path] = {}
