@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.memory import parse_log
 from wyoming_qwen3tts.__main__ import build_parser
 from wyoming_qwen3tts.engine import Segment, load_engine
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
@@ -43,7 +44,11 @@ INT8_1_7B = [ModelNeed(n.kind, int8_weights(n.weights, int(1.8e9), 2), n.slot) f
 def test_auto_takes_int8_when_the_models_do_not_fit_at_full_precision(free_gb: float, expected: str) -> None:
     quant, why = pick_weight_quant("auto", int(free_gb * GB), FULL_1_7B, INT8_1_7B)
     assert quant == expected
-    assert f"{free_gb:.1f} GB free" in why and "at full precision" in why and "with int8 weights" in why
+    assert f"{free_gb:.1f} GB free" in why and "in bfloat16" in why and "with int8 weights" in why
+    # the memory benchmark reads it from the server's log
+    assert parse_log(f"INFO wyoming_qwen3tts: Weight precision: {why}\n")["precision"] == (
+        "int8" if expected == "int8" else "bfloat16"
+    )
 
 
 def test_the_threshold_is_every_model_with_useful_streams() -> None:
@@ -88,8 +93,8 @@ def test_startup_logs_the_choice_and_plans_with_int8_weights(
         with caplog.at_level(logging.INFO):
             startup._residency(args, "cuda", paths, 1024)
         assert args.weight_quant_chosen == expected
-        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Weights: ")]
-        assert len(lines) == 1 and ("int8" if expected == "int8" else "full precision") in lines[0]
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Weight precision: ")]
+        assert len(lines) == 1 and lines[0].startswith(f"Weight precision: {'int8' if expected == 'int8' else 'bfloat16'}")
         weights = [line for line in (r.getMessage() for r in caplog.records) if line.startswith("GPU memory")]
         full = checkpoint_params(paths[ModelKind.BASE]) * 2
         shown = f"base {(int8_weights(full, quantized_params(paths[ModelKind.BASE]), 2) if expected == 'int8' else full) / GB:.1f} GB"

@@ -332,7 +332,7 @@ def _residency(args: argparse.Namespace, device: str, checkpoints: dict[ModelKin
             if given:
                 _LOGGER.warning("%s is ignored on the CPU: every model stays loaded in RAM", flag)
         if args.weight_quant_chosen == "int8":
-            _LOGGER.info("Weights: int8 (--weight-quant int8), computed eagerly on the CPU")
+            _LOGGER.info("Weight precision: int8 (--weight-quant int8), computed eagerly on the CPU")
         return None
     import torch
 
@@ -349,7 +349,7 @@ def _residency(args: argparse.Namespace, device: str, checkpoints: dict[ModelKin
         ModelNeed(kind.value, checkpoint_params(path) * element, checkpoint_slot_bytes(path, max_len, element))
         for kind, path in checkpoints.items()
     ]
-    needs = _weights(args, budget, checkpoints, needs, element)
+    needs = _weights(args, budget, checkpoints, needs, element, dtype)
     plan = plan_residency(needs, budget, args.design_model_memory)
     _LOGGER.info(
         "GPU memory: %.1f GB for this server%s; weights %s; %s",
@@ -360,18 +360,19 @@ def _residency(args: argparse.Namespace, device: str, checkpoints: dict[ModelKin
 
 
 def _weights(
-    args: argparse.Namespace, budget: int, checkpoints: dict[ModelKind, Path], needs: list[ModelNeed], element: int
+    args: argparse.Namespace, budget: int, checkpoints: dict[ModelKind, Path], needs: list[ModelNeed], element: int,
+    dtype: str,
 ) -> list[ModelNeed]:
     """``--weight-quant`` on CUDA: choose the weights the batched engine loads (sets
-    ``args.weight_quant_chosen``; one log line saying which and why) and return the models'
-    needs with them."""
+    ``args.weight_quant_chosen``; one "Weight precision: ..." log line saying which and why,
+    which ``benchmarks/memory.py`` reads) and return the models' needs with them."""
     small = [
         ModelNeed(n.kind, int8_weights(n.weights, quantized_params(path), element), n.slot)
         for n, path in zip(needs, checkpoints.values(), strict=True)
     ]
-    quant, why = pick_weight_quant(args.weight_quant, budget, needs, small)
+    quant, why = pick_weight_quant(args.weight_quant, budget, needs, small, dtype=dtype)
     if quant == "int8" and pick_engine(args.engine, "cuda") != "batched":
-        quant, why = "none", f"full precision: --weight-quant int8 serves the batched engine only, not --engine {args.engine}"
+        quant, why = "none", f"{dtype}: --weight-quant int8 serves the batched engine only, not --engine {args.engine}"
     args.weight_quant_chosen = quant
-    _LOGGER.info("Weights: %s", why)
+    _LOGGER.info("Weight precision: %s", why)
     return small if quant == "int8" else needs

@@ -54,7 +54,8 @@ def int8_weights(weights: int, quantized: int, element: int) -> int:
 
 
 def pick_weight_quant(
-    choice: str, budget: int, needs: list[ModelNeed], int8_needs: list[ModelNeed], streams: int = USEFUL_STREAMS
+    choice: str, budget: int, needs: list[ModelNeed], int8_needs: list[ModelNeed], streams: int = USEFUL_STREAMS,
+    dtype: str = "bfloat16",
 ) -> tuple[str, str]:
     """The weights to load, and why, in one log line.
 
@@ -65,9 +66,11 @@ def pick_weight_quant(
         needs: the enabled models at the model's dtype; ``int8_needs``: the same with int8
             weights (``int8_weights``).
         streams: streams each model must get at full precision (``USEFUL_STREAMS``).
+        dtype: the full-precision dtype's name (``cuda_env.pick_dtype``).
 
     Returns:
-        ("none" or "int8", the reason with the figures in GB).
+        ("none" or "int8", the weights' precision (``dtype`` or int8) then why, with the
+        figures in GB: the log line's text after "Weight precision: ").
 
     Raises:
         ValueError: an unknown choice.
@@ -77,11 +80,12 @@ def pick_weight_quant(
     full = sum(n.footprint(streams) for n in needs)
     small = sum(n.footprint(streams) for n in int8_needs)
     figures = (
-        f"{budget / GB:.1f} GB free; every model with {streams} streams needs {full / GB:.1f} GB at full precision, "
+        f"{budget / GB:.1f} GB free; every model with {streams} streams needs {full / GB:.1f} GB in {dtype}, "
         f"{small / GB:.1f} GB with int8 weights"
     )
+    name = {"none": dtype, "int8": "int8 (weight-only, per-channel scales)"}
     if choice != "auto":
-        return choice, f"{choice} (--weight-quant {choice}; {figures})"
+        return choice, f"{name[choice]} (--weight-quant {choice}; {figures})"
     if full <= budget:
-        return "none", f"full precision, because the models fit ({figures})"
-    return "int8", f"int8 (weight-only, per-channel scales), because the models do not fit at full precision ({figures})"
+        return "none", f"{dtype}, because the models fit ({figures})"
+    return "int8", f"{name['int8']}, because the models do not fit in {dtype} ({figures})"
