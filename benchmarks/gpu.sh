@@ -7,7 +7,9 @@
 #   ckptbg   the same in the background (later stages wait on the builder's lock)
 #   profile  python -m benchmarks.profile_step
 #   bench    python -m benchmarks.bench
-#   memory   python -m benchmarks.memory: servers capped at 8/12/16/24 GB (builds the 0.6B Base too)
+#   int8     python -m benchmarks.int8_parity: int8 against bf16 weights (codes, speed, memory) on
+#            the full-size Base, VoiceDesign and CustomVoice checkpoints (builds missing ones)
+#   memory   python -m benchmarks.memory: a server with 8/6/4/12/24 GiB free, another process holding the rest
 #   soak     a real server on the full-size checkpoints, python -m benchmarks.soak against it
 #   poisson  a real server (all three full-size models, --max-streams 32, --fixed-frames 75),
 #            python -m benchmarks.poisson against it (POISSON_ARGS: its flags, e.g. --rates 10)
@@ -35,14 +37,20 @@ for stage in "$@"; do
       done ;;
     profile) timeout "${PROFILE_S:-240}" python3 -m benchmarks.profile_step --out "$OUT" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile.log" | tail -45 ;;
     bench) timeout "${BENCH_S:-560}" python3 -m benchmarks.bench --out "$OUT/results" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+    int8)
+      for kind in voice_design base custom_voice; do  # wait for (or build) the checkpoints
+        python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > /dev/null &
+      done
+      wait
+      mkdir -p "$OUT/int8"
+      timeout "${INT8_S:-300}" python3 -m benchmarks.int8_parity --out "$OUT/int8" ${INT8_ARGS:-} 2>&1 | tee "$OUT/int8/int8.log" | grep -v "Loading weights" | tail -30 ;;
     memory)
-      python3 -m wyoming_qwen3tts.testing.checkpoint .ckpt/full/base-0.6b --type base --size full-0.6b > /tmp/ckpt-base-0.6b.log 2>&1 &
-      for kind in voice_design base; do  # wait for (or build) the checkpoints
-        python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > /dev/null
+      for kind in voice_design base; do  # wait for (or build) the checkpoints, in parallel
+        python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > /dev/null &
       done
       wait
       timeout "${MEMORY_S:-540}" python3 -m benchmarks.memory --out "$OUT/results" ${MEMORY_ARGS:-} 2>&1 | tee "$OUT/memory.log" | tail -30
-      cp /tmp/memory-bench/server-*.log "$OUT/" 2>/dev/null ;;
+      mkdir -p "$OUT/memory-logs"; cp /tmp/memory-bench/server-*.log "$OUT/memory-logs/" 2>/dev/null ;;
     soak)
       for kind in voice_design base; do  # wait for (or build) the checkpoints
         python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > /dev/null

@@ -239,7 +239,7 @@ def test_greedy_float32_frames_equal_qwen_tts(ggml_checkpoints: Path, gguf: dict
 def test_auto_picks_the_engine_and_says_why(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, support, device, expected, line
 ) -> None:
-    from wyoming_qwen3tts.engine import ggml
+    from wyoming_qwen3tts.engine.cpu import ggml
 
     monkeypatch.setattr(ggml, "native_support", lambda: support)
     loader._auto_engine.cache_clear()
@@ -253,7 +253,7 @@ def test_auto_picks_the_engine_and_says_why(
 
 
 def test_native_support_reads_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from wyoming_qwen3tts.engine import ggml
+    from wyoming_qwen3tts.engine.cpu import ggml
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor : 0\nflags : fpu sse2 avx fma f16c\n")

@@ -31,6 +31,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -51,6 +52,7 @@ from .service import (
 )
 from .tempo import Tempo
 from .text import clean_text
+from .voices import ModelKind
 from . import ws_events as ev
 
 _LOGGER = logging.getLogger(__name__)
@@ -191,7 +193,9 @@ class SpeechSession:
             for k, v in data.items()
             if k not in ("type", "input", "response_format", "stream", "stream_format")
         }
-        params = parse_speech({**fields, "input": _NO_INPUT_YET}, self._service.max_chars)
+        params = parse_speech(
+            {**fields, "input": _NO_INPUT_YET}, self._service.max_chars, self._sessions.model_names
+        )
         if not self._service.is_ready():
             raise ApiError(
                 503, "The models are still warming up; retry shortly", "not-ready", kind="server_error"
@@ -397,6 +401,8 @@ class Sessions:
         service: the shared speech service.
         write_timeout: seconds a write may wait for the client to read.
         idle_timeout: seconds without a message before a session with open text is closed.
+        model_names: the loaded models' own names, which ``model`` may name (as on
+            ``/v1/audio/speech``: ``http_request.loaded_model_names``).
     """
 
     def __init__(
@@ -404,8 +410,10 @@ class Sessions:
         service: TtsService,
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        model_names: Mapping[str, ModelKind] | None = None,
     ) -> None:
         self.service = service
+        self.model_names = dict(model_names or {})
         self.write_timeout = write_timeout
         self.idle_timeout = idle_timeout
         self.accepting = True
@@ -459,11 +467,15 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
 
 
 def add_route(
-    app: web.Application, service: TtsService, write_timeout: float, idle_timeout: float
+    app: web.Application,
+    service: TtsService,
+    write_timeout: float,
+    idle_timeout: float,
+    model_names: Mapping[str, ModelKind] | None = None,
 ) -> Sessions:
     """Serve the WebSocket door on ``app`` at ``ws_events.PATH``; its sessions end on the
-    application's shutdown. Returns the session registry."""
-    sessions = Sessions(service, write_timeout, idle_timeout)
+    application's shutdown. Returns the session registry (``Sessions``' arguments)."""
+    sessions = Sessions(service, write_timeout, idle_timeout, model_names)
     app[_SESSIONS_KEY] = sessions
     app.router.add_get(ev.PATH, speech_ws)
     app.on_shutdown.append(sessions.shutdown)

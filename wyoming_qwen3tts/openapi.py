@@ -178,7 +178,7 @@ def _speech_request(max_chars: int) -> dict[str, Any]:
             "instructions": _nullable({**string, "maxLength": _MAX_INSTRUCTIONS}),
             "response_format": _nullable({"type": "string", "enum": list(FORMATS)}),
             "stream_format": _nullable({"type": "string", "enum": ["audio", "sse"]}),
-            "stream": _nullable({"type": "boolean", "description": "vLLM-Omni's: without stream_format, true selects sse."}),
+            "stream": _nullable({"type": "boolean", "description": "The serving engines' (vLLM-Omni, sglang-omni, VoxServe, nari-qwen3-tts): accepted; the audio streams either way, raw unless stream_format is sse."}),
             "non_streaming_mode": _nullable({"type": "boolean", "description": "vLLM-Omni's prompt-layout override; accepted, the engine's prompt is the same either way."}),
             "speed": _nullable({"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED}),
             "language": _nullable({**string, "description": "BCP-47 code or Qwen3-TTS language name."}),
@@ -193,7 +193,7 @@ def _speech_request(max_chars: int) -> dict[str, Any]:
 def _speech_operation() -> dict[str, Any]:
     audio = {"schema": {"type": "string", "format": "binary"}}
     content: dict[str, Any] = {fmt.content_type: audio for fmt in FORMATS.values()}
-    # Each server-sent event (stream_format sse, or vLLM-Omni's ``stream: true``): a JSON
+    # Each server-sent event (stream_format sse only): a JSON
     # ``data`` line, ``speech.audio.delta`` with base64 PCM, then ``speech.audio.done``.
     content["text/event-stream"] = {
         "schema": {

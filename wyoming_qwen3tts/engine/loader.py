@@ -111,6 +111,7 @@ def load_engine(
     shrink: float = 1.0,
     ggml_threads: int = 0,
     ggml_icl: bool = False,
+    weight_quant: str = "none",
 ) -> Engine:
     """Load a checkpoint through the real loaders (faster-qwen3-tts / qwen_tts).
 
@@ -144,6 +145,9 @@ def load_engine(
         ggml_threads: the GGML engine's CPU threads per context; 0: the cores / contexts.
         ggml_icl: the GGML engine clones in context where a voice has a transcript
             (``GgmlEngine``'s ``icl``); else by x-vector.
+        weight_quant: "int8": the batched engine's talker and code predictor hold int8
+            weights (``batched.quant``; loaded on the CPU, quantized onto ``device``);
+            "none": ``dtype`` throughout (``precision.pick_weight_quant`` chooses).
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
@@ -190,7 +194,14 @@ def load_engine(
         return SingleStreamEngine(kind, tts, chunk_frames)
     from qwen_tts import Qwen3TTSModel
 
-    qwen = Qwen3TTSModel.from_pretrained(str(checkpoint), device_map=device, dtype=weights, attn_implementation="sdpa")
+    int8 = weight_quant == "int8" and engine == "batched"
+    qwen = Qwen3TTSModel.from_pretrained(
+        str(checkpoint), device_map="cpu" if int8 else device, dtype=weights, attn_implementation="sdpa"
+    )
+    if int8:
+        from .batched.quant import load_int8
+
+        load_int8(qwen, device)
     if engine == "reference":
         from .cpu.reference import ReferenceEngine
 
@@ -244,6 +255,43 @@ MIN_SHRINK = 0.1
 def is_out_of_memory(err: BaseException) -> bool:
     """A CUDA out-of-memory (``torch.OutOfMemoryError``, also when wrapped by a library)."""
     return type(err).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(err)
+
+
+class GpuMemoryError(RuntimeError):
+    """CUDA ran out of memory while serving; the message names the cause (what the card has
+    free and what other processes hold) and what the server does about it."""
+
+
+def gpu_memory_note() -> str:
+    """"X GB free on the card, Y GB held by other processes and the CUDA contexts, Z GB by
+    this server" (empty without CUDA): what an out-of-memory message names as its cause."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return ""
+        free, total = torch.cuda.mem_get_info()
+        ours = torch.cuda.memory_reserved()
+    except Exception:  # noqa: BLE001 - a note only
+        return ""
+    others = max(0, total - free - ours)
+    return (
+        f"{free / 2**30:.1f} GB free on the card, {others / 2**30:.1f} GB held by other processes "
+        f"and the CUDA contexts, {ours / 2**30:.1f} GB by this server"
+    )
+
+
+def serving_error(err: BaseException, kind: ModelKind) -> BaseException:
+    """``err`` itself, or for a CUDA out-of-memory while serving a ``GpuMemoryError`` that
+    says so, with the card's figures (another process, e.g. an LLM, took memory meanwhile)."""
+    if not is_out_of_memory(err) or isinstance(err, GpuMemoryError):
+        return err
+    note = gpu_memory_note()
+    return GpuMemoryError(
+        f"The GPU ran out of memory for this request ({note or 'CUDA out of memory'}): another program "
+        f"probably took GPU memory while this server ran. The {kind.value} model serves on; if it loads on "
+        "demand or takes turns, it comes back with the streams the free memory holds. Retry, or free GPU memory"
+    )
 
 
 def load_fitting(load: Callable[[float], Engine], warm: Callable[[Engine], None], kind: ModelKind, auto: bool) -> Engine:
