@@ -77,6 +77,14 @@ def test_asked_streams_say_whether_they_fit() -> None:
     assert not plan_streams(free=4 * GB, slot_bytes=GB, asked=8).fits
 
 
+def test_a_model_loaded_again_keeps_its_streams_unless_the_memory_moved_more_than_a_stream() -> None:
+    from wyoming_qwen3tts.engine.sizing import steady_streams
+
+    assert steady_streams(11, None) == 11
+    assert [steady_streams(p, 11) for p in (10, 11, 12, 13)] == [11, 11, 11, 11]
+    assert steady_streams(9, 11) == 9 and steady_streams(14, 11) == 14  # a real change follows the plan
+
+
 def test_budget_respects_the_cap_not_the_card() -> None:
     # an H200 (140 GB) capped at 8 GB, 4 GB already allocated: 4 GB left, not 130
     assert memory_budget(140 * GB, 4 * GB, 130 * GB, 8.0) == 4 * GB
@@ -428,37 +436,55 @@ def test_auto_streams_retry_with_fewer_after_an_out_of_memory_at_capture(caplog:
     from wyoming_qwen3tts.engine.loader import MIN_SHRINK, RETRY_SHRINK, load_fitting
 
     tried: list[float] = []
+    failed: list[weakref.ref[Any]] = []
+
+    closed: list[float] = []
 
     class Fake:
         def __init__(self, shrink: float) -> None:
             self.shrink = shrink
+            self.warm_error: BaseException | None = None
+
+        def close(self) -> None:
+            closed.append(self.shrink)
 
     def load(shrink: float) -> Any:
+        # the engine that failed before is gone (its weights, slots and graphs back on the card)
+        assert all(ref() is None for ref in failed), "the failed engine is still held"
         tried.append(shrink)
         return Fake(shrink)
 
     def warm_fits_below(limit: float) -> Any:
         def warm(engine: Any) -> None:
             if engine.shrink > limit:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+                failed.append(weakref.ref(engine))
+                try:
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+                except BaseException as err:
+                    engine.warm_error = err  # as Engine.warm keeps it: a cycle through the traceback
+                    raise
         return warm
 
     with caplog.at_level(logging.WARNING):
         engine = load_fitting(load, warm_fits_below(0.5), ModelKind.BASE, auto=True)
     assert engine.shrink == pytest.approx(RETRY_SHRINK**2) and tried == pytest.approx([1.0, RETRY_SHRINK, RETRY_SHRINK**2])
     assert "out of GPU memory while loading or capturing its graphs; trying again with 60%" in caplog.text
+    assert closed == pytest.approx([1.0, RETRY_SHRINK])  # each failed engine emptied before the retry
 
     tried.clear()
+    failed.clear()
     with pytest.raises(torch.OutOfMemoryError):
         load_fitting(load, warm_fits_below(0.5), ModelKind.BASE, auto=False)
     assert tried == [1.0]
 
     tried.clear()
+    failed.clear()  # the one raised to the caller is held by its traceback, as it should be
     with pytest.raises(torch.OutOfMemoryError):
         load_fitting(load, warm_fits_below(MIN_SHRINK / 10), ModelKind.BASE, auto=True)
     assert min(tried) >= MIN_SHRINK and len(tried) > 2
 
     tried.clear()
+    failed.clear()
     with pytest.raises(ValueError):  # not a memory error: never retried
         load_fitting(load, lambda e: (_ for _ in ()).throw(ValueError("bad checkpoint")), ModelKind.BASE, auto=True)
     assert tried == [1.0]

@@ -116,3 +116,11 @@ def test_a_model_taking_turns_prepares_its_clips_again_at_every_load(checkpoints
     engine._bring_in()
     assert isinstance(engine.inner, BatchedEngine)
     assert _prepared(engine.inner, reference) and not _prepared(engine.inner, Reference.load(voices_dir / "xvec.wav"))
+
+
+def test_a_closed_engine_holds_no_weights_slots_or_graphs(checkpoints: Path) -> None:
+    engine = _load(checkpoints)
+    engine.warm(_warm_segment())
+    engine.close()
+    assert all(p.numel() == 0 for p in engine._model.parameters())
+    assert all(t.numel() == 0 for t in engine.state.tensors()) and len(engine.graphs) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from ..voices import ModelKind
 from .base import Engine
 from .cuda_env import cuda_bf16_supported, pick_dtype
 from .cpu.gguf_files import hub_error
-from .sizing import MIN_STREAMS, memory_budget, plan_streams
+from .sizing import MIN_STREAMS, memory_budget, plan_streams, steady_streams
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -219,6 +220,10 @@ def load_engine(
                          on_eager_prefill=on_eager_prefill, chunk_growth=chunk_growth)
 
 
+#: The streams each model kind got at its last load in this process (``_plan_streams``).
+_LAST_STREAMS: dict[str, int] = {}
+
+
 class MemoryFitError(RuntimeError):
     """Not even one stream of a model fits in the GPU memory left after its weights."""
 
@@ -242,6 +247,12 @@ def _plan_streams(kind: ModelKind, qwen: Any, max_len: int, reserve: int, cap_gb
         raise MemoryFitError(f"{kind.value} model: {plan.reason}")
     streams = plan.streams if shrink >= 1.0 else max(MIN_STREAMS, int(plan.streams * shrink))
     note = f"; {streams} after an out-of-memory at start" if streams != plan.streams else ""
+    if shrink >= 1.0:
+        kept = steady_streams(streams, _LAST_STREAMS.get(kind.value))
+        if kept != streams:
+            note = f"; {kept} as at its last load"
+        streams = kept
+    _LAST_STREAMS[kind.value] = streams
     _LOGGER.info("%s model: %s%s; KV for %d positions a stream", kind.value, plan.reason, note, max_len)
     return streams
 
@@ -319,8 +330,14 @@ def load_fitting(load: Callable[[float], Engine], warm: Callable[[Engine], None]
         except Exception as err:  # noqa: BLE001 - re-raised unless it is a retryable out-of-memory
             if not (auto and is_out_of_memory(err)) or shrink * RETRY_SHRINK < MIN_SHRINK:
                 raise
-        # Past the except block its traceback is gone; drop the failed engine too, so that its
-        # slots and graphs go back to the card before the next try.
+            # The failed engine must give its memory back before the retry: on the H200 with 6 GB
+            # free its 4.2 GB stayed allocated and the retry found room for no stream. Let go of
+            # what holds it here (the traceback's frames, its warm_error) and empty its tensors.
+            traceback.clear_frames(err.__traceback__)
+            if engine is not None:
+                engine.warm_error = None
+                if hasattr(engine, "close"):
+                    engine.close()  # its memory back even if something else still holds it
         engine = None
         import gc
 

@@ -171,6 +171,23 @@ class BatchedEngine(Engine):
         #: Out-of-memory errors while serving (``_failure``).
         self.out_of_memory = 0
 
+    def close(self) -> None:
+        """Give the GPU memory back now, even if something still holds this engine: drop its
+        graphs and empty every weight, buffer and slot tensor (the engine is unusable after).
+        ``loader.load_fitting`` calls it on an engine that failed its warm-up: on the H200
+        with 6 GB free, such an engine's 4.2 GB stayed allocated and the retry found room for
+        no stream."""
+        for graphs in (self.graphs, self.decode_graphs, self.prefill.graphs):
+            graphs.clear()
+        tensors = [*self._model.parameters(), *self._model.buffers(), *self.state.tensors(), *self.decoder.state(),
+                   self._pcm, self._codes, self._codes_dec]
+        with torch.no_grad():
+            for tensor in tensors:
+                try:
+                    tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+                except RuntimeError:  # an inference tensor: it goes with its owner
+                    pass
+
     def slot_bytes(self) -> int:
         """Device memory held per slot: talker and predictor KV, codec decoder state, the rest."""
         tensors = [*self.state.tensors(), *self.step.pred_keys, *self.step.pred_values, *self.decoder.state(), self._pcm]  # noqa: E501

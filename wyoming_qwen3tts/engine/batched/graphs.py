@@ -106,5 +106,9 @@ class StepGraphs:
         torch.cuda.synchronize()
         return time.monotonic() - t0
 
+    def clear(self) -> None:
+        """Drop every captured graph (their memory pool goes back to the allocator)."""
+        self._graphs.clear()
+
     def __len__(self) -> int:
         return len(self._graphs)
