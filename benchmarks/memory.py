@@ -290,7 +290,8 @@ def run_row(ckpt: Path, work: Path, free_gb: float, frames: int, swaps: int, ext
             except subprocess.TimeoutExpired:
                 proc.kill()
             said = parse_log((work / f"server-{name}.log").read_text(errors="replace"))
-            row.resident, row.streams, row.precision = said["resident"], said["streams"], said["precision"]
+            row.resident = said["resident"] if row.started else []
+            row.streams, row.precision = said["streams"], said["precision"]
             row.streams_per_load = said["streams_per_load"]
             row.allocated_after_leaving_gb = said["allocated_after_leaving_gb"]
             if said["swap_waits_s"]:
