@@ -379,7 +379,7 @@ class Anchors:
 
     def ready_references(self) -> list[Reference]:
         """The stored anchor of every preset that has one: the clone references the Base model
-        serves presets from (``library.ClipPreparer`` prepares them before they are asked for)."""
+        serves presets from (``clips.ClipPreparer`` prepares them before they are asked for)."""
         if self.identity is None:
             return []
         found = []

@@ -327,7 +327,7 @@ class OnDemandEngine(Engine):
         loads: how many times the model was loaded (tests, logs).
     """
 
-    #: ``prime`` may be called while the engine serves (``library.ClipPreparer``).
+    #: ``prime`` may be called while the engine serves (``clips.ClipPreparer``).
     prime_any_time = True
 
     def __init__(

@@ -200,7 +200,7 @@ class BatchedEngine(Engine):
             return []
         return list(self._qwen.get_supported_speakers() or [])
 
-    #: ``prime`` may be called while the engine serves (``library.ClipPreparer``).
+    #: ``prime`` may be called while the engine serves (``clips.ClipPreparer``).
     prime_any_time = True
 
     def prime(self, reference: Reference) -> bool:
