@@ -50,7 +50,8 @@ for stage in "$@"; do
       done
       wait
       timeout "${MEMORY_S:-540}" python3 -m benchmarks.memory --out "$OUT/results" ${MEMORY_ARGS:-} 2>&1 | tee "$OUT/memory.log" | tail -30
-      mkdir -p "$OUT/memory-logs"; cp /tmp/memory-bench/server-*.log "$OUT/memory-logs/" 2>/dev/null ;;
+      # one archive: a run brings back at most 8 files (the 8 GiB server's log was left out once)
+      tar czf "$OUT/memory-logs.tgz" -C /tmp/memory-bench $(cd /tmp/memory-bench && ls server-*.log) 2>/dev/null ;;
     soak)
       for kind in voice_design base; do  # wait for (or build) the checkpoints
         python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > /dev/null
