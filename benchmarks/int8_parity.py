@@ -47,6 +47,8 @@ from wyoming_qwen3tts.engine.batched.quant import weight_bytes
 from wyoming_qwen3tts.engine.segment import Sampling
 from wyoming_qwen3tts.voices import ModelKind, Reference
 
+from .profile_step import _List
+
 TEXT = "The kitchen lights are now switched off for the night, and the front door is locked."
 OTHER = "Tomorrow will be cloudy in the morning with sunny spells later and a light breeze."
 PRESET = (
@@ -93,17 +95,6 @@ class _Sink:
 
     def failed(self, error: BaseException) -> None:
         raise error
-
-
-class _List:
-    def __init__(self, works: list[Work]) -> None:
-        self.works = works
-
-    def take(self, wait: float | None) -> Work | None:
-        return self.works.pop(0) if self.works else None
-
-    def closed(self) -> bool:
-        return False
 
 
 def _sync() -> None:
