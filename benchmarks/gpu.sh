@@ -7,10 +7,15 @@
 #   ckptbg   the same in the background (later stages wait on the builder's lock)
 #   profile  python -m benchmarks.profile_step
 #   bench    python -m benchmarks.bench
-#   memory   python -m benchmarks.memory: servers capped at 8/12/16/24 GB (builds the 0.6B Base too)
+#   int8     python -m benchmarks.int8_parity: int8 against bf16 weights (codes, speed, memory) on
+#            the full-size Base, VoiceDesign and CustomVoice checkpoints (builds missing ones)
+#   memory   python -m benchmarks.memory: a server with 8/6/4/12/24 GiB free, another process holding the rest
 #   soak     a real server on the full-size checkpoints, python -m benchmarks.soak against it
 #   poisson  a real server (all three full-size models, --max-streams 32, --fixed-frames 75),
 #            python -m benchmarks.poisson against it (POISSON_ARGS: its flags, e.g. --rates 10)
+#   wsfirst  a real server (full-size CustomVoice, --max-streams 32, --fixed-frames 75),
+#            python -m benchmarks.ws_first_audio against it: first audio from the first delta,
+#            WebSocket door and Wyoming streamed text at once (WSFIRST_ARGS: its flags)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -32,14 +37,21 @@ for stage in "$@"; do
       done ;;
     profile) timeout "${PROFILE_S:-240}" python3 -m benchmarks.profile_step --out "$OUT" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile.log" | tail -45 ;;
     bench) timeout "${BENCH_S:-560}" python3 -m benchmarks.bench --out "$OUT/results" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+    int8)
+      for kind in voice_design base custom_voice; do  # wait for (or build) the checkpoints
+        python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > /dev/null &
+      done
+      wait
+      mkdir -p "$OUT/int8"
+      timeout "${INT8_S:-300}" python3 -m benchmarks.int8_parity --out "$OUT/int8" ${INT8_ARGS:-} 2>&1 | tee "$OUT/int8/int8.log" | grep -v "Loading weights" | tail -30 ;;
     memory)
-      python3 -m wyoming_qwen3tts.testing.checkpoint .ckpt/full/base-0.6b --type base --size full-0.6b > /tmp/ckpt-base-0.6b.log 2>&1 &
-      for kind in voice_design base; do  # wait for (or build) the checkpoints
-        python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > /dev/null
+      for kind in voice_design base; do  # wait for (or build) the checkpoints, in parallel
+        python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > /dev/null &
       done
       wait
       timeout "${MEMORY_S:-540}" python3 -m benchmarks.memory --out "$OUT/results" ${MEMORY_ARGS:-} 2>&1 | tee "$OUT/memory.log" | tail -30
-      cp /tmp/memory-bench/server-*.log "$OUT/" 2>/dev/null ;;
+      # one archive: a run brings back at most 8 files (the 8 GiB server's log was left out once)
+      tar czf "$OUT/memory-logs.tgz" -C /tmp/memory-bench $(cd /tmp/memory-bench && ls server-*.log) 2>/dev/null ;;
     soak)
       for kind in voice_design base; do  # wait for (or build) the checkpoints
         python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > /dev/null
@@ -76,6 +88,19 @@ for stage in "$@"; do
         --out "$OUT/poisson" ${POISSON_ARGS:---http-voices custom_voice} 2>&1 | tee "$OUT/poisson/poisson.log" | tail -40
       kill -TERM $server; wait $server
       cp /tmp/poisson/server.log "$OUT/poisson/server.log"; grep -E "ERROR|Traceback" /tmp/poisson/server.log | head -5 ;;
+    wsfirst)
+      python3 -m wyoming_qwen3tts.testing.checkpoint .ckpt/full/custom_voice --type custom_voice --size full > /dev/null
+      mkdir -p /tmp/wsfirst/voices "$OUT/wsfirst"
+      python3 -m wyoming_qwen3tts --uri tcp://127.0.0.1:10300 --http-host 127.0.0.1 --http-port 8890 \
+        --data-dir /tmp/wsfirst/data --voices-dir /tmp/wsfirst/voices --clone-model none --design-model none \
+        --custom-voice-model .ckpt/full/custom_voice --voice ryan --device cuda --no-zeroconf --local-files-only \
+        --max-streams 32 --fixed-frames 75 --seed 17 ${WSFIRST_SERVER_ARGS:---max-queue 64} > /tmp/wsfirst/server.log 2>&1 &
+      server=$!
+      for _ in $(seq 360); do grep -q "Ready: Wyoming" /tmp/wsfirst/server.log && break; sleep 0.5; done
+      timeout "${WSFIRST_S:-300}" python3 -m benchmarks.ws_first_audio --wyoming-port 10300 --http-port 8890 \
+        --out "$OUT/wsfirst" ${WSFIRST_ARGS:-} 2>&1 | tee "$OUT/wsfirst/ws_first_audio.log" | tail -20
+      kill -TERM $server; wait $server
+      cp /tmp/wsfirst/server.log "$OUT/wsfirst/server.log"; grep -E "ERROR|Traceback" /tmp/wsfirst/server.log | head -5 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   echo "== $stage: $(( $(date +%s) - start )) s"

@@ -1,22 +1,33 @@
-"""Memory benchmark: the server on emulated 8, 12, 16 and 24 GB cards.
+"""Memory benchmark: the server on a GPU shared with another program, the honest way.
 
-One real server process (``python -m wyoming_qwen3tts``, full-size random checkpoints)
-per (card, options) row, with ``--gpu-memory`` capping its allocator at the card's size
-less ``--context-gb`` (the CUDA context and driver buffers, which a real card also holds
-but the allocator's cap does not count). For each row: whether it starts (and the reason
-when not), the streams ``--max-streams auto`` gave the Base model, where the VoiceDesign
-model lives (resident, on demand, taking turns), the peak GPU memory of the process
-(nvidia-smi, context included), first audio (p50) and speed (audio seconds per wall second
-per stream) with 1 and 4 Wyoming clients on a clone voice, and the first audio of a preset
-designed live (in the "turns" mode it includes loading the VoiceDesign model).
+A second process (``hold_gpu``: a small Python that ``torch.empty``s all but N GB of the card
+and sleeps) holds the rest of the GPU, as an LLM would, so that the server sees what such a
+card shows: the driver's free memory, its own CUDA context taken from it, and whatever the
+caching allocator, graph pools and fragmentation keep. No ``--gpu-memory`` cap (an allocator
+cap hid all of that: the 8 GB row passed under the cap and failed for real).
+
+One real server process (``python -m wyoming_qwen3tts``, defaults, full-size random
+checkpoints, a fresh data folder so that no preset anchor exists yet) per row, N GB free. Each
+row records (``memory.json``, the GPU-memory issue's fields):
+
+- whether it started, the models resident after start, the streams each model got, the
+  precision the server reports (None where it reports none);
+- first audio (client side, ms) for: the default voice before its anchor exists
+  (``preset_unrendered``), another preset (``preset``), a clone's first and second request
+  (``clone_first``, ``clone``), CustomVoice (None: the defaults load no CustomVoice model);
+- where the models take turns: swaps forced by alternating a design request (``instructions``,
+  always the VoiceDesign model) and a clone, the server process's GPU memory (nvidia-smi)
+  each time the Base model is back, ``leak_mb_per_swap`` (the slope), the streams at every
+  load, and ``swap_wait_max_ms`` (the longest a request waited for a model to load, from the
+  server's log);
+- speed with 1 and 4 clients on the clone (seconds of audio per wall second, per stream).
 
 Random weights never end a sentence, so every sentence is ``--fixed-frames`` frames.
-Writes ``OUT/memory.json`` (``{"rows": [...]}``, the issue's fields; whole rows in
-``memory-detail.json``) and ``OUT/memory.md`` (the table the
-add-on's DOCS link) after every row.
+Writes ``OUT/memory.json``, ``OUT/memory-detail.json`` (whole rows) and ``OUT/memory.md``
+after every row; the servers' logs go to ``/tmp/memory-bench/server-<N>gb.log``.
 
-Usage: ``python -m benchmarks.memory --out benchmarks/results/nvidia-h200`` (about 6 min
-on the H200; ``benchmarks/gpu.sh ckpt memory`` builds the checkpoints first).
+Usage: ``python -m benchmarks.memory --out benchmarks/results/nvidia-h200`` (about 6 min on
+the H200; ``benchmarks/gpu.sh memory`` builds the checkpoints first).
 """
 
 from __future__ import annotations
@@ -28,84 +39,100 @@ import re
 import statistics
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import asdict, dataclass
+import urllib.request
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile as sf
 
-from benchmarks.bench import _free_port, gpu_memory_by_pid, wyoming_request
+from benchmarks.bench import _free_port, gpu_memory_by_pid
 
 SAMPLE_RATE = 24_000
-CLONE_TRANSCRIPT = "This is a short reference recording."
+GiB = 2**30
+CLONE_TRANSCRIPT = "This is a short reference recording for the memory benchmark."
 TEXT = "The kitchen lights are on and the front door is locked."
-#: (label, extra server flags); "{ckpt}" is the checkpoints folder.
-OPTIONS: dict[str, list[str]] = {
-    "defaults": [],
-    "0.6B Base": ["--clone-model", "{ckpt}/base-0.6b"],
-    "no VoiceDesign": ["--design-model", "none"],
-    "VoiceDesign on demand": ["--design-model-memory", "on-demand"],
-}
-#: Rows run by default, (card GB, options), the defaults first (rows past --time-limit are skipped).
-ROWS = (
-    (8, "defaults"), (12, "defaults"), (16, "defaults"), (24, "defaults"),
-    (8, "0.6B Base"), (8, "no VoiceDesign"), (12, "VoiceDesign on demand"),
+#: Free GPU memory of each row, in GiB, the most telling first (rows past --time-limit are skipped).
+FREE_GB = (8, 6, 4, 12, 24)
+#: Swaps forced in each row where the models take turns (``--swaps``).
+SWAPS = 4
+#: The holder: allocate all but argv[1] GiB of the free memory, say so, sleep until killed.
+HOLDER = (
+    "import sys, time, torch\n"
+    "torch.cuda.init()\n"
+    "free, total = torch.cuda.mem_get_info()\n"
+    "keep = int(float(sys.argv[1]) * 2**30)\n"
+    "held = torch.empty(max(0, free - keep), dtype=torch.uint8, device='cuda')\n"
+    "print('held', held.numel(), torch.cuda.mem_get_info()[0], flush=True)\n"
+    "time.sleep(1e9)\n"
 )
 
 
 @dataclass
 class Row:
-    """One (card, options) result; times in ms, speed in audio s per wall s per stream."""
+    """One server at ``free_gb`` GiB free; times in ms, speed in audio s per wall s per stream."""
 
-    card_gb: int
-    options: str
-    started: bool
-    cap_gb: float
-    design_model: str | None = None
-    streams: int | None = None
-    peak_gb: float | None = None
-    start_s: float | None = None
-    ttfa_p50_ms: float | None = None
-    speed: float | None = None
-    ttfa_p50_ms_4: float | None = None
+    free_gb: float
+    options: str = "defaults"
+    started: bool = False
+    precision: str | None = None
+    resident: list[str] = field(default_factory=list)
+    streams: dict[str, int] = field(default_factory=dict)
+    first_audio_ms: dict[str, float | None] = field(default_factory=dict)
+    swap_wait_max_ms: float | None = None
+    leak_mb_per_swap: float | None = None
+    speed_1: float | None = None
     speed_4: float | None = None
-    preset_first_audio_ms: float | None = None
+    # detail (memory-detail.json)
+    free_seen_gb: float | None = None
+    start_s: float | None = None
+    swaps: int = 0
+    memory_after_swaps_gb: list[float] = field(default_factory=list)
+    allocated_after_leaving_gb: list[float] = field(default_factory=list)
+    streams_per_load: dict[str, list[int]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
     note: str = ""
 
 
-class PeakMemory:
-    """Polls nvidia-smi for one process's GPU memory; ``peak`` in GB."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.peak = pid, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.25):
-            self.peak = max(self.peak, gpu_memory_by_pid().get(self.pid, 0.0))
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        return round(self.peak, 2)
+#: ``memory.json``'s row fields, exactly as the GPU-memory issue specifies them.
+JSON_FIELDS = (
+    "free_gb", "options", "started", "precision", "resident", "streams", "first_audio_ms",
+    "swap_wait_max_ms", "leak_mb_per_swap", "speed_1", "speed_4",
+)
 
 
-def _server(ckpt: Path, work: Path, cap_gb: float, extra: list[str], frames: int, name: str) -> tuple[subprocess.Popen[bytes], int, Path]:
-    port = _free_port()
+def hold_gpu(free_gb: float, timeout: float = 60.0) -> tuple[subprocess.Popen[str], float]:
+    """Start the holder leaving ``free_gb`` GiB free; returns it and the free GiB it left.
+
+    Raises:
+        RuntimeError: it exited or did not say it holds the memory in ``timeout`` seconds.
+    """
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(free_gb)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("held"):
+            return proc, int(line.split()[2]) / GiB
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise RuntimeError(f"the memory holder did not start (exit {proc.poll()})")
+
+
+def _server(ckpt: Path, work: Path, name: str, frames: int, extra: list[str]) -> tuple[subprocess.Popen[bytes], int, int, Path]:
+    port, http_port = _free_port(), _free_port()
     log = work / f"server-{name}.log"
     args = [
-        sys.executable, "-m", "wyoming_qwen3tts", "--uri", f"tcp://127.0.0.1:{port}", "--http-port", "0",
-        "--data-dir", str(work / "data"), "--voices-dir", str(work / "voices"),
+        sys.executable, "-m", "wyoming_qwen3tts", "--uri", f"tcp://127.0.0.1:{port}", "--http-host", "127.0.0.1",
+        "--http-port", str(http_port), "--data-dir", str(work / f"data-{name}"), "--voices-dir", str(work / "voices"),
         "--clone-model", str(ckpt / "base"), "--design-model", str(ckpt / "voice_design"),
-        "--device", "cuda", "--fixed-frames", str(frames), "--seed", "1", "--anchors", "off",
-        "--no-zeroconf", "--local-files-only", "--gpu-memory", f"{cap_gb:g}", *extra,
+        "--device", "cuda", "--fixed-frames", str(frames), "--seed", "1", "--no-zeroconf", "--local-files-only", *extra,
     ]
     proc = subprocess.Popen(args, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    return proc, port, log
+    return proc, port, http_port, log
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> str | None:
@@ -117,131 +144,219 @@ def _wait_ready(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> str
             return None
         if proc.poll() is not None:
             errors = [line for line in text.splitlines() if "ERROR" in line or line.startswith(("Cannot", "SystemExit"))]
-            return (errors or text.splitlines() or ["exited"])[-1][-300:]
+            return (errors or text.splitlines() or ["exited"])[-1][-400:]
         time.sleep(0.25)
     return f"not ready in {timeout:.0f} s"
 
 
-def parse_log(text: str) -> tuple[int | None, str | None]:
-    """(the Base model's streams, where the VoiceDesign model lives) from a server's log:
-    its last ``--max-streams auto`` line (after an out-of-memory at start, the streams it
-    retried with: "21 stream(s), ...; 12 after an out-of-memory at start") and its "GPU
-    memory:" line."""
-    lines = [m.group(0) for m in re.finditer(r"base model: \d+ stream\(s\)[^\n]*", text)]
-    retried = re.search(r"; (\d+) after an out-of-memory", lines[-1]) if lines else None
-    found = retried or (re.search(r"(\d+) stream", lines[-1]) if lines else None)
+def parse_log(text: str) -> dict[str, Any]:
+    """What a server's log says: ``resident`` models after start, ``streams`` per model (the
+    last sizing), ``streams_per_load`` (every load's), ``precision`` (None if it says none),
+    ``swap_waits_s`` (each load's longest-waiting request) and ``allocated_after_leaving_gb``."""
+    streams_per_load: dict[str, list[int]] = {}
+    for kind, count in re.findall(r"(\w+) model is in GPU memory \([\d.]+ s to load, (\d+) stream", text):
+        streams_per_load.setdefault(kind, []).append(int(count))
+    for kind, count in re.findall(r"(\w+) model ready \(.*?(\d+) stream\(s\) at once", text):
+        streams_per_load.setdefault(kind, []).append(int(count))
+    streams = {kind: counts[-1] for kind, counts in streams_per_load.items()}
     mode = re.search(r"GPU memory: .*?; (the VoiceDesign model [^(]*|the models do not fit[^(]*|no VoiceDesign model)", text)
-    where = None
+    resident: list[str] = []
     if mode:
         said = mode.group(1)
-        where = "none" if said.startswith("no ") else "turns" if "do not fit" in said else (
-            "on demand" if "when needed" in said else "resident"
-        )
-    return (int(found.group(1)) if found else None), where
+        if "do not fit" in said:
+            resident = sorted({m for m in re.findall(r"(\w+) model is in GPU memory", text.split("Ready: Wyoming")[0])}) or ["base"]
+        elif said.startswith("no "):
+            resident = ["base"]
+        else:
+            resident = ["base"] + (["voice_design"] if "stays" in said else [])
+    precision = re.search(r"[Pp]recision[^\n]*?\b(int8|fp8|float8|bfloat16|bf16|float16|float32)\b", text)
+    waits = [float(s) for s in re.findall(r"the longest-waiting request waited ([\d.]+) s", text)]
+    left = [float(g) for g in re.findall(r"model out: ([\d.]+) GB allocated", text)]
+    return {
+        "resident": resident, "streams": streams, "streams_per_load": streams_per_load,
+        "precision": precision.group(1) if precision else None, "swap_waits_s": waits, "allocated_after_leaving_gb": left,
+    }
 
 
-def _median(values: list[float]) -> float:
-    return round(statistics.median(values), 1)
+async def _wyoming(port: int, text: str, voice: str, timeout: float = 120.0) -> tuple[float | None, float, float, str | None]:
+    """One Wyoming request: (first audio s or None, done s, audio s, error text or None)."""
+    from wyoming.audio import AudioChunk
+    from wyoming.client import AsyncTcpClient
+    from wyoming.tts import Synthesize, SynthesizeVoice
+
+    async def run() -> tuple[float | None, float, float, str | None]:
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            start = time.perf_counter()
+            await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name=voice)).event())
+            first, samples = None, 0
+            while True:
+                event = await client.read_event()
+                if event is None:
+                    return first, time.perf_counter() - start, samples / SAMPLE_RATE, "connection closed"
+                if AudioChunk.is_type(event.type):
+                    first = first or time.perf_counter() - start
+                    samples += len(AudioChunk.from_event(event).audio) // 2
+                elif event.type == "error":
+                    return first, time.perf_counter() - start, samples / SAMPLE_RATE, str((event.data or {}).get("text"))
+                elif event.type == "audio-stop":
+                    return first, time.perf_counter() - start, samples / SAMPLE_RATE, None
+
+    return await asyncio.wait_for(run(), timeout)
 
 
-async def _measure(port: int, row: Row) -> None:
-    await wyoming_request(port, "Warm up.", "clone")
-    solo = [await wyoming_request(port, TEXT, "clone") for _ in range(3)]
-    row.ttfa_p50_ms = _median([s.first_audio * 1000 for s in solo])
-    row.speed = round(statistics.median([s.audio_s / s.done for s in solo]), 2)
-    four = list(await asyncio.gather(*(wyoming_request(port, TEXT, "clone") for _ in range(4))))
-    row.ttfa_p50_ms_4 = _median([s.first_audio * 1000 for s in four])
-    row.speed_4 = round(statistics.median([s.audio_s / s.done for s in four]), 2)
-    if row.design_model not in (None, "none"):
-        preset = await wyoming_request(port, TEXT, "aria")
-        row.preset_first_audio_ms = round(preset.first_audio * 1000, 1)
-        await wyoming_request(port, TEXT, "clone")  # and back to the Base model
-
-
-def run_row(ckpt: Path, work: Path, card_gb: int, options: str, context_gb: float, frames: int) -> Row:
-    """Start, measure, stop one server."""
-    cap = round(card_gb - context_gb, 2)
-    extra = [a.replace("{ckpt}", str(ckpt)) for a in OPTIONS[options]]
-    started = time.monotonic()
-    slug = f"{card_gb}gb-" + re.sub(r"[^a-z0-9.]+", "-", options.lower())
-    proc, port, log = _server(ckpt, work, cap, extra, frames, slug)
-    peak = PeakMemory(proc.pid)
-    row = Row(card_gb, options, False, cap)
+def _design(http_port: int, timeout: float = 120.0) -> str | None:
+    """A request with instructions (always the VoiceDesign model); None or the error."""
+    body = {"model": "tts-1", "input": TEXT, "voice": "aria", "instructions": "A calm, low voice.", "response_format": "pcm"}
+    request = urllib.request.Request(f"http://127.0.0.1:{http_port}/v1/audio/speech", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
     try:
-        why = _wait_ready(proc, log, 240)
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return None if resp.read() else "no audio"
+    except Exception as err:  # noqa: BLE001 - recorded in the row
+        return repr(err)[:300]
+
+
+async def _measure(port: int, http_port: int, pid: int, log: Path, row: Row, swaps: int, turns: bool) -> None:
+    fa = row.first_audio_ms
+
+    async def first(key: str, voice: str) -> None:
+        got, _done, _audio, error = await _wyoming(port, TEXT, voice)
+        fa[key] = round(got * 1000, 1) if got is not None and error is None else None
+        if error:
+            row.errors.append(f"{key}: {error}"[:300])
+
+    await first("preset_unrendered", "aria")
+    await first("preset", "lena")
+    await first("clone_first", "clone")
+    await first("clone", "clone")
+    fa["custom_voice"] = None  # the defaults load no CustomVoice model
+    solo = [await _wyoming(port, TEXT, "clone") for _ in range(2)]
+    row.speed_1 = round(statistics.median([a / d for _f, d, a, e in solo if not e and d]), 2) if solo else None
+    four = await asyncio.gather(*(_wyoming(port, TEXT, "clone") for _ in range(4)))
+    row.speed_4 = round(statistics.median([a / d for _f, d, a, e in four if not e and d]), 2)
+    if not turns or swaps <= 0:
+        return
+    # The models take turns: force swaps once the anchors are rendered (the VoiceDesign model
+    # then comes only for designs), and read the server's GPU memory each time Base is back.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(re.findall(r"anchor rendered", log.read_text(errors="replace"))) < 13:
+        await asyncio.sleep(0.5)
+    for _ in range(max(1, swaps // 2)):
+        error = await asyncio.to_thread(_design, http_port)
+        if error:
+            row.errors.append(f"design: {error}")
+        _f, _d, _a, error = await _wyoming(port, TEXT, "clone")
+        if error:
+            row.errors.append(f"clone after a swap: {error}"[:300])
+        row.swaps += 2
+        row.memory_after_swaps_gb.append(round(gpu_memory_by_pid().get(pid, 0.0), 3))
+    after = row.memory_after_swaps_gb
+    if len(after) >= 2:
+        slope = float(np.polyfit(np.arange(len(after)) * 2.0, np.array(after), 1)[0])  # GB a swap
+        row.leak_mb_per_swap = round(slope * 1024, 1)
+
+
+def run_row(ckpt: Path, work: Path, free_gb: float, frames: int, swaps: int, extra: list[str]) -> Row:
+    """Hold all but ``free_gb`` GiB, start a server, measure it, stop both."""
+    row = Row(free_gb)
+    name = f"{free_gb:g}gb"
+    try:
+        holder, row.free_seen_gb = hold_gpu(free_gb)
+    except RuntimeError as err:
+        row.note = str(err)
+        return row
+    row.free_seen_gb = round(row.free_seen_gb, 2)
+    proc = None
+    try:
+        started = time.monotonic()
+        proc, port, http_port, log = _server(ckpt, work, name, frames, extra)
+        why = _wait_ready(proc, log, 200)
         row.start_s = round(time.monotonic() - started, 1)
-        row.streams, row.design_model = parse_log(log.read_text(errors="replace"))
         if why is not None:
             row.note = why
             return row
         row.started = True
+        text = log.read_text(errors="replace")
+        turns = "do not fit on the GPU together" in text
         try:
-            asyncio.run(asyncio.wait_for(_measure(port, row), 150))
+            asyncio.run(asyncio.wait_for(_measure(port, http_port, proc.pid, log, row, swaps, turns), 300))
         except Exception as err:  # noqa: BLE001 - a failed measurement is a result too
             row.note = f"measurement failed: {err!r}"[:300]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        row.peak_gb = peak.stop()
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            said = parse_log((work / f"server-{name}.log").read_text(errors="replace"))
+            row.resident = said["resident"] if row.started else []
+            row.streams, row.precision = said["streams"], said["precision"]
+            row.streams_per_load = said["streams_per_load"]
+            row.allocated_after_leaving_gb = said["allocated_after_leaving_gb"]
+            if said["swap_waits_s"]:
+                row.swap_wait_max_ms = round(max(said["swap_waits_s"]) * 1000, 0)
+        holder.kill()
+        holder.wait(10)
     return row
-
-
-#: ``memory.json``'s row fields, exactly as the GPU-memory issue specifies them; the rest of a
-#: row (4 clients, the preset, start time, notes) goes to ``memory-detail.json``.
-JSON_FIELDS = ("card_gb", "options", "started", "streams", "peak_gb", "ttfa_p50_ms", "speed")
 
 
 def write(rows: list[Row], out: Path, gpu: str) -> None:
     """memory.json (``JSON_FIELDS`` per row), memory-detail.json (whole rows) and memory.md."""
     out.mkdir(parents=True, exist_ok=True)
     whole = [asdict(r) for r in rows]
-    (out / "memory.json").write_text(json.dumps({"rows": [{k: r[k] for k in JSON_FIELDS} for r in whole]}, indent=2))
-    (out / "memory-detail.json").write_text(json.dumps({"gpu": gpu, "rows": whole}, indent=2))
+    (out / "memory.json").write_text(json.dumps({"rows": [{k: r[k] for k in JSON_FIELDS} for r in whole]}, indent=2) + "\n")
+    (out / "memory-detail.json").write_text(json.dumps({"gpu": gpu, "rows": whole}, indent=2) + "\n")
     lines = [
-        f"Measured on {gpu}, allocator capped with `--gpu-memory` at the card's size less the CUDA context; "
-        "random full-size weights, 24-frame sentences, clone voice. Speed: seconds of audio per second, per stream.",
+        f"Measured on {gpu}, another process holding all but N GiB of the GPU (no --gpu-memory cap); "
+        "defaults (1.7B Base and VoiceDesign), random full-size weights, fixed-length sentences, a fresh data "
+        "folder (no preset anchor yet). First audio in ms at the client; speed in seconds of audio per second, per stream.",
         "",
-        "| card | options | starts | start (s) | VoiceDesign model | Base streams | peak GPU memory (GB) | first audio, 1 client (ms) "
-        "| speed, 1 client | first audio, 4 clients (ms) | speed, 4 clients | preset first audio (ms) | note |",
+        "| free | starts | precision | resident | streams | default preset, unrendered | lena | clone, first | clone "
+        "| longest swap wait (ms) | leak / swap (MB) | speed 1 / 4 clients | note |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        cells = [f"{r.card_gb} GB", r.options, "yes" if r.started else "no", r.start_s, r.design_model or "", r.streams, r.peak_gb,
-                 r.ttfa_p50_ms, r.speed, r.ttfa_p50_ms_4, r.speed_4, r.preset_first_audio_ms, r.note.replace("|", "/")]
+        fa = r.first_audio_ms
+        note = "; ".join([r.note, *r.errors]).strip("; ").replace("|", "/")
+        cells = [
+            f"{r.free_gb:g} GB", "yes" if r.started else "no", r.precision or "", ", ".join(r.resident),
+            ", ".join(f"{k} {v}" for k, v in r.streams.items()), fa.get("preset_unrendered"), fa.get("preset"),
+            fa.get("clone_first"), fa.get("clone"), r.swap_wait_max_ms, r.leak_mb_per_swap,
+            f"{r.speed_1} / {r.speed_4}" if r.speed_1 is not None else "", note[:400],
+        ]
         lines.append("| " + " | ".join("" if c is None else str(c) for c in cells) + " |")
     (out / "memory.md").write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ckpt", type=Path, default=Path(".ckpt/full"), help="base, base-0.6b, voice_design inside")
+    parser.add_argument("--ckpt", type=Path, default=Path(".ckpt/full"), help="base and voice_design inside")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--rows", default=",".join(f"{c}:{o}" for c, o in ROWS), help="card:options, comma separated")
-    parser.add_argument("--context-gb", type=float, default=0.5, help="GB a real card loses to the CUDA context")
+    parser.add_argument("--free", default=",".join(f"{g:g}" for g in FREE_GB), help="GiB free per row, comma separated")
     parser.add_argument("--frames", type=int, default=24)
-    parser.add_argument("--time-limit", type=float, default=330, help="seconds; rows not started by then are skipped")
+    parser.add_argument("--swaps", type=int, default=SWAPS, help="swaps forced where the models take turns")
+    parser.add_argument("--server-args", default="", help="extra server flags for every row")
+    parser.add_argument("--time-limit", type=float, default=420, help="seconds; rows not started by then are skipped")
     args = parser.parse_args(argv)
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     work = Path("/tmp/memory-bench")
     (work / "voices").mkdir(parents=True, exist_ok=True)
     t = np.arange(3 * SAMPLE_RATE) / SAMPLE_RATE
-    sf.write(work / "voices" / "clone.wav", (0.2 * np.sin(2 * np.pi * 190 * t)).astype(np.float32), SAMPLE_RATE)
+    voice = 0.2 * np.sin(2 * np.pi * 190 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
+    sf.write(work / "voices" / "clone.wav", voice.astype(np.float32), SAMPLE_RATE)
     (work / "voices" / "clone.txt").write_text(CLONE_TRANSCRIPT)
     began = time.monotonic()
     rows: list[Row] = []
-    for spec in args.rows.split(","):
-        card, options = spec.split(":", 1)
+    for spec in args.free.split(","):
         if time.monotonic() - began > args.time_limit:
-            print(f"skipped {spec}: past --time-limit", flush=True)
+            print(f"skipped {spec} GB: past --time-limit", flush=True)
             continue
-        row = run_row(args.ckpt, work, int(card), options, args.context_gb, args.frames)
+        row = run_row(args.ckpt, work, float(spec), args.frames, args.swaps, args.server_args.split())
         rows.append(row)
         print(json.dumps(asdict(row)), flush=True)
         write(rows, args.out, gpu)
-    print((args.out / "memory.md").read_text())
+    print((args.out / "memory.md").read_text() if rows else "no rows")
 
 
 if __name__ == "__main__":

@@ -24,25 +24,36 @@ def test_summarize_and_report(tmp_path: Path) -> None:
 
 
 def test_memory_benchmark_reads_the_server_log_and_writes_its_table(tmp_path: Path) -> None:
-    from benchmarks.memory import Row, parse_log, write
+    from benchmarks.memory import JSON_FIELDS, Row, parse_log, write
 
     log = (
-        "INFO wyoming_qwen3tts: GPU memory: 7.5 GB for this server (--gpu-memory 7.5); weights base 3.9 GB, "
+        "INFO wyoming_qwen3tts: GPU memory: 7.4 GB for this server; weights base 3.9 GB, "
         "voice_design 3.9 GB; the models do not fit on the GPU together (9.9 GB needed with 2 streams each, "
-        "7.5 GB available): one at a time\n"
-        "INFO wyoming_qwen3tts.engine.loader: base model: 19 stream(s), what the memory holds (2.5 GB free ...)\n"
+        "7.4 GB available): one at a time\n"
+        "INFO wyoming_qwen3tts.engine.on_demand: base model is in GPU memory (10.4 s to load, 12 stream(s))\n"
+        "INFO wyoming_qwen3tts: Ready: Wyoming on tcp://127.0.0.1:1\n"
+        "INFO wyoming_qwen3tts.engine.on_demand: base model out: 0.01 GB allocated, 0.02 GB reserved (0.00 GB of it not releasable)\n"
+        "INFO wyoming_qwen3tts.engine.on_demand: voice_design model is in GPU memory (9.1 s to load, 11 stream(s))\n"
+        "INFO wyoming_qwen3tts.engine.on_demand: voice_design model: the longest-waiting request waited 9.8 s for it\n"
+        "INFO wyoming_qwen3tts.engine.on_demand: base model is in GPU memory (10.0 s to load, 12 stream(s))\n"
+        "INFO wyoming_qwen3tts.engine.on_demand: base model: the longest-waiting request waited 10.2 s for it\n"
     )
-    assert parse_log(log) == (19, "turns")
-    assert parse_log(log.replace("the models do not fit on the GPU together", "the VoiceDesign model stays in GPU memory")) == (19, "resident")
-    assert parse_log("nothing") == (None, None)
-    retried = log + (
-        "WARNING wyoming_qwen3tts.engine.loader: base model: out of GPU memory while loading or capturing its graphs\n"
-        "INFO wyoming_qwen3tts.engine.loader: base model: 19 stream(s), what the memory holds (2.4 GB free ...); "
-        "11 after an out-of-memory at start; KV for 1024 positions a stream\n"
+    said = parse_log(log)
+    assert said["resident"] == ["base"] and said["streams"] == {"base": 12, "voice_design": 11}
+    assert said["streams_per_load"] == {"base": [12, 12], "voice_design": [11]}
+    assert said["swap_waits_s"] == [9.8, 10.2] and said["allocated_after_leaving_gb"] == [0.01]
+    assert said["precision"] is None and parse_log(log + "INFO x: weights precision: int8 (5.1 GB free)\n")["precision"] == "int8"
+    both = parse_log(
+        "GPU memory: 23.4 GB for this server; weights ...; the VoiceDesign model stays in GPU memory (...)\n"
+        "INFO wyoming_qwen3tts: base model ready (batched CUDA-graph engine, 32 stream(s) at once)\n"
     )
-    assert parse_log(retried) == (11, "turns")  # the streams it serves with, not the first plan
-    write([Row(8, "defaults", True, 7.5, "turns", 19, 7.9, 40.0, 45.0, 3.1, 60.0, 2.4, 9000.0)], tmp_path, "NVIDIA H200")
+    assert both["resident"] == ["base", "voice_design"] and both["streams"] == {"base": 32}
+    row = Row(8, started=True, resident=["base"], streams={"base": 12}, first_audio_ms={"clone": 21.0}, swap_wait_max_ms=10200.0,
+              leak_mb_per_swap=0.4, speed_1=11.8, speed_4=9.9, swaps=4)
+    write([row, Row(4, note="Cannot load the base model: it does not fit")], tmp_path, "NVIDIA H200")
     rows = json.loads((tmp_path / "memory.json").read_text())["rows"]
-    assert set(rows[0]) == {"card_gb", "options", "started", "streams", "peak_gb", "ttfa_p50_ms", "speed"}
-    assert rows[0]["card_gb"] == 8 and rows[0]["streams"] == 19 and rows[0]["started"] is True
-    assert "| 8 GB | defaults | yes | 40.0 | turns | 19 | 7.9 | 45.0 | 3.1 | 60.0 | 2.4 | 9000.0 |  |" in (tmp_path / "memory.md").read_text()
+    assert tuple(rows[0]) == JSON_FIELDS and rows[0]["free_gb"] == 8 and rows[0]["streams"] == {"base": 12}
+    assert rows[1]["started"] is False and rows[1]["first_audio_ms"] == {}
+    table = (tmp_path / "memory.md").read_text()
+    assert "| 8 GB | yes |  | base | base 12 |  |  |  | 21.0 | 10200.0 | 0.4 | 11.8 / 9.9 |  |" in table
+    assert "| 4 GB | no |" in table and "does not fit" in table

@@ -295,17 +295,11 @@ def test_hub_id_of_the_wrong_kind_is_refused(server: Server) -> None:
     assert client_for(server).models.retrieve("Qwen/Qwen3-TTS-12Hz-1.7B-Base").id == "Qwen/Qwen3-TTS-12Hz-1.7B-Base"
 
 
-async def test_vllm_omni_stream_fields(server: Server, pcm_samples: int) -> None:
-    """``stream: true`` without ``stream_format`` is SSE (vLLM-Omni); ``stream_format: audio``
-    is raw bytes whatever ``stream`` says; a non-boolean ``stream`` is a 400."""
+async def test_serving_engine_fields_are_checked(server: Server) -> None:
+    """The serving engines' ``stream`` and ``non_streaming_mode`` must be booleans (400 naming
+    the field). What ``stream`` selects (raw audio: never server-sent events) is
+    tests/test_contracts.py's, with each engine's exact request."""
     body = {"input": TEXT, "voice": "ryan", "response_format": "pcm", "seed": 3}
-    status, headers, data = await post(server, {**body, "stream": True})
-    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
-    events = [json.loads(line[6:]) for line in data.decode().splitlines() if line.startswith("data: ")]
-    assert events[-1]["type"] == "speech.audio.done"
-    sse_pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
-    status, headers, raw = await post(server, {**body, "stream": True, "stream_format": "audio"})
-    assert status == 200 and headers["X-Sample-Rate"] == "24000" and raw == sse_pcm
     for field, value in (("stream", "yes"), ("non_streaming_mode", 1)):
         status, _, error = await post(server, {**body, field: value})
         assert status == 400, error

@@ -25,7 +25,8 @@ if not torch.cuda.is_available():  # conftest.py sets it; this covers running th
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from wyoming_qwen3tts.engine import Segment  # noqa: E402
-from wyoming_qwen3tts.engine.batched.kernels import attention, noise, rmsnorm, rope, sampler, silu_mul  # noqa: E402
+from wyoming_qwen3tts.engine.batched.kernels import attention, int8_matmul, noise, rmsnorm, rope, sampler, silu_mul  # noqa: E402
+from wyoming_qwen3tts.engine.batched.quant import quantize_rows  # noqa: E402
 from wyoming_qwen3tts.engine.batched.sampling import RowParams, effective, gumbel  # noqa: E402
 from wyoming_qwen3tts.voices import ModelKind  # noqa: E402
 
@@ -182,6 +183,37 @@ def test_frame_noise_is_the_eager_noise(device: str, dtype: torch.dtype) -> None
         assert torch.equal(fused, eager)
     else:
         torch.testing.assert_close(fused, eager, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_int8_linear_is_the_dequantized_weight_matmul(device: str, dtype: torch.dtype) -> None:
+    """The int8 kernel computes x @ (q * scale).T + bias: against that product in float32, for
+    a frame step's few rows (one row tile) and a prefill's many (several), with and without a
+    bias, with column and K counts that leave partial tiles. bfloat16: the kernel rounds once,
+    so it is within a bf16 step of the float32 product (the eager form rounds twice)."""
+    gen = torch.Generator().manual_seed(5)
+    shapes = [(1, 40, 48), (5, 70, 33), (70, 50, 40)] if device == "cpu" else [(1, 2048, 4096), (16, 6144, 2048), (33, 1024, 3072), (700, 2048, 1200)]
+    for i, (m, k, n) in enumerate(shapes):
+        x = rand(2, m, k, device=device, dtype=dtype, gen=gen)
+        w = torch.randn(n, k, generator=gen) / k**0.5  # outputs of order 1
+        q, scale = quantize_rows(w.to(device))
+        bias = rand(n, device=device, dtype=dtype, gen=gen) if i % 2 else None
+        exact = torch.nn.functional.linear(x.float(), q.float() * scale[:, None], None if bias is None else bias.float())
+        y = int8_matmul.int8_linear(x, q, scale, bias)
+        assert y.shape == (2, m, n) and y.dtype == dtype
+        close(y, exact, dtype)
+        close(int8_matmul.int8_linear_eager(x, q, scale, bias), exact, dtype)
+
+
+def test_int8_rows_are_within_half_a_step() -> None:
+    """Per-row symmetric int8: every weight within scale / 2 of its quantized value; an all-zero
+    row stays zero (scale 1, no division by zero)."""
+    w = torch.randn(6, 50, generator=torch.Generator().manual_seed(2)) * torch.tensor([1e-3, 1, 3, 10, 0.1, 0.0])[:, None]
+    q, scale = quantize_rows(w)
+    assert q.dtype == torch.int8 and scale.dtype == torch.float32 and q.abs().max() <= 127
+    assert torch.all((q.float() * scale[:, None] - w).abs() <= scale[:, None] / 2 + 1e-7)
+    assert scale[5] == 1 and not q[5].any()
+    assert torch.all(q[:5].abs().amax(dim=1) == 127)  # each row uses the whole range
 
 
 @pytest.mark.gpu

@@ -77,6 +77,14 @@ def test_asked_streams_say_whether_they_fit() -> None:
     assert not plan_streams(free=4 * GB, slot_bytes=GB, asked=8).fits
 
 
+def test_a_model_loaded_again_keeps_its_streams_unless_the_memory_moved_more_than_a_stream() -> None:
+    from wyoming_qwen3tts.engine.sizing import steady_streams
+
+    assert steady_streams(11, None) == 11
+    assert [steady_streams(p, 11) for p in (10, 11, 12, 13)] == [11, 11, 11, 11]
+    assert steady_streams(9, 11) == 9 and steady_streams(14, 11) == 14  # a real change follows the plan
+
+
 def test_budget_respects_the_cap_not_the_card() -> None:
     # an H200 (140 GB) capped at 8 GB, 4 GB already allocated: 4 GB left, not 130
     assert memory_budget(140 * GB, 4 * GB, 130 * GB, 8.0) == 4 * GB
@@ -195,10 +203,53 @@ async def test_out_of_memory_fails_the_request_and_the_next_one_works(
         with caplog.at_level(logging.WARNING):
             with pytest.raises(GenerationError) as failed:
                 await _speak(service, "This sentence meets an injected out of memory error.")
-        assert str(failed.value) == OOM_ADVICE and "--max-streams" in OOM_ADVICE
-        assert any(OOM_ADVICE in r.getMessage() and "Tried to allocate" in r.getMessage() for r in caplog.records)
+        message = str(failed.value)
+        assert "ran out of memory" in message and "another program" in message and "serves on" in message
+        assert any("out of GPU memory while serving" in r.getMessage() and "Tried to allocate" in r.getMessage() for r in caplog.records)
+        assert design_engine.out_of_memory == 1
         assert await _speak(service, "And this one is spoken.") > 0
         assert service.open_streams == 0
+    finally:
+        await asyncio.to_thread(service.stop)
+
+
+async def test_an_on_demand_model_out_of_memory_while_serving_comes_back_and_serves_on(
+    checkpoints: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process took GPU memory: the request that hit it fails with the cause, the
+    model reloads (its streams sized again from what is free) and the next request is spoken."""
+    loaded: list[BatchedEngine] = []
+
+    def load(shrink: float = 1.0) -> Engine:
+        engine = load_engine(ModelKind.VOICE_DESIGN, checkpoints / "voice_design", "cpu", 1, "batched", 2, dtype="float32", max_len=512)
+        assert isinstance(engine, BatchedEngine)
+        if not loaded:  # the first load meets the out-of-memory at its second step
+            real_run, calls = engine.step.run, {"n": 0}
+
+            def run(*args: Any) -> Any:
+                calls["n"] += 1
+                if calls["n"] == 4:  # the warm-up's two steps, then the request's second
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+                return real_run(*args)
+
+            engine.step.run = run  # type: ignore[method-assign]
+        loaded.append(engine)
+        return engine
+
+    engine = OnDemandEngine(ModelKind.VOICE_DESIGN, 1, load, _warm, idle_s=60.0)
+    await asyncio.to_thread(engine.warm, _warm(engine))
+    service = TtsService(VoiceCatalog(None, {ModelKind.VOICE_DESIGN}), {ModelKind.VOICE_DESIGN: engine}, "aria", Metrics())
+    try:
+        with caplog.at_level(logging.INFO):
+            with pytest.raises(GenerationError, match="ran out of memory"):
+                await _speak(service, "This sentence meets an injected out of memory error.")
+            deadline = time.monotonic() + 60  # a hang guard: it leaves once nothing runs
+            while engine.resident and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert not engine.resident
+            assert await _speak(service, "And this one is spoken after the reload.") > 0
+        assert engine.loads == 2 and len(loaded) == 2
+        assert any("out of GPU memory while serving: it comes back" in r.getMessage() for r in caplog.records)
     finally:
         await asyncio.to_thread(service.stop)
 
@@ -385,37 +436,55 @@ def test_auto_streams_retry_with_fewer_after_an_out_of_memory_at_capture(caplog:
     from wyoming_qwen3tts.engine.loader import MIN_SHRINK, RETRY_SHRINK, load_fitting
 
     tried: list[float] = []
+    failed: list[weakref.ref[Any]] = []
+
+    closed: list[float] = []
 
     class Fake:
         def __init__(self, shrink: float) -> None:
             self.shrink = shrink
+            self.warm_error: BaseException | None = None
+
+        def close(self) -> None:
+            closed.append(self.shrink)
 
     def load(shrink: float) -> Any:
+        # the engine that failed before is gone (its weights, slots and graphs back on the card)
+        assert all(ref() is None for ref in failed), "the failed engine is still held"
         tried.append(shrink)
         return Fake(shrink)
 
     def warm_fits_below(limit: float) -> Any:
         def warm(engine: Any) -> None:
             if engine.shrink > limit:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+                failed.append(weakref.ref(engine))
+                try:
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+                except BaseException as err:
+                    engine.warm_error = err  # as Engine.warm keeps it: a cycle through the traceback
+                    raise
         return warm
 
     with caplog.at_level(logging.WARNING):
         engine = load_fitting(load, warm_fits_below(0.5), ModelKind.BASE, auto=True)
     assert engine.shrink == pytest.approx(RETRY_SHRINK**2) and tried == pytest.approx([1.0, RETRY_SHRINK, RETRY_SHRINK**2])
     assert "out of GPU memory while loading or capturing its graphs; trying again with 60%" in caplog.text
+    assert closed == pytest.approx([1.0, RETRY_SHRINK])  # each failed engine emptied before the retry
 
     tried.clear()
+    failed.clear()
     with pytest.raises(torch.OutOfMemoryError):
         load_fitting(load, warm_fits_below(0.5), ModelKind.BASE, auto=False)
     assert tried == [1.0]
 
     tried.clear()
+    failed.clear()  # the one raised to the caller is held by its traceback, as it should be
     with pytest.raises(torch.OutOfMemoryError):
         load_fitting(load, warm_fits_below(MIN_SHRINK / 10), ModelKind.BASE, auto=True)
     assert min(tried) >= MIN_SHRINK and len(tried) > 2
 
     tried.clear()
+    failed.clear()
     with pytest.raises(ValueError):  # not a memory error: never retried
         load_fitting(load, lambda e: (_ for _ in ()).throw(ValueError("bad checkpoint")), ModelKind.BASE, auto=True)
     assert tried == [1.0]

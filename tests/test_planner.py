@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 
 from wyoming_qwen3tts.engine.batched.planner import FRAME_MS, Planner, StreamClock
@@ -72,6 +73,18 @@ def test_measured_join_stalls_update_the_replay_estimate() -> None:
     assert planner.join_ms == pytest.approx(14.0)
 
 
+def test_an_idle_engine_admits_a_lone_request_whatever_came_before() -> None:
+    """Nothing running: every free slot is offered, at any time, also right after a deferral
+    for a stream that has since ended (no deferral carried over to a request that waits for
+    no one)."""
+    planner = Planner(max_join=8, guard_ms=40.0, max_defer=2)
+    assert planner.admissions(31, [StreamClock(0.01)], now=0.0) == 0  # held back for a starving stream
+    for now in (0.0, 0.0037, 1.5, 86400.0):  # that stream ended; a lone request comes
+        assert planner.admissions(32, [], now) == 32
+    assert planner.admissions(31, [StreamClock(now + 0.01)], now) == 0  # a new count: 0 of max_defer used
+    assert planner.deferrals == 2
+
+
 # --- a simulated engine: fake stages on a virtual clock -------------------------------------
 
 
@@ -104,8 +117,8 @@ class Sim:
     replays_per_step: list[int] = field(default_factory=list)
     fail_prefill_of: set[str] = field(default_factory=set)
 
-    def arrive(self, name: str, frames: int) -> Row:
-        row = Row(name, frames, self.now)
+    def arrive(self, name: str, frames: int, at: float | None = None) -> Row:
+        row = Row(name, frames, self.now if at is None else at)
         self.waiting.append(row)
         return row
 
@@ -147,6 +160,25 @@ class Sim:
             self.step()
             if not self.rows and not self.waiting:
                 return
+
+    def serve(self, arrivals: list[tuple[float, str, int]]) -> list[Row]:
+        """The engine's loop (``BatchedEngine._serve``) over requests arriving at given
+        virtual times (seconds): with no row running it blocks in ``take`` until the next
+        arrival and admits it then (``_admit(block=True)``); while rows run, an arrival
+        waits for the next step's admission. Returns every request's row, in arrival order."""
+        pending = sorted(arrivals)
+        rows: list[Row] = []
+        for _ in range(100_000):  # a hang guard: a planner that never admits a lone request
+            while pending and pending[0][0] <= self.now:
+                at, name, frames = pending.pop(0)
+                rows.append(self.arrive(name, frames, at))
+            if not self.rows and not self.waiting:
+                if not pending:
+                    return rows
+                self.now = pending[0][0]  # idle: woken by the arrival itself
+                continue
+            self.step()
+        raise AssertionError("the engine stopped admitting")
 
 
 def test_a_burst_of_32_joins_while_others_stream_far_ahead() -> None:
@@ -211,3 +243,38 @@ def test_cancellations_mid_prefill_and_a_failed_replay_end_only_their_rows() -> 
     assert broken.failed and neighbour.failed and broken.sent == neighbour.sent == 0
     assert not later.failed and later.sent == 10
     assert not running.failed and running.sent == 30
+
+
+# --- a lone request: the engine idle, no step boundary to wait for ---------------------------
+
+
+def test_a_lone_request_waits_for_no_step_boundary() -> None:
+    """Requests one at a time (each arrives after the last has finished, at times unaligned
+    with any step): each is admitted at its arrival, so its first audio is exactly one prefill
+    replay and one frame step later, and the planner never held one back."""
+    planner = Planner(max_join=8)
+    sim = Sim(planner, join_ms=3.0, step_ms=6.44)
+    arrivals = [(t, f"lone{i}", 62) for i, t in enumerate((0.1234, 1.5, 2.71828, 3.99999, 7.0001))]
+    rows = sim.serve(arrivals)
+    assert all(r.sent == 62 for r in rows)
+    for row in rows:
+        assert row.first_audio == pytest.approx((3.0 + 6.44) / 1000, abs=1e-9)
+    assert planner.deferrals == 0 and sim.replays_per_step.count(1) == len(rows)
+
+
+def test_poisson_arrivals_at_one_per_second_wait_at_most_the_step_in_flight() -> None:
+    """Poisson arrivals at 1 req/s, 5 s replies (62 frames), for 200 requests: a request that
+    finds the engine idle starts at once; one that finds a stream running waits for the
+    replay and step in flight and no more (the running one is far ahead of playback: no
+    deferral); nobody underruns."""
+    rng = np.random.default_rng(27)
+    times = np.cumsum(rng.exponential(1.0, 200))
+    planner = Planner(max_join=8, join_ms=3.0, step_ms=6.44)
+    sim = Sim(planner, join_ms=3.0, step_ms=6.44)
+    rows = sim.serve([(float(t), f"p{i}", 62) for i, t in enumerate(times)])
+    floor = (3.0 + 6.44) / 1000
+    alone = [r for r, prev_end in zip(rows[1:], times[:-1] + 62 * 0.01, strict=True) if r.arrived > prev_end]
+    assert len(alone) > 100  # most arrive to an idle engine at this rate
+    assert all(r.first_audio == pytest.approx(floor, abs=1e-9) for r in [rows[0], *alone])
+    assert all(r.first_audio is not None and r.first_audio <= 2 * floor + 1e-9 for r in rows)  # one loop late at most
+    assert planner.deferrals == 0 and all(r.underruns == 0 and r.sent == 62 for r in rows)

@@ -21,9 +21,11 @@ from wyoming.server import AsyncServer, AsyncTcpServer
 
 from . import __version__
 from .anchors import AnchorMode, Anchors, AnchorStore
+from .clips import ClipPreparer
 from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, resolve_checkpoint
 from .engine.on_demand import DEFAULT_IDLE_S
+from .engine.precision import WEIGHT_QUANTS
 from .engine.sizing import DESIGN_MEMORY
 from .engine.cpu.defaults import cpu_default_voice
 from .engine.cpu.ggml import GgmlEngine
@@ -35,7 +37,7 @@ from .quiet import drop_default_config_notes, quiet_dependencies, restore_consol
 from .startup import load_engines
 from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, TtsService
 from .studio import HA_INGRESS_PEER
-from .voices import ModelKind, VoiceCatalog
+from .voices import ModelKind, Reference, VoiceCatalog
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -100,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--http-port", type=int, default=8880, help="OpenAI-compatible endpoint port (0 = off)")
     parser.add_argument("--api-key", help="Bearer key required by the HTTP endpoint")
     parser.add_argument("--local-files-only", action="store_true", help="Never download; use only local files")
+    # GPU weights (engine/precision.py, engine/batched/quant.py)
+    parser.add_argument("--weight-quant", choices=WEIGHT_QUANTS, default="auto", help="Batched engine: int8 stores the talker's and code predictor's weights in 8 bits (per-channel scales; a 1.7B model's weights take 2.4 GB instead of 4.2), none keeps --dtype's; auto: int8 when the GPU memory the card reports free is too short for every model at full precision with 4 streams each")
     # Voice studio (anchors.py, studio.py)
     parser.add_argument("--anchors", choices=["auto", "all", "used", "kept", "off"], default="auto", help="Preset anchors: all (every VoiceDesign preset rendered once in the background, then cloned by the Base model), used (the default voice and presets once used), kept (none rendered: only designs kept in the voice studio, with the clip you heard), off (presets designed live for every sentence); auto: all with CUDA, kept on the CPU")
     parser.add_argument("--ingress-peer", default=HA_INGRESS_PEER if os.environ.get("SUPERVISOR_TOKEN") else None, help="Address of Home Assistant's ingress proxy: its requests (with X-Ingress-Path) need no API key (default: 172.30.32.2 inside a Home Assistant add-on, else none)")
@@ -266,6 +270,7 @@ async def main(argv: list[str] | None = None) -> None:
     )
     if anchors is not None:
         anchors.start(service.render_design)
+    await _prepare_clips(engines, catalog, anchors)
     _LOGGER.info("%d voice(s); default %s", len(names), default_voice)
     # The models and libraries loaded so far live as long as the process: keep them out of
     # every garbage collection (no pauses scanning them while serving, and no 10 s final
@@ -285,10 +290,13 @@ async def main(argv: list[str] | None = None) -> None:
     http_runner = None
     if args.http_port:
         from .http_api import start_http
+        from .http_request import loaded_model_names
 
+        sources = {kind: source for kind, source in getattr(args, "model_sources", {}).items() if kind in engines}
         http_runner = await start_http(
             service, args.http_host, args.http_port, args.api_key, ingress_peer=args.ingress_peer,
             write_timeout=args.write_timeout, idle_timeout=args.idle_timeout,
+            model_names=loaded_model_names(sources),
         )
     announcer = None
     if isinstance(server, AsyncTcpServer) and not args.no_zeroconf:
@@ -321,6 +329,29 @@ async def _prime_default_voice(catalog: VoiceCatalog, name: str, engines: dict[M
     started = time.monotonic()
     if await asyncio.to_thread(engine.prime, voice.reference):
         _LOGGER.info("Default voice %s: its clip prepared in %.1f s", name, time.monotonic() - started)
+
+
+# --- GPU memory (issue 25): clone clips prepared before they are asked for ---------------
+
+
+async def _prepare_clips(engines: dict[ModelKind, Engine], catalog: VoiceCatalog, anchors: Anchors | None) -> ClipPreparer | None:
+    """Prepare every clone clip (and stored preset anchor) on the Base engine now, and keep
+    preparing new or changed ones as they appear (``clips.ClipPreparer``); None where the
+    Base engine cannot prepare while it serves (the GGML engine: ``_prime_default_voice``)."""
+    base = engines.get(ModelKind.BASE)
+    if base is None or not getattr(base, "prime_any_time", False):
+        return None
+
+    def clones() -> list[Reference]:
+        return [v.reference for v in catalog.voices() if v.kind is ModelKind.BASE and v.reference is not None]
+
+    preparer = ClipPreparer(base, [clones] + ([anchors.ready_references] if anchors is not None else []), catalog.refresh)
+    started = time.monotonic()
+    count = await preparer.prepare_new()
+    if count:
+        _LOGGER.info("%d clone clip(s) prepared in %.1f s", count, time.monotonic() - started)
+    preparer.start()
+    return preparer
 
 
 def _stop_during_start_up(signum: int, _frame: object) -> None:

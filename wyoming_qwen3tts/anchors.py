@@ -46,6 +46,7 @@ import numpy as np
 
 from .audio import FRAMES_PER_SECOND, SAMPLE_RATE
 from .library import wav_bytes, write_atomic
+from .scheduler import background
 from .voices import MAX_PRESET_SEED, ModelKind, Reference, Voice, VoiceCatalog
 
 _LOGGER = logging.getLogger(__name__)
@@ -376,6 +377,19 @@ class Anchors:
             self.want(voice.name)
         return reference
 
+    def ready_references(self) -> list[Reference]:
+        """The stored anchor of every preset that has one: the clone references the Base model
+        serves presets from (``clips.ClipPreparer`` prepares them before they are asked for)."""
+        if self.identity is None:
+            return []
+        found = []
+        for voice in self.catalog.voices():
+            spec = self.spec(voice)
+            reference = self.store.load(spec) if spec is not None else None
+            if reference is not None:
+                found.append(reference)
+        return found
+
     def state(self, voice: Voice) -> AnchorState:
         """Where the anchor of a preset stands."""
         spec = self.spec(voice)
@@ -552,7 +566,8 @@ class Anchors:
                 return  # another server claimed it first: _next_missing now skips it
             heartbeat = asyncio.create_task(self._heartbeat(spec.key), name="anchor claim")
             _LOGGER.info("Rendering the anchor of preset %s (seed %d)", voice.name, spec.seed)
-            audio = await render(spec)
+            with background():  # a client's request goes first, and never waits for a swap for it
+                audio = await render(spec)
             reference = self.store.save(spec, audio, voice.name)
         except asyncio.CancelledError:
             raise

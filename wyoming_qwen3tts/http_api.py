@@ -34,7 +34,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -46,7 +46,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from .encoders import StreamEncoder, open_encoder
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
 from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
-from . import openapi
+from . import http_ws, openapi
 from .http_common import ApiError, error_body, read_json, voice_json
 from .http_request import GENERIC_MODELS, HUB_MODEL, KIND_MODELS, SpeechParams, model_kind, parse_speech, pick_voice
 from .studio import add_routes, from_ingress, is_page  # the page is open, ingress is authenticated
@@ -64,6 +64,7 @@ from .service import (
     VoiceNotFoundError,
 )
 from .tempo import Tempo
+from .voices import ModelKind
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ _SERVICE_KEY = web.AppKey("service", TtsService)
 _WRITE_TIMEOUT_KEY = web.AppKey("write_timeout", float)
 _KEYED = web.AppKey("keyed", bool)
 _BODY_LIMIT_KEY = web.AppKey("body_limit", int)
+_NAMES_KEY = web.AppKey("model_names", dict[str, ModelKind])  # http_request.loaded_model_names
 _CREATED = int(time.time())
 
 
@@ -103,7 +105,7 @@ def _as_api_error(err: RequestError) -> ApiError:
 async def speech(request: web.Request) -> web.StreamResponse:
     """``POST /v1/audio/speech``: validate, open a stream, send audio as it is generated."""
     service = request.app[_SERVICE_KEY]
-    params = parse_speech(await read_json(request), service.max_chars)
+    params = parse_speech(await read_json(request), service.max_chars, request.app[_NAMES_KEY])
     if not service.is_ready():
         raise ApiError(
             503, "The models are still warming up; retry shortly", "not-ready", kind="server_error"
@@ -328,15 +330,18 @@ async def voices(request: web.Request) -> web.Response:
     )
 
 
-def _model_list(service: TtsService) -> list[dict[str, Any]]:
-    """OpenAI's model objects: the generic names and the loaded kinds' names."""
+def _model_list(service: TtsService, loaded: dict[str, ModelKind]) -> list[dict[str, Any]]:
+    """OpenAI's model objects: the generic names, the loaded kinds' names and the loaded
+    models' own names (hub ids, folder names)."""
     names = list(GENERIC_MODELS) + [name for name, kind in KIND_MODELS.items() if kind in service.kinds]
+    names += [name for name, kind in loaded.items() if kind in service.kinds]
     return [{"id": n, "object": "model", "created": _CREATED, "owned_by": "wyoming-qwen3tts"} for n in names]
 
 
 async def models(request: web.Request) -> web.Response:
-    """``GET /v1/models``: OpenAI's list; the generic names and the loaded kinds' names."""
-    return web.json_response({"object": "list", "data": _model_list(request.app[_SERVICE_KEY])})
+    """``GET /v1/models``: OpenAI's list; the generic names, the loaded kinds' names and the
+    loaded models' own names (their hub ids or folder names)."""
+    return web.json_response({"object": "list", "data": _model_list(request.app[_SERVICE_KEY], request.app[_NAMES_KEY])})
 
 
 async def model(request: web.Request) -> web.Response:
@@ -347,7 +352,7 @@ async def model(request: web.Request) -> web.Response:
     """
     wanted = request.match_info["model"]
     service = request.app[_SERVICE_KEY]
-    for item in _model_list(service):
+    for item in _model_list(service, request.app[_NAMES_KEY]):
         if item["id"].lower() == wanted.strip().lower():  # as /v1/audio/speech reads ``model``
             return web.json_response(item)
     if HUB_MODEL.match(wanted.strip().lower()) and model_kind(wanted) in service.kinds:
@@ -474,6 +479,8 @@ def create_app(
     api_key: str | None = None,
     ingress_peer: str | None = None,
     write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+    model_names: Mapping[str, ModelKind] | None = None,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
 ) -> web.Application:
     """The aiohttp application (routes and middleware) for ``service``.
 
@@ -482,6 +489,8 @@ def create_app(
         api_key: Bearer key required by ``/v1/*``, or None.
         ingress_peer: address of Home Assistant's ingress proxy; its requests need no key.
         write_timeout: seconds a response write may wait for the client to read.
+        model_names: the loaded models' own names (``http_request.loaded_model_names``).
+        idle_timeout: seconds a WebSocket session with open text may send nothing.
     """
     body_limit = max(1 << 20, 8 * service.max_chars + (64 << 10))
     app = web.Application(middlewares=[_middleware(service, api_key, ingress_peer)], client_max_size=body_limit)
@@ -489,6 +498,7 @@ def create_app(
     app[_SERVICE_KEY] = service
     app[_WRITE_TIMEOUT_KEY] = write_timeout
     app[_KEYED] = bool(api_key)
+    app[_NAMES_KEY] = dict(model_names or {})
     app.router.add_post("/v1/audio/speech", speech)
     app.router.add_get("/v1/audio/voices", voices)
     app.router.add_get("/v1/models", models)
@@ -497,6 +507,7 @@ def create_app(
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi_json)
+    http_ws.add_route(app, service, write_timeout, idle_timeout, app[_NAMES_KEY])  # /v1/audio/speech/ws
     add_routes(app, service)  # the voice studio's routes and page
     return app
 
@@ -547,6 +558,7 @@ async def start_http(
     ingress_peer: str | None = None,
     write_timeout: float = DEFAULT_WRITE_TIMEOUT,
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    model_names: Mapping[str, ModelKind] | None = None,
 ) -> web.AppRunner:
     """Serve the HTTP door on ``host``:``port``; returns the started runner.
 
@@ -555,7 +567,8 @@ async def start_http(
 
     A client that disconnects cancels its request handler, which cancels its generation.
     ``write_timeout``: see ``create_app``; ``idle_timeout``: seconds a connection with no
-    request in progress is kept open (aiohttp's keep-alive timeout, also for a new one).
+    request in progress is kept open (aiohttp's keep-alive timeout, also for a new one);
+    ``model_names``: see ``create_app``.
 
     Raises:
         OSError: the address cannot be bound.
@@ -571,7 +584,7 @@ async def start_http(
     if _MALFORMED_FILTER not in server_logger.filters:
         server_logger.addFilter(_MALFORMED_FILTER)
     runner = web.AppRunner(
-        create_app(service, api_key, ingress_peer, write_timeout),
+        create_app(service, api_key, ingress_peer, write_timeout, model_names, idle_timeout),
         access_log=None,  # each request has its own line ("http request ok: ..."), cut or whole
         handler_cancellation=True,
         shutdown_timeout=2.0,

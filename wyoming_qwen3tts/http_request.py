@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .encoders import FORMATS
@@ -98,11 +100,37 @@ def _choice(body: dict[str, Any], name: str, choices: list[str], default: str) -
     return default if value is None else value
 
 
-def model_kind(name: str) -> ModelKind | None:
+def loaded_model_names(sources: Mapping[ModelKind, str]) -> dict[str, ModelKind]:
+    """The names that select each loaded model beyond ``model_kind``'s fixed ones: what the
+    server was started with (``--clone-model`` etc.), as the serving engines' clients name
+    the model they serve: the hub id as given (``Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice``), or
+    a folder's own name (``my-finetune`` for ``/models/my-finetune``; a path ending in it
+    selects it too). Also ``GET /v1/models``' extra entries.
+
+    Args:
+        sources: each loaded kind's source: a hub id or a checkpoint folder.
+
+    Returns:
+        name (as spelled, without a trailing ``/``) -> kind. A name two loaded models share
+        (two folders of one name) selects neither.
+    """
+    names: dict[str, ModelKind | None] = {}
+    for kind, source in sources.items():
+        source = source.strip().rstrip("/")
+        name = Path(source).expanduser().name if Path(source).expanduser().is_dir() else source
+        if name:
+            known = {n.lower(): n for n in names}.get(name.lower())
+            names[known or name] = kind if known is None or names[known] is kind else None
+    return {name: kind for name, kind in names.items() if kind is not None}
+
+
+def model_kind(name: str, loaded: Mapping[str, ModelKind] | None = None) -> ModelKind | None:
     """The kind a ``model`` name selects: None for OpenAI's generic names (the voice decides).
 
-    Accepts our names (``KIND_MODELS``) and the checkpoints' hub ids and folder names
-    (``HUB_MODEL``), case-insensitively, ignoring surrounding spaces and a trailing ``/``.
+    Accepts our names (``KIND_MODELS``), the loaded models' names (``loaded``, from
+    ``loaded_model_names``) and any checkpoint's hub id or folder name (``HUB_MODEL``),
+    case-insensitively, ignoring surrounding spaces and a trailing ``/``; a path selects what
+    its last part does.
 
     Raises:
         ApiError: 404 ``model_not_found`` for any other name.
@@ -112,20 +140,30 @@ def model_kind(name: str) -> ModelKind | None:
         return None
     if key in KIND_MODELS:
         return KIND_MODELS[key]
-    hub = HUB_MODEL.match(key) or HUB_MODEL.match(key.rsplit("/", 1)[-1])  # or a folder's path
+    by_name = {n.lower(): kind for n, kind in (loaded or {}).items()}
+    last = key.rsplit("/", 1)[-1]  # a folder's path
+    for candidate in (key, last):
+        if candidate in by_name:
+            return by_name[candidate]
+    hub = HUB_MODEL.match(key) or HUB_MODEL.match(last)
     if hub is not None:
         return _HUB_KINDS[hub.group(1)]
     raise ApiError(404, f"The model {name!r} does not exist; see GET /v1/models", "model_not_found", "model")
 
 
-def _model_kind(body: dict[str, Any]) -> ModelKind | None:
+def _model_kind(body: dict[str, Any], loaded: Mapping[str, ModelKind] | None) -> ModelKind | None:
     model = _field(body, "model", str, "a string")
-    return None if model is None else model_kind(model)
+    return None if model is None else model_kind(model, loaded)
 
 
 def _stream_format(body: dict[str, Any]) -> str:
-    """``stream_format``, or as vLLM-Omni reads it when absent: ``stream: true`` selects SSE,
-    ``stream: false`` (or absent) the raw audio bytes, sent as they are generated.
+    """``stream_format`` (OpenAI's field): ``sse`` for server-sent events, else (``audio``, or
+    absent) the raw audio bytes in ``response_format``, sent as they are generated.
+
+    ``stream`` is not OpenAI's: the serving engines' clients send ``"stream": true`` to mean
+    "stream the audio", and read raw bytes (sglang-omni, VoxServe, nari-qwen3-tts; vLLM-Omni
+    adds ``stream_format: audio``). So it is validated and never selects SSE: every response
+    streams as it is generated anyway.
 
     Raises:
         ApiError: 400 for a wrong type or value of either field.
@@ -133,7 +171,7 @@ def _stream_format(body: dict[str, Any]) -> str:
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _invalid("stream", "'stream' must be a boolean", "invalid-type")
-    return _choice(body, "stream_format", list(STREAM_FORMATS), "sse" if stream else "audio")
+    return _choice(body, "stream_format", list(STREAM_FORMATS), "audio")
 
 
 def _voice(body: dict[str, Any]) -> str | None:
@@ -148,8 +186,9 @@ def _voice(body: dict[str, Any]) -> str | None:
     return voice.strip() or None if voice is not None else None
 
 
-def parse_speech(body: Any, max_chars: int) -> SpeechParams:
-    """Validate a decoded JSON body (types, ranges, names; not yet the voice).
+def parse_speech(body: Any, max_chars: int, loaded: Mapping[str, ModelKind] | None = None) -> SpeechParams:
+    """Validate a decoded JSON body (types, ranges, names; not yet the voice). ``loaded``:
+    the loaded models' names (``loaded_model_names``), which ``model`` may name.
 
     Raises:
         ApiError: 400 for a wrong type or value, 404 (model_not_found) for an unknown model.
@@ -161,7 +200,7 @@ def parse_speech(body: Any, max_chars: int) -> SpeechParams:
     if text is None:
         raise _invalid("input", "'input' is required", "missing-field")
     check_text(text, max_chars)
-    kind = _model_kind(body)
+    kind = _model_kind(body, loaded)
     voice = _voice(body)
     reference = _field(body, "reference_voice", str, "a string (a clone-library voice id)")
     if reference is not None and not reference.strip():

@@ -178,7 +178,7 @@ def _speech_request(max_chars: int) -> dict[str, Any]:
             "instructions": _nullable({**string, "maxLength": _MAX_INSTRUCTIONS}),
             "response_format": _nullable({"type": "string", "enum": list(FORMATS)}),
             "stream_format": _nullable({"type": "string", "enum": ["audio", "sse"]}),
-            "stream": _nullable({"type": "boolean", "description": "vLLM-Omni's: without stream_format, true selects sse."}),
+            "stream": _nullable({"type": "boolean", "description": "The serving engines' (vLLM-Omni, sglang-omni, VoxServe, nari-qwen3-tts): accepted; the audio streams either way, raw unless stream_format is sse."}),
             "non_streaming_mode": _nullable({"type": "boolean", "description": "vLLM-Omni's prompt-layout override; accepted, the engine's prompt is the same either way."}),
             "speed": _nullable({"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED}),
             "language": _nullable({**string, "description": "BCP-47 code or Qwen3-TTS language name."}),
@@ -193,7 +193,7 @@ def _speech_request(max_chars: int) -> dict[str, Any]:
 def _speech_operation() -> dict[str, Any]:
     audio = {"schema": {"type": "string", "format": "binary"}}
     content: dict[str, Any] = {fmt.content_type: audio for fmt in FORMATS.values()}
-    # Each server-sent event (stream_format sse, or vLLM-Omni's ``stream: true``): a JSON
+    # Each server-sent event (stream_format sse only): a JSON
     # ``data`` line, ``speech.audio.delta`` with base64 PCM, then ``speech.audio.done``.
     content["text/event-stream"] = {
         "schema": {
@@ -228,6 +228,31 @@ def _speech_operation() -> dict[str, Any]:
             "429": _error("Too many requests open: retry after Retry-After seconds.", retry=True),
             "500": _error("The model failed before any audio."),
             "503": _error("A model is not ready, or the server is stopping.", retry=True),
+        },
+    }
+
+
+#: Where the README describes the WebSocket door (OpenAPI 3.1 has no way to describe a
+#: WebSocket's messages).
+WEBSOCKET_DOCS = "https://github.com/wyoming-qwen3tts/wyoming-qwen3tts#streamed-text-over-a-websocket"
+
+
+def _speech_ws_operation() -> dict[str, Any]:
+    """``GET /v1/audio/speech/ws``: only its handshake can be described here."""
+    return {
+        "operationId": "speechWebSocket",
+        "summary": "Streamed text in, PCM out, over a WebSocket (subprotocol nari.speech.v1)",
+        "description": (
+            "A WebSocket endpoint for voice agents: the text comes as it is written (input_text.append "
+            "deltas), speech starts at the first clause, audio returns as binary messages of 24 kHz "
+            "16-bit mono PCM. OpenAPI cannot describe WebSocket messages; this entry covers only the "
+            "HTTP handshake (an Upgrade request offering the subprotocol nari.speech.v1, answered 101). "
+            f"The messages, errors and limits are in the README: {WEBSOCKET_DOCS}"
+        ),
+        "externalDocs": {"description": "The WebSocket protocol", "url": WEBSOCKET_DOCS},
+        "responses": {
+            "101": {"description": "Switching Protocols: the WebSocket session begins."},
+            "400": _error("Not a WebSocket handshake (code websocket-required)."),
         },
     }
 
@@ -414,6 +439,7 @@ def document(max_chars: int, api_key: bool = False) -> dict[str, Any]:
     """
     paths: dict[str, Any] = {
         "/v1/audio/speech": {"post": _speech_operation()},
+        "/v1/audio/speech/ws": {"get": _speech_ws_operation()},
         "/v1/audio/voices": _get(
             "listVoices", "The voice catalogue",
             {"200": _json({"$ref": "#/components/schemas/VoiceList"}, "Every voice, by name.")},

@@ -6,20 +6,27 @@ engine's ``WorkSource``: whenever the engine has room (a free slot of the batche
 the serial engine's one), it takes the next segment round-robin from the jobs that have one
 waiting. Audio chunks are handed to the job's asyncio queue the moment they are decoded, so
 the event loop never blocks on generation.
+
+A job opened inside ``background()`` (the anchors' rendering) is background work: a client's
+segment always goes first, and ``demand`` tells a model that takes turns on the GPU
+(``engine.on_demand``) whether a client or only background work waits for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
 
 from .audio import SAMPLE_RATE
 from .engine import Segment, Work
+from .engine.on_demand import Demand
 
 #: Audio a client may leave unread before its next segment is held back, in seconds. A client
 #: that stops reading thus holds at most this much (plus the running segment) in memory; the
@@ -27,6 +34,20 @@ from .engine import Segment, Work
 MAX_BACKLOG_SECONDS = 20.0
 #: How often a waiting engine re-checks held-back jobs, in seconds.
 _RECHECK_S = 0.05
+#: True inside ``background()``: jobs opened there are background work.
+_BACKGROUND: contextvars.ContextVar[bool] = contextvars.ContextVar("background_work", default=False)
+
+
+@contextlib.contextmanager
+def background() -> Iterator[None]:
+    """Jobs opened inside (in this asyncio task) are background work (anchor rendering): they
+    wait while a client's segment waits, and they do not call a model that takes turns on the
+    GPU away from a client (``Demand``)."""
+    token = _BACKGROUND.set(True)
+    try:
+        yield
+    finally:
+        _BACKGROUND.reset(token)
 
 
 class GenerationError(RuntimeError):
@@ -79,6 +100,10 @@ class Job:
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self.pending: deque[tuple[Segment, float]] = deque()  # guarded by the scheduler lock
         self.cancelled = threading.Event()
+        #: Opened inside ``background()``: served after every client's segment.
+        self.background = _BACKGROUND.get()
+        #: A segment of it was taken by the engine (a request being spoken, not a new one).
+        self.started = False
         self._submitted = 0
         self._done = 0
         self._closed = False
@@ -168,16 +193,24 @@ class Scheduler:
     def closed(self) -> bool:
         return self._closed
 
-    def take(self, wait: float | None) -> Work | None:
+    def take(self, wait: float | None, started_only: bool = False) -> Work | None:
         """The next segment, round-robin: the first job in line that has a segment queued and
         less than ``MAX_BACKLOG_SECONDS`` of unread audio starts its next segment and leaves
         the line; it rejoins at the back when that segment ends (if it has another), so a
         client that arrived meanwhile goes before the running one's next sentence. Jobs
-        found empty leave the line and rejoin at the back on their next ``submit``."""
+        found empty leave the line and rejoin at the back on their next ``submit``. Client
+        jobs go before background jobs (``background``).
+
+        Args:
+            wait: seconds to wait for a segment (None: until one comes or the source closes).
+            started_only: only a next segment of a client job already being spoken (a model
+                about to give the GPU to another one finishes the requests it started, but
+                starts no new one).
+        """
         deadline = None if wait is None else time.monotonic() + wait
         with self._cond:
             while True:
-                picked, held = self._next()
+                picked, held = self._next(started_only)
                 if picked is not None or self._closed:
                     return picked
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -187,21 +220,48 @@ class Scheduler:
                     remaining = _RECHECK_S if remaining is None else min(remaining, _RECHECK_S)
                 self._cond.wait(remaining)
 
-    def _next(self) -> tuple[Work | None, bool]:
+    def demand(self) -> Demand:
+        """What waits here now: queued client and background segments (``Demand``)."""
+        with self._cond:
+            clients = background = 0
+            since: float | None = None
+            for job in self._running.union(self._jobs):
+                if job.background:
+                    background += len(job.pending)
+                elif job.pending:
+                    clients += len(job.pending)
+                    queued = job.pending[0][1]
+                    since = queued if since is None else min(since, queued)
+            return Demand(clients, background, since)
+
+    def has_started(self) -> bool:
+        """Whether a client job already being spoken has a segment queued (``take``'s
+        ``started_only`` would give one)."""
+        with self._cond:
+            return any(j.started and not j.background and j.pending for j in self._jobs)
+
+    def _next(self, started_only: bool = False) -> tuple[Work | None, bool]:
         """(the work picked or None, whether a job was held back for its unread audio)."""
         held = False
-        for _ in range(len(self._jobs)):
-            job = self._jobs.popleft()
+        picked: Job | None = None
+        for job in list(self._jobs):
             if not job.pending or job in self._running:
-                continue  # leaves the line: rejoins on its next submit, or when its segment ends
+                self._jobs.remove(job)  # leaves the line: rejoins on its next submit, or when its segment ends
+                continue
+            if started_only and (job.background or not job.started):
+                continue
             if job.backlog_seconds > MAX_BACKLOG_SECONDS:
-                self._jobs.append(job)
                 held = True
                 continue
-            segment, queued_at = job.pending.popleft()
-            self._running.add(job)
-            return Work(segment, _SegmentSink(job, queued_at)), held
-        return None, held
+            if picked is None or (picked.background and not job.background):
+                picked = job
+        if picked is None:
+            return None, held
+        self._jobs.remove(picked)
+        segment, queued_at = picked.pending.popleft()
+        picked.started = True
+        self._running.add(picked)
+        return Work(segment, _SegmentSink(picked, queued_at)), held
 
     def _enqueue(self, job: Job, segment: Segment) -> None:
         with self._cond:

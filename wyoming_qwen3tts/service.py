@@ -1,4 +1,4 @@
-"""The speech service both front doors call: one request type in, one PCM stream out.
+"""The speech service every front door calls: one request type in, one PCM stream out.
 
 A front door turns its protocol into a ``SpeechRequest`` and calls ``TtsService.speak``
 (whole text) or ``TtsService.open`` (text streamed in with ``add_text`` and ``finish``).
@@ -100,7 +100,7 @@ class SpeechRequest:
             instruction for CustomVoice speakers; ignored for cloned voices.
         seed: RNG seed for every segment; None picks one per stream, so all sentences of a
             stream are sampled alike.
-        door: "wyoming" or "http", for metrics.
+        door: "wyoming", "http" or "websocket", for metrics.
     """
 
     voice: str | None = None

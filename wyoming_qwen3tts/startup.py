@@ -24,6 +24,7 @@ from .engine.cpu.ggml import NativeWidthError, check_checkpoint_widths
 from .engine.cpu.gguf_files import resolve_gguf
 from .engine.loader import MemoryFitError, checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers, is_out_of_memory, load_fitting
 from .engine.on_demand import GpuLease, OnDemandEngine
+from .engine.precision import int8_weights, pick_weight_quant, quantized_params
 from .engine.sizing import GB, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions
 from .metrics import Metrics
 from .voices import ModelKind, Reference
@@ -131,6 +132,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         )
         sources = chosen
         args.cpu_speaker_default = sources[ModelKind.CUSTOM_VOICE].lower() != "none"
+    args.model_sources = sources  # each model's hub id or folder: names the HTTP door accepts
     if pick_engine(args.engine, device) == "ggml":
         return await _load_ggml_engines(args, sources, models_dir, metrics)
     checkpoints: dict[ModelKind, Path] = {}
@@ -145,6 +147,9 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
     if not checkpoints:
         raise SystemExit("No model enabled: set at least one of --clone-model, --design-model, --custom-voice-model")
     max_len = max(slot_positions(), (args.fixed_frames or 0) + 512)
+    # The weights the batched engine loads: what --weight-quant forces; on CUDA "auto" is
+    # decided from the free memory by _residency.
+    args.weight_quant_chosen = "int8" if args.weight_quant == "int8" and pick_engine(args.engine, device) == "batched" else "none"
     plan = _residency(args, device, checkpoints, max_len)
     lease = GpuLease() if plan is not None and plan.design == "turns" else None
     engines: dict[ModelKind, Engine] = {}
@@ -156,7 +161,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
                 kind, checkpoint, device, args.chunk_size, args.engine, args.max_streams,
                 metrics.join_stall.labels(kind.value).observe, args.dtype, max_len, reserve, args.gpu_memory,
                 on_eager_prefill=metrics.eager_prefill.labels(kind.value).inc, chunk_growth=args.chunk_growth,
-                shrink=shrink,
+                shrink=shrink, weight_quant=args.weight_quant_chosen,
             )
 
         engine: Engine
@@ -326,6 +331,8 @@ def _residency(args: argparse.Namespace, device: str, checkpoints: dict[ModelKin
         for flag, given in (("--gpu-memory", args.gpu_memory is not None), ("--design-model-memory", args.design_model_memory != "auto")):
             if given:
                 _LOGGER.warning("%s is ignored on the CPU: every model stays loaded in RAM", flag)
+        if args.weight_quant_chosen == "int8":
+            _LOGGER.info("Weight precision: int8 (--weight-quant int8), computed eagerly on the CPU")
         return None
     import torch
 
@@ -342,6 +349,7 @@ def _residency(args: argparse.Namespace, device: str, checkpoints: dict[ModelKin
         ModelNeed(kind.value, checkpoint_params(path) * element, checkpoint_slot_bytes(path, max_len, element))
         for kind, path in checkpoints.items()
     ]
+    needs = _weights(args, budget, checkpoints, needs, element, dtype)
     plan = plan_residency(needs, budget, args.design_model_memory)
     _LOGGER.info(
         "GPU memory: %.1f GB for this server%s; weights %s; %s",
@@ -349,3 +357,22 @@ def _residency(args: argparse.Namespace, device: str, checkpoints: dict[ModelKin
         ", ".join(f"{n.kind} {n.weights / GB:.1f} GB" for n in needs), plan.reason,
     )
     return plan
+
+
+def _weights(
+    args: argparse.Namespace, budget: int, checkpoints: dict[ModelKind, Path], needs: list[ModelNeed], element: int,
+    dtype: str,
+) -> list[ModelNeed]:
+    """``--weight-quant`` on CUDA: choose the weights the batched engine loads (sets
+    ``args.weight_quant_chosen``; one "Weight precision: ..." log line saying which and why,
+    which ``benchmarks/memory.py`` reads) and return the models' needs with them."""
+    small = [
+        ModelNeed(n.kind, int8_weights(n.weights, quantized_params(path), element), n.slot)
+        for n, path in zip(needs, checkpoints.values(), strict=True)
+    ]
+    quant, why = pick_weight_quant(args.weight_quant, budget, needs, small, dtype=dtype)
+    if quant == "int8" and pick_engine(args.engine, "cuda") != "batched":
+        quant, why = "none", f"{dtype}: --weight-quant int8 serves the batched engine only, not --engine {args.engine}"
+    args.weight_quant_chosen = quant
+    _LOGGER.info("Weight precision: %s", why)
+    return small if quant == "int8" else needs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from ..voices import ModelKind
 from .base import Engine
 from .cuda_env import cuda_bf16_supported, pick_dtype
 from .cpu.gguf_files import hub_error
-from .sizing import MIN_STREAMS, memory_budget, plan_streams
+from .sizing import MIN_STREAMS, memory_budget, plan_streams, steady_streams
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ def load_engine(
     shrink: float = 1.0,
     ggml_threads: int = 0,
     ggml_icl: bool = False,
+    weight_quant: str = "none",
 ) -> Engine:
     """Load a checkpoint through the real loaders (faster-qwen3-tts / qwen_tts).
 
@@ -144,6 +146,9 @@ def load_engine(
         ggml_threads: the GGML engine's CPU threads per context; 0: chosen from the machine (``cpu.machine.plan``).
         ggml_icl: the GGML engine clones in context where a voice has a transcript
             (``GgmlEngine``'s ``icl``); else by x-vector.
+        weight_quant: "int8": the batched engine's talker and code predictor hold int8
+            weights (``batched.quant``; loaded on the CPU, quantized onto ``device``);
+            "none": ``dtype`` throughout (``precision.pick_weight_quant`` chooses).
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
@@ -186,7 +191,14 @@ def load_engine(
         return SingleStreamEngine(kind, tts, chunk_frames)
     from qwen_tts import Qwen3TTSModel
 
-    qwen = Qwen3TTSModel.from_pretrained(str(checkpoint), device_map=device, dtype=weights, attn_implementation="sdpa")
+    int8 = weight_quant == "int8" and engine == "batched"
+    qwen = Qwen3TTSModel.from_pretrained(
+        str(checkpoint), device_map="cpu" if int8 else device, dtype=weights, attn_implementation="sdpa"
+    )
+    if int8:
+        from .batched.quant import load_int8
+
+        load_int8(qwen, device)
     if engine == "reference":
         from .cpu.reference import ReferenceEngine
 
@@ -202,6 +214,10 @@ def load_engine(
         max_streams = _plan_streams(kind, qwen, max_len, reserve, cap_gb, shrink) if device == "cuda" else 8
     return BatchedEngine(kind, tts, chunk_frames, max_streams, max_len, graphs=device == "cuda", on_join=on_join,
                          on_eager_prefill=on_eager_prefill, chunk_growth=chunk_growth)
+
+
+#: The streams each model kind got at its last load in this process (``_plan_streams``).
+_LAST_STREAMS: dict[str, int] = {}
 
 
 class MemoryFitError(RuntimeError):
@@ -227,6 +243,12 @@ def _plan_streams(kind: ModelKind, qwen: Any, max_len: int, reserve: int, cap_gb
         raise MemoryFitError(f"{kind.value} model: {plan.reason}")
     streams = plan.streams if shrink >= 1.0 else max(MIN_STREAMS, int(plan.streams * shrink))
     note = f"; {streams} after an out-of-memory at start" if streams != plan.streams else ""
+    if shrink >= 1.0:
+        kept = steady_streams(streams, _LAST_STREAMS.get(kind.value))
+        if kept != streams:
+            note = f"; {kept} as at its last load"
+        streams = kept
+    _LAST_STREAMS[kind.value] = streams
     _LOGGER.info("%s model: %s%s; KV for %d positions a stream", kind.value, plan.reason, note, max_len)
     return streams
 
@@ -240,6 +262,43 @@ MIN_SHRINK = 0.1
 def is_out_of_memory(err: BaseException) -> bool:
     """A CUDA out-of-memory (``torch.OutOfMemoryError``, also when wrapped by a library)."""
     return type(err).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(err)
+
+
+class GpuMemoryError(RuntimeError):
+    """CUDA ran out of memory while serving; the message names the cause (what the card has
+    free and what other processes hold) and what the server does about it."""
+
+
+def gpu_memory_note() -> str:
+    """"X GB free on the card, Y GB held by other processes and the CUDA contexts, Z GB by
+    this server" (empty without CUDA): what an out-of-memory message names as its cause."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return ""
+        free, total = torch.cuda.mem_get_info()
+        ours = torch.cuda.memory_reserved()
+    except Exception:  # noqa: BLE001 - a note only
+        return ""
+    others = max(0, total - free - ours)
+    return (
+        f"{free / 2**30:.1f} GB free on the card, {others / 2**30:.1f} GB held by other processes "
+        f"and the CUDA contexts, {ours / 2**30:.1f} GB by this server"
+    )
+
+
+def serving_error(err: BaseException, kind: ModelKind) -> BaseException:
+    """``err`` itself, or for a CUDA out-of-memory while serving a ``GpuMemoryError`` that
+    says so, with the card's figures (another process, e.g. an LLM, took memory meanwhile)."""
+    if not is_out_of_memory(err) or isinstance(err, GpuMemoryError):
+        return err
+    note = gpu_memory_note()
+    return GpuMemoryError(
+        f"The GPU ran out of memory for this request ({note or 'CUDA out of memory'}): another program "
+        f"probably took GPU memory while this server ran. The {kind.value} model serves on; if it loads on "
+        "demand or takes turns, it comes back with the streams the free memory holds. Retry, or free GPU memory"
+    )
 
 
 def load_fitting(load: Callable[[float], Engine], warm: Callable[[Engine], None], kind: ModelKind, auto: bool) -> Engine:
@@ -267,8 +326,14 @@ def load_fitting(load: Callable[[float], Engine], warm: Callable[[Engine], None]
         except Exception as err:  # noqa: BLE001 - re-raised unless it is a retryable out-of-memory
             if not (auto and is_out_of_memory(err)) or shrink * RETRY_SHRINK < MIN_SHRINK:
                 raise
-        # Past the except block its traceback is gone; drop the failed engine too, so that its
-        # slots and graphs go back to the card before the next try.
+            # The failed engine must give its memory back before the retry: on the H200 with 6 GB
+            # free its 4.2 GB stayed allocated and the retry found room for no stream. Let go of
+            # what holds it here (the traceback's frames, its warm_error) and empty its tensors.
+            traceback.clear_frames(err.__traceback__)
+            if engine is not None:
+                engine.warm_error = None
+                if hasattr(engine, "close"):
+                    engine.close()  # its memory back even if something else still holds it
         engine = None
         import gc
 

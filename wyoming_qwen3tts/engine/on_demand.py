@@ -9,8 +9,21 @@ served once it is back, in turn, as if the model had been busy.
 
 Where two models do not fit on the card together (the 1.7B Base and VoiceDesign models
 on an 8 GB card), both take turns through a ``GpuLease``: one model on the card at a
-time. A model holding the lease lets it go as soon as it has no segment running and the
-other one waits (it stops taking new work while the other waits, so neither starves).
+time, and the lease decides whose turn it is from what waits for each (``next_turn``,
+``must_yield``, from each scheduler's ``Demand``):
+
+- a client's request goes before background work (anchor rendering): the model holding
+  the card takes no new work once a client waits for the other one, finishes the requests
+  it started, and leaves; the lease then goes to the model whose client waits longest, so
+  a request waits for at most one swap;
+- a model comes in for background work only when the holder has nothing to do, and then
+  stays while it has any (every missing anchor in one visit) unless a client waits for the
+  other model;
+- with nothing waiting anywhere, the ``home`` model (Base) comes back, ``TURNS_IDLE_S``
+  after the other one's last work, ready for the next clone request.
+
+A model that leaves gives back everything it held: the engine and its slots, graphs and
+their pools, the cuBLAS workspaces of its streams (``release_gpu_memory``).
 """
 
 from __future__ import annotations
@@ -21,50 +34,133 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from ..voices import ModelKind
+from ..voices import ModelKind, Reference
 from .base import Engine, Sink, Work, WorkSource
-from .loader import load_fitting
+from .loader import gpu_memory_note, is_out_of_memory, load_fitting
 from .segment import Segment
 
 _LOGGER = logging.getLogger(__name__)
 
 #: Seconds without work after which an on-demand model leaves GPU memory.
 DEFAULT_IDLE_S = 60.0
+#: Seconds without work after which a model taking turns with a ``home`` model gives the
+#: card back to it (the Base model is then in GPU memory again for the next clone request).
+TURNS_IDLE_S = 5.0
+#: Seconds the model on the card must have had nothing to do before it gives the card to
+#: another model's background work (anchors), so that a client's next request, seconds after
+#: its last, does not find the card gone.
+BACKGROUND_AFTER_IDLE_S = 3.0
 #: How often a serving model checks whether the other model waits for the lease, in seconds.
 _POLL_S = 0.1
+#: Seconds between attempts to load a model that did not fit (another process holds the memory).
+RETRY_S = 5.0
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What waits for one model (``scheduler.Scheduler.demand``).
+
+    Attributes:
+        clients: queued segments of client requests.
+        background: queued segments of background work (anchor rendering).
+        since: ``time.monotonic()`` at which the oldest queued client segment was queued
+            (None without one): the client that waits longest goes first.
+    """
+
+    clients: int = 0
+    background: int = 0
+    since: float | None = None
+
+
+def next_turn(demands: dict[str, Demand], home: str | None) -> str | None:
+    """Who gets the card once it is free: the model whose client waits longest; else one
+    with background work (by name, so the choice is stable); else ``home``; None: nobody.
+
+    Args:
+        demands: per model name, what waits for it.
+        home: the model that comes back when nothing waits (None: none does).
+    """
+    clients = [(d.since if d.since is not None else 0.0, who) for who, d in demands.items() if d.clients]
+    if clients:
+        return min(clients)[1]
+    background = sorted(who for who, d in demands.items() if d.background)
+    if background:
+        return background[0]
+    return home
+
+
+def must_yield(holder: str, demands: dict[str, Demand], busy: bool, idle_s: float = float("inf")) -> bool:
+    """Whether the model holding the card takes no new work and leaves once what it runs
+    ended: a client waits for another model and waited longer than every client queued for
+    the holder (so the clients of both are served in the order they came, each waiting for at
+    most one swap), or only background work waits for another model while the holder has had
+    nothing at all to do for ``BACKGROUND_AFTER_IDLE_S``.
+
+    Args:
+        busy: the holder has segments running.
+        idle_s: seconds since the holder's last segment ended (or it came in).
+    """
+    mine = demands.get(holder, Demand())
+    others = [d for who, d in demands.items() if who != holder]
+    mine_since = mine.since if mine.clients and mine.since is not None else float("inf")
+    if any(d.clients and (d.since if d.since is not None else 0.0) < mine_since for d in others):
+        return True
+    idle = not busy and not (mine.clients or mine.background) and idle_s >= BACKGROUND_AFTER_IDLE_S
+    return idle and any(d.background for d in others)
 
 
 class GpuLease:
-    """One model on the GPU at a time, for models that do not fit there together."""
+    """One model on the GPU at a time, for models that do not fit there together; the
+    models' turns follow ``next_turn`` and ``must_yield`` (see the module docstring)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._holder: str | None = None
-        self._waiting: set[str] = set()
+        self._demand: dict[str, Callable[[], Demand]] = {}
+        self._home: str | None = None
 
-    def acquire(self, who: str, give_up: Callable[[], bool] = lambda: False) -> bool:
-        """Block until ``who`` holds the lease; False if ``give_up()`` turned true first."""
+    @property
+    def holder(self) -> str | None:
+        """The model on the card now (or loading), or None."""
+        return self._holder
+
+    def register(self, who: str, demand: Callable[[], Demand], home: bool = False) -> None:
+        """Tell the lease what waits for ``who`` (its scheduler's ``demand``)."""
         with self._cond:
-            self._waiting.add(who)
+            self._demand[who] = demand
+            if home:
+                self._home = who
             self._cond.notify_all()
-            try:
-                while self._holder not in (None, who):
-                    if give_up():
-                        return False
-                    self._cond.wait(_POLL_S * 5)
-                self._holder = who
-                return True
-            finally:
-                self._waiting.discard(who)
+
+    def _demands(self) -> dict[str, Demand]:
+        return {who: demand() for who, demand in self._demand.items()}
+
+    def _turn(self) -> str | None:
+        return next_turn(self._demands(), self._home)
 
     def try_acquire(self, who: str) -> bool:
-        """Take the lease if it is free (or already ``who``'s); never blocks."""
+        """Take the lease if it is free (or already ``who``'s) and no other model's turn
+        comes first; never blocks."""
         with self._cond:
-            if self._holder in (None, who):
+            if self._holder == who:
+                return True
+            if self._holder is None and self._turn() in (None, who):
                 self._holder = who
                 return True
             return False
+
+    def wait_turn(self, who: str, give_up: Callable[[], bool] = lambda: False) -> bool:
+        """Block until it is ``who``'s turn (``next_turn``) and take the lease; False if
+        ``give_up()`` turned true first."""
+        with self._cond:
+            while not (self._holder == who or (self._holder is None and self._turn() == who)):
+                if give_up():
+                    return False
+                self._cond.wait(_POLL_S / 2)
+            self._holder = who
+            return True
 
     def release(self, who: str) -> None:
         """Let the lease go (no-op unless ``who`` holds it)."""
@@ -73,10 +169,38 @@ class GpuLease:
                 self._holder = None
                 self._cond.notify_all()
 
-    def wanted(self, by_other_than: str) -> bool:
-        """True when a model other than ``by_other_than`` waits for the lease."""
+    def must_yield(self, who: str, busy: bool, idle_s: float = float("inf")) -> bool:
+        """True when ``who`` (the holder) should take no new work and leave (``must_yield``)."""
         with self._cond:
-            return bool(self._waiting - {by_other_than})
+            return must_yield(who, self._demands(), busy, idle_s)
+
+    def demand(self, who: str) -> Demand:
+        """What waits for ``who`` now."""
+        with self._cond:
+            demand = self._demand.get(who)
+        return demand() if demand is not None else Demand()
+
+    @property
+    def home(self) -> str | None:
+        """The model that comes back when nothing waits."""
+        return self._home
+
+
+def release_gpu_memory(exclusive: bool) -> None:
+    """Return the allocator's cached blocks to the card after a model was let go and
+    collected. ``exclusive`` (no other model on the GPU: taking turns) also frees the cuBLAS
+    workspaces (one per handle and stream, 32 MiB each on Hopper; ``empty_cache`` keeps them,
+    and captured graphs of a model still loaded may point into them)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    torch.cuda.synchronize()
+    if exclusive:
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
+    torch.cuda.empty_cache()
 
 
 class _CountingSink:
@@ -105,30 +229,49 @@ class _Relay:
     """The work source a loaded model serves: the real one, until the model should leave.
 
     It closes (the inner engine's ``serve`` returns) when the real source closes, or when
-    no segment runs and either ``idle_s`` passed since the last one or another model waits
-    for the lease.
+    no segment runs and either ``idle_s`` passed since the last one, or ``shed()`` (the model
+    ran out of GPU memory while serving: it reloads with the streams the memory holds now),
+    or (taking turns) the lease says to yield and no request it started has a segment waiting.
     """
 
-    def __init__(self, source: WorkSource, first: Work | None, idle_s: float | None, yield_to: Callable[[], bool]) -> None:
+    def __init__(
+        self, source: WorkSource, first: Work | None, idle_s: float | None, who: str, lease: GpuLease | None,
+        clock: Callable[[], float] = time.monotonic, shed: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._source = source
+        self._shed = shed
         self._first: Work | None = first
         self._idle_s = idle_s
-        self._yield_to = yield_to
+        self._who = who
+        self._lease = lease
+        self._clock = clock
         self._lock = threading.Lock()
         self._running = 0
-        self._last = time.monotonic()
+        self._last = clock()
 
     def ended(self) -> None:
         with self._lock:
             self._running -= 1
-            self._last = time.monotonic()
+            self._last = self._clock()
+
+    def _yielding(self) -> bool:
+        if self._lease is None:
+            return False
+        with self._lock:
+            busy = self._running > 0
+            idle_s = self._clock() - self._last
+        return self._lease.must_yield(self._who, busy, idle_s)
+
+    def _started_waiting(self) -> bool:
+        has_started = getattr(self._source, "has_started", None)
+        return bool(has_started()) if has_started is not None else False
 
     def _leaving(self) -> bool:
         with self._lock:
             if self._running > 0 or self._first is not None:
                 return False
-            idle = self._idle_s is not None and time.monotonic() - self._last >= self._idle_s
-        return idle or self._yield_to()
+            idle = self._idle_s is not None and self._clock() - self._last >= self._idle_s
+        return idle or self._shed() or (self._yielding() and not self._started_waiting())
 
     def closed(self) -> bool:
         return self._source.closed() or self._leaving()
@@ -137,10 +280,20 @@ class _Relay:
         if self._first is not None:
             first, self._first = self._first, None
             return self._wrap(first)
-        if self._yield_to():  # the other model waits: take nothing new, finish what runs
+        # Short waits: a segment that comes while the model is about to leave is taken only
+        # within this much of the decision.
+        wait = _POLL_S if wait is None else min(wait, _POLL_S)
+        if self._shed():  # out of memory: take nothing new, leave once what runs ended, reload
+            time.sleep(min(wait, _POLL_S / 2))
             return None
-        bound = _POLL_S if self._idle_s is None else max(_POLL_S, min(self._idle_s, 1.0))
-        work = self._source.take(bound if wait is None else min(wait, bound))
+        if self._yielding():  # another model's client waits: finish the requests started here only
+            work = None
+            if self._started_waiting():  # only a source with ``has_started`` (the scheduler) says so
+                work = self._source.take(wait, started_only=True)  # type: ignore[call-arg]
+            if work is None and wait > 0:
+                time.sleep(min(wait, _POLL_S / 2))
+            return self._wrap(work) if work is not None else None
+        work = self._source.take(wait)
         return self._wrap(work) if work is not None else None
 
     def _wrap(self, work: Work) -> Work:
@@ -159,18 +312,23 @@ class OnDemandEngine(Engine):
             (the real loader; may raise, e.g. ``torch.OutOfMemoryError``).
         warm_segment: the warm-up generation run after every load.
         idle_s: seconds without work before the model leaves GPU memory; None keeps it
-            (a model that only takes turns through ``lease``).
+            (a model that only takes turns through ``lease``). Taking turns with a ``home``
+            model, at most ``TURNS_IDLE_S``.
         lease: shared with the models it cannot be on the card with, or None.
         why: what the model is needed for, for the log lines.
         speakers: the CustomVoice speaker ids while the model is out (from its config).
-        home: comes back by itself whenever the lease is free (the Base model, taking turns
-            with the VoiceDesign model: it is back before the next clone request).
+        home: comes back by itself when nothing waits for any model (the Base model, taking
+            turns with the VoiceDesign model: it is back before the next clone request).
         auto_streams: ``--max-streams auto``: an out-of-memory while loading is retried with
             fewer streams (``loader.load_fitting``).
+        clock: seconds, monotonic (tests pass a fake one).
 
     Attributes:
         loads: how many times the model was loaded (tests, logs).
     """
+
+    #: ``prime`` may be called while the engine serves (``clips.ClipPreparer``).
+    prime_any_time = True
 
     def __init__(
         self,
@@ -184,6 +342,7 @@ class OnDemandEngine(Engine):
         speakers: list[str] | None = None,
         home: bool = False,
         auto_streams: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(kind, chunk_frames, capacity=1)
         self._load = load
@@ -194,10 +353,16 @@ class OnDemandEngine(Engine):
         self._speakers = list(speakers or [])
         self.home = home and lease is not None
         self.auto_streams = auto_streams
+        self._clock = clock
         self.inner: Engine | None = None
         #: ``gc.get_freeze_count()`` once the model came in (see ``_collect``).
         self._freeze_mark: int | None = None
+        #: Clone references to prepare on every load (``prime``), by digest.
+        self._references: dict[str, Reference] = {}
+        self._inner_lock = threading.Lock()  # priming holds the inner engine; dropping waits
         self.loads = 0
+        #: Seconds the longest-waiting request waited for each load (a swap), for the log and benchmarks.
+        self.swap_waits: list[float] = []
         self.backend = "on demand"
 
     @property
@@ -207,6 +372,23 @@ class OnDemandEngine(Engine):
 
     def speakers(self) -> list[str]:
         return self.inner.speakers() if self.inner is not None else list(self._speakers)
+
+    def prime(self, reference: Reference) -> bool:
+        """Prepare a clone reference now if the model is in GPU memory, and again after every
+        load (the prompt caches leave with the model). Safe while serving. True if the inner
+        engine prepared it now."""
+        if self.kind is not ModelKind.BASE:
+            return False
+        with self._inner_lock:
+            self._references[reference.digest] = reference
+            inner = self.inner
+            return bool(inner is not None and inner.prime(reference))
+
+    def forget(self, digests: set[str]) -> None:
+        """Stop preparing references whose digest is not in ``digests`` (clips removed)."""
+        with self._inner_lock:
+            for digest in set(self._references) - digests:
+                del self._references[digest]
 
     def warmup(self, segment: Segment) -> None:
         """Load and warm the model now if it may (the lease is free), so start-up proves the
@@ -225,12 +407,23 @@ class OnDemandEngine(Engine):
             engine = None  # loaded but failed its warm-up: let it go before emptying the cache
             self._drop(None)
             raise
-        self.inner = engine
+        primed = 0
+        for reference in list(self._references.values()):
+            try:
+                primed += bool(engine.prime(reference))
+            except Exception as err:  # noqa: BLE001 - its first request then prepares it (and fails if it must)
+                _LOGGER.warning("%s model: could not prepare a clone clip: %s", self.kind.value, err)
+        with self._inner_lock:
+            self.inner = engine
+        engine = None
         self._freeze_mark = gc.get_freeze_count()
         self.loads += 1
-        self.capacity = engine.capacity
-        self.backend = f"{engine.backend}, on demand"
-        _LOGGER.info("%s model is in GPU memory (%.1f s to load)", self.kind.value, time.monotonic() - started)
+        self.capacity = self.inner.capacity
+        self.backend = f"{self.inner.backend}, on demand"
+        _LOGGER.info(
+            "%s model is in GPU memory (%.1f s to load, %d stream(s)%s)", self.kind.value, time.monotonic() - started,
+            self.capacity, f", {primed} clone clip(s) prepared" if primed else "",
+        )
 
     def _drop(self, why: str | None) -> None:
         """Release the model's GPU memory (and the lease)."""
@@ -238,11 +431,12 @@ class OnDemandEngine(Engine):
 
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # a step launched before its rows ended may still run
-        gone = weakref.ref(self.inner) if self.inner is not None else None
-        self.inner = None
+        with self._inner_lock:
+            gone = weakref.ref(self.inner) if self.inner is not None else None
+            self.inner = None
         self._collect()
+        release_gpu_memory(exclusive=self.lease is not None)
         if torch.cuda.is_available():
-            torch.cuda.empty_cache()
             if gone is not None and gone() is not None:  # something still holds the model
                 holders = sorted({type(r).__name__ for r in gc.get_referrers(gone())} - {"frame"})
                 _LOGGER.warning("%s model: still referenced after leaving GPU memory (by %s): its memory is not freed",
@@ -281,46 +475,92 @@ class OnDemandEngine(Engine):
         if frozen:
             gc.freeze()
 
+    def _out_of_memory(self) -> bool:
+        """The loaded engine ran out of GPU memory while serving (another process took it)."""
+        return getattr(self.inner, "out_of_memory", 0) > 0
+
+    def _idle_bound(self) -> float | None:
+        """Seconds without work before leaving: ``idle_s``, at most ``TURNS_IDLE_S`` while a
+        ``home`` model waits to come back."""
+        lease = self.lease
+        if lease is not None and lease.home not in (None, self.kind.value):
+            return TURNS_IDLE_S if self.idle_s is None else min(self.idle_s, TURNS_IDLE_S)
+        return self.idle_s
+
     def serve(self, source: WorkSource) -> None:
         me = self.kind.value
+        lease = self.lease
+        if lease is not None:
+            demand = getattr(source, "demand", None)
+            lease.register(me, demand if demand is not None else Demand, self.home)
         while not source.closed():
             work: Work | None = None
             if self.inner is None:
-                work = source.take(wait=1.0 if self.home else None)
-                if work is None:
-                    self._come_home()
-                    continue
-                if not self._come_back(work, source):
-                    continue
+                if lease is not None:
+                    if not self._take_turn(lease, source):
+                        continue
+                else:
+                    work = source.take(wait=None)
+                    if work is None or not self._come_back(work):
+                        continue
             assert self.inner is not None
-            lease = self.lease
-            yield_to = (lambda: lease.wanted(me)) if lease is not None else (lambda: False)
+            relay = _Relay(source, work, self._idle_bound(), me, lease, self._clock, self._out_of_memory)
             # No local reference to the engine: ``_drop`` must leave it unreferenced.
-            self.inner.serve(_Relay(source, work, self.idle_s, yield_to))
+            self.inner.serve(relay)
             work = None
             if source.closed():
                 break
-            self._drop("another model needs the GPU" if yield_to() else f"no work for {self.idle_s:.0f} s")
+            yielded = lease is not None and lease.must_yield(me, busy=False)
+            self._drop(
+                "out of GPU memory while serving: it comes back with the streams the free memory holds"
+                if self._out_of_memory() else "another model needs the GPU" if yielded
+                else f"no work for {self._idle_bound():.0f} s"
+            )
+            del relay
 
-    def _come_home(self) -> None:
-        """A ``home`` model out of GPU memory reloads itself once the lease is free."""
-        if not self.home or self.lease is None or not self.lease.try_acquire(self.kind.value):
-            return
+    def _take_turn(self, lease: GpuLease, source: WorkSource) -> bool:
+        """Wait for this model's turn on the GPU and load it; False if it could not (the work
+        waiting for it then failed with the reason) or the source closed."""
+        me = self.kind.value
+        waiting = lease.demand(me)
+        if waiting.clients and lease.holder not in (None, me):
+            _LOGGER.info("%s model: %d request(s) wait while the other model finishes its work%s",
+                         me, waiting.clients, self.why)
+        if not lease.wait_turn(me, source.closed):
+            return False
+        waiting = lease.demand(me)
+        what = "a waiting request" if waiting.clients else "background work" if waiting.background else "the next request"
+        _LOGGER.info("%s model: loading it into GPU memory for %s%s", me, what, self.why)
+        since = waiting.since
         try:
             self._bring_in()
-        except Exception as err:  # noqa: BLE001 - retried at the next request
-            _LOGGER.error("%s model could not come back into GPU memory: %s", self.kind.value, _oom_hint(err))
-            time.sleep(5.0)
+        except Exception as err:  # noqa: BLE001 - what waits fails, the server goes on
+            reason = _oom_hint(err)
+            _LOGGER.error("%s model could not be loaded: %s", me, reason)
+            self._fail_waiting(source, RuntimeError(f"The {me} model could not be loaded: {reason}"))
+            lease.release(me)
+            deadline = time.monotonic() + RETRY_S  # before trying again: what holds the memory may let go
+            while time.monotonic() < deadline and not source.closed():
+                time.sleep(_POLL_S)
+            return False
+        if since is not None:
+            self.swap_waits.append(time.monotonic() - since)
+            _LOGGER.info("%s model: the longest-waiting request waited %.1f s for it", me, self.swap_waits[-1])
+        return True
 
-    def _come_back(self, work: Work, source: WorkSource) -> bool:
-        """Load the model for ``work`` (waiting for the lease first); False if it could not,
-        ``work`` then failed with the reason."""
+    @staticmethod
+    def _fail_waiting(source: WorkSource, error: BaseException) -> None:
+        """Fail every segment queued now (the model they wait for could not be loaded)."""
+        while True:
+            work = source.take(wait=0)
+            if work is None:
+                return
+            work.sink.failed(error)
+
+    def _come_back(self, work: Work) -> bool:
+        """Load the model for ``work`` (no lease); False if it could not, ``work`` then
+        failed with the reason."""
         me = self.kind.value
-        if self.lease is not None and not self.lease.try_acquire(me):
-            _LOGGER.info("%s model: a request waits while the other model finishes its work%s", me, self.why)
-            if not self.lease.acquire(me, source.closed):
-                work.sink.failed(RuntimeError("The server is shutting down"))
-                return False
         _LOGGER.info("%s model: loading it into GPU memory for a waiting request%s", me, self.why)
         try:
             self._bring_in()
@@ -333,9 +573,10 @@ class OnDemandEngine(Engine):
 
 def _oom_hint(err: BaseException) -> str:
     """The error in one line; for an out-of-memory, what to change."""
-    if type(err).__name__ == "OutOfMemoryError":
+    if is_out_of_memory(err):
+        note = f": {gpu_memory_note()}" if gpu_memory_note() else ""
         return (
-            "it does not fit in the GPU memory left (CUDA out of memory); free GPU memory "
+            f"it does not fit in the GPU memory left (CUDA out of memory{note}); free GPU memory "
             "(another process?), lower --max-streams, or use --clone-model Qwen/Qwen3-TTS-12Hz-0.6B-Base"
         )
     return str(err).splitlines()[0] if str(err) else repr(err)

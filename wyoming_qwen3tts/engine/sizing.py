@@ -115,6 +115,21 @@ def plan_streams(
     return StreamPlan(streams, True, f"{streams} stream(s), {why} ({figures})")
 
 
+def steady_streams(planned: int, last: int | None) -> int:
+    """The streams a model loaded again gets: those of its last load while the plan is
+    within one stream below or two above them, else the new plan.
+
+    The driver's free memory moves by a stream's worth between loads of a model taking turns
+    (the CUDA context grows as kernels load; the other model's last blocks): on the H200 with
+    8 GB free the Base model got 11, 10, 10, 10, 11 streams. One stream below the plan is
+    within ``WORKSPACE_BYTES``'s margin (measured need 0.6-0.9 GB of its 1.0 GB), and a real
+    shortage still shrinks the plan, as does an out-of-memory at capture (``loader.load_fitting``).
+    """
+    if last is None or not last - 1 <= planned <= last + 2:
+        return planned
+    return last
+
+
 def memory_budget(total: int, allocated: int, free_on_device: int, cap_gb: float | None) -> int:
     """Bytes this process may still allocate on the device.
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,10 +46,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...voices import ModelKind
+from ...voices import ModelKind, Reference
 from ..base import Engine, ModelMismatchError, Work, WorkSource
+from ..loader import is_out_of_memory, serving_error
 from .codec import StreamingDecoder
-from .graphs import StepGraphs, buckets
+from .graphs import StepGraphs, buckets, role_stream
 from .planner import Planner
 from .pool import Row, SlotPool
 from .prefill import Prefill
@@ -153,7 +155,8 @@ class BatchedEngine(Engine):
         self.graphs = StepGraphs(self._step_body, self.state.tensors, batches, buckets(max_len, length_buckets))
         self.decode_graphs = StepGraphs(self._decode_body, self.decoder.state, batches, [1])
         self.overlap = self.use_graphs and overlap_decode
-        self._side = torch.cuda.Stream(self.device) if self.overlap else None
+        self._side = role_stream(self.device, f"{kind.value}-decode") if self.overlap else None
+        self._prime_lock = threading.Lock()
         self._copied: torch.cuda.Event | None = None  # the last decode has taken its codes
         self._decoded: torch.cuda.Event | None = None  # the last decode has finished
         self._host: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -165,6 +168,25 @@ class BatchedEngine(Engine):
         self._joins: list[tuple[torch.cuda.Event, torch.cuda.Event, int]] = []
         self._stall: torch.cuda.Event | float | None = None  # an admission's start, until the next step
         self._stall_replays = 0  # prefill replays in that admission
+        #: Out-of-memory errors while serving (``_failure``).
+        self.out_of_memory = 0
+
+    def close(self) -> None:
+        """Give the GPU memory back now, even if something still holds this engine: drop its
+        graphs and empty every weight, buffer and slot tensor (the engine is unusable after).
+        ``loader.load_fitting`` calls it on an engine that failed its warm-up: on the H200
+        with 6 GB free, such an engine's 4.2 GB stayed allocated and the retry found room for
+        no stream."""
+        for graphs in (self.graphs, self.decode_graphs, self.prefill.graphs):
+            graphs.clear()
+        tensors = [*self._model.parameters(), *self._model.buffers(), *self.state.tensors(), *self.decoder.state(),
+                   self._pcm, self._codes, self._codes_dec]
+        with torch.no_grad():
+            for tensor in tensors:
+                try:
+                    tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+                except RuntimeError:  # an inference tensor: it goes with its owner
+                    pass
 
     def slot_bytes(self) -> int:
         """Device memory held per slot: talker and predictor KV, codec decoder state, the rest."""
@@ -177,6 +199,33 @@ class BatchedEngine(Engine):
         if self.kind is not ModelKind.CUSTOM_VOICE:
             return []
         return list(self._qwen.get_supported_speakers() or [])
+
+    #: ``prime`` may be called while the engine serves (``clips.ClipPreparer``).
+    prime_any_time = True
+
+    def prime(self, reference: Reference) -> bool:
+        """Prepare a clone clip now, so that its first request starts like any other: its
+        speaker embedding and ICL codes (``ClonePrompts``, the codec encoder's first run
+        included) and the codec decoder's state after those codes (``Prefill.prefix``). Runs
+        on a CUDA stream of its own; safe while the engine serves. True if prepared (the Base
+        model only).
+
+        Raises:
+            ValueError / RuntimeError: a clip the model cannot encode.
+        """
+        if self.kind is not ModelKind.BASE:
+            return False
+        segment = Segment(text="Hello.", language="auto", max_new_tokens=2, seed=0, reference=reference)
+        with self._prime_lock:
+            if self.device.type != "cuda":
+                self._build(segment)
+                return True
+            stream = role_stream(self.device, f"{self.kind.value}-prime")
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                self._build(segment)
+            stream.synchronize()
+        return True
 
     def warmup(self, segment: Segment) -> None:
         """Capture every (batch, length) graph, then generate ``segment`` through the pool."""
@@ -228,7 +277,8 @@ class BatchedEngine(Engine):
 
     def serve(self, source: WorkSource) -> None:
         """Generate until ``source`` closes; prompts are prepared by a ``PromptWorker``."""
-        intake = PromptWorker(source, self._build, self.device, name=f"prompts-{self.kind.value}")
+        intake = PromptWorker(source, self._build, self.device, name=f"prompts-{self.kind.value}",
+                              stream=role_stream(self.device, f"{self.kind.value}-prompts") if self.use_graphs else None)
         intake.start()
         try:
             self._serve(source, intake)
@@ -254,7 +304,7 @@ class BatchedEngine(Engine):
                     for row in self._rows:
                         if not row.finished:
                             row.finished = True
-                            row.work.sink.failed(err)
+                            row.work.sink.failed(self._failure(err))
             try:
                 if pending is not None:
                     self._deliver(pending)
@@ -329,7 +379,7 @@ class BatchedEngine(Engine):
             if sink.cancelled():
                 sink.done(0)
             elif item.error is not None or item.prompt is None:
-                sink.failed(item.error or RuntimeError("no prompt"))
+                sink.failed(self._failure(item.error or RuntimeError("no prompt")))
             else:
                 batch.append((item.work, item.prompt))
         if not batch:
@@ -347,7 +397,7 @@ class BatchedEngine(Engine):
         except Exception as err:  # noqa: BLE001 - fail these requests only
             _LOGGER.exception("Prefill failed for %d request(s)", len(batch))
             for work, _prompt in batch:
-                work.sink.failed(err)
+                work.sink.failed(self._failure(err))
             return len(items)
         if self.prefill.bucket(max(lengths)) is None and self._on_eager_prefill is not None:
             self._on_eager_prefill(len(batch))
@@ -538,8 +588,19 @@ class BatchedEngine(Engine):
         with self._on_decoder():
             self.decoder.move_row(src, dst)
 
+    def _failure(self, error: BaseException) -> BaseException:
+        """What a request that failed with ``error`` is told (``loader.serving_error``: an
+        out-of-memory names its cause); an out-of-memory is also counted in ``out_of_memory``
+        (an on-demand model then reloads with the streams the free memory holds)."""
+        if is_out_of_memory(error):
+            self.out_of_memory += 1
+            _LOGGER.warning("%s model: out of GPU memory while serving (%s)", self.kind.value,
+                            str(error).splitlines()[0] if str(error) else "CUDA out of memory")
+        return serving_error(error, self.kind)
+
     def _fail_all(self, error: BaseException) -> None:
         """End every row with ``error`` and free all slots (after an unexpected error)."""
+        error = self._failure(error)
         if self.use_graphs:
             torch.cuda.synchronize(self.device)
         for row in self._rows:

@@ -11,6 +11,7 @@ of kernels, not arithmetic. ``FusedLayer`` runs the same computation in fewer ke
 * q, k and v are one matrix product, and so are the MLP's gate and up projections: their
   weights are laid out once, side by side, and the modules' own ``weight`` parameters become
   views into that block (the modules still work, e.g. for the prefill; nothing is copied);
+  int8 layers (``quant.Int8Linear``) are fused the same way and run the int8 kernel;
 * each RMSNorm is one ``F.rms_norm``, and q and k are normalised together;
 * the rotary embedding is applied to q and k at once;
 * grouped-query attention uses the kv heads as they are (the ``group`` query heads sharing a
@@ -39,21 +40,33 @@ from torch import nn
 KvStore = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+#: A linear projection: [..., in] -> [..., out] in the activations' dtype.
+Projection = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _fuse(linears: list[nn.Module]) -> Projection:
     """Lay the linears' weights (and biases) out as one block; rebind each module's
-    parameters to views into it. Returns (weight [sum(out), in], bias or None)."""
-    weight = torch.cat([lin.weight.data for lin in linears])
+    parameters to views into it. Returns the projection onto their outputs side by side.
+
+    ``quant.Int8Linear`` modules (``--weight-quant int8``) are fused the same way, int8
+    weights and scales side by side (per-output-channel scales concatenate)."""
+    from .quant import Int8Linear, fuse_int8
+
+    if all(isinstance(lin, Int8Linear) for lin in linears):
+        return fuse_int8(linears)  # type: ignore[arg-type]
+    plain: list[nn.Linear] = linears  # type: ignore[assignment]
+    weight = torch.cat([lin.weight.data for lin in plain])
     bias = None
-    if linears[0].bias is not None:
-        bias = torch.cat([lin.bias.data for lin in linears])  # type: ignore[union-attr]
+    if plain[0].bias is not None:
+        bias = torch.cat([lin.bias.data for lin in plain])  # type: ignore[union-attr]
     start = 0
-    for lin in linears:
+    for lin in plain:
         end = start + lin.out_features
         lin.weight = nn.Parameter(weight[start:end], requires_grad=False)
         if bias is not None:
             lin.bias = nn.Parameter(bias[start:end], requires_grad=False)
         start = end
-    return weight, bias
+    return lambda x: F.linear(x, weight, bias)
 
 
 def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,8 +105,8 @@ class FusedLayer:
         self.kv_heads = attn.k_proj.out_features // hd
         self.group = self.heads // self.kv_heads
         self.scale = float(attn.scaling)
-        self.qkv, self.qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.gate_up, self.gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
+        self.qkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.gate_up = _fuse([mlp.gate_proj, mlp.up_proj])
         self.intermediate = mlp.gate_proj.out_features
         self.act = mlp.act_fn
         self.o_proj, self.down = attn.o_proj, mlp.down_proj
@@ -128,7 +141,7 @@ class FusedLayer:
         b, n, _ = hidden.shape
         hd, heads, kv_heads = self.head_dim, self.heads, self.kv_heads
         x = F.rms_norm(hidden, (hidden.shape[-1],), self.norm1[0], self.norm1[1])
-        qkv = F.linear(x, self.qkv, self.qkv_bias).view(b, n, heads + 2 * kv_heads, hd)
+        qkv = self.qkv(x).view(b, n, heads + 2 * kv_heads, hd)
         qk = qkv[:, :, : heads + kv_heads]
         if self.qk_norm is not None:
             qk = F.rms_norm(qk, (hd,), None, self.qk_norm[1]) * self.qk_norm[0]
@@ -142,7 +155,7 @@ class FusedLayer:
         out = self.o_proj(out)
         hidden = hidden + (out * self.scale_attn if self.scale_attn is not None else out)
         x = F.rms_norm(hidden, (hidden.shape[-1],), self.norm2[0], self.norm2[1])
-        gate_up = F.linear(x, self.gate_up, self.gate_up_bias)
+        gate_up = self.gate_up(x)
         out = self.down(self.act(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :])
         return hidden + (out * self.scale_mlp if self.scale_mlp is not None else out)
 
@@ -174,13 +187,13 @@ class FusedLayer:
 
         b, n, _ = hidden.shape
         hidden, x = add_rms_norm(hidden, branch, *self.norm1)
-        qkv = F.linear(x, self.qkv, self.qkv_bias).view(b, n, self.heads + 2 * self.kv_heads, self.head_dim)
+        qkv = self.qkv(x).view(b, n, self.heads + 2 * self.kv_heads, self.head_dim)
         q = qk_rope_kv(qkv, self.qk_norm, cos, sin, positions, keys, values, self.heads)
         out = self.o_proj(decode_attention(q, keys, values, positions, self.scale, splits))
         if self.scale_attn is not None:
             out = out * self.scale_attn
         hidden, x = add_rms_norm(hidden, out, *self.norm2)
-        gate_up = F.linear(x, self.gate_up, self.gate_up_bias)
+        gate_up = self.gate_up(x)
         if self.silu:
             act = silu_mul(gate_up)
         else:

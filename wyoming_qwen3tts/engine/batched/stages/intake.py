@@ -118,13 +118,15 @@ class PromptWorker:
         build: a segment's prompt (raises for a segment that cannot start).
         device: where the prompts' tensors live.
         name: the thread's name.
+        stream: the CUDA stream to prepare on (``graphs.role_stream``: the same one at every
+            load of a model); None makes one on CUDA.
     """
 
     def __init__(self, source: WorkSource, build: Callable[[Segment], Prompt], device: torch.device,
-                 name: str = "prompts") -> None:
+                 name: str = "prompts", stream: torch.cuda.Stream | None = None) -> None:
         self._source = source
         self._build = build
-        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._stream = stream if stream is not None or device.type != "cuda" else torch.cuda.Stream(device)
         self._cond = threading.Condition()
         self._ready: deque[Prepared] = deque()
         self._free = 0

@@ -1,0 +1,547 @@
+"""The WebSocket door (``/v1/audio/speech/ws``, ``nari.speech.v1``): a real server process
+started as users start it, and a client written here from the protocol (aiohttp).
+
+Random weights never emit EOS, so every sentence runs to its frame budget; with the
+server's ``--seed`` the audio of a text is the same whichever door speaks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from wyoming.client import AsyncTcpClient
+from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
+
+from wyoming_qwen3tts import ws_events as ev
+from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
+from wyoming_qwen3tts.text import frame_budget
+
+from .conftest import Server, start_server, stop_server
+from .test_http import metric, scrape
+
+KEY = "ws-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+#: Seconds a session with open text may send nothing (the test server's --idle-timeout).
+IDLE_S = 6.0
+MAX_CHARS = 300
+_GUARD = aiohttp.ClientTimeout(total=240)
+HARNESS = json.loads((Path(__file__).parent / "data" / "nari_ws_harness.json").read_text())
+TWO_SENTENCES = "Hi there, friend. Bye now."
+_CLOSED = (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED)
+
+
+@pytest.fixture(scope="module")
+def ws_server(
+    checkpoints: Path, voices_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """The CPU reference engine, all three models, a fixed seed, a short idle timeout, a
+    small text limit and an API key."""
+    folder = tmp_path_factory.mktemp("ws-server")
+    extra = [
+        "--no-zeroconf",
+        "--anchors",
+        "off",
+        "--seed",
+        "7",
+        "--idle-timeout",
+        str(IDLE_S),
+        "--max-chars",
+        str(MAX_CHARS),
+        "--api-key",
+        KEY,
+    ]
+    srv = start_server(checkpoints, voices_dir, folder / "server.log", extra=extra)
+    yield srv
+    stop_server(srv)
+
+
+def words(text: str) -> list[str]:
+    """``text`` as deltas of one word each (with the whitespace after it), as an LLM streams."""
+    return re.findall(r"\S+\s*", text)
+
+
+class Session:
+    """One WebSocket session's messages, in order: JSON events as dicts, audio as bytes."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.messages: list[dict[str, Any] | bytes] = []
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return [m for m in self.messages if isinstance(m, dict)]
+
+    @property
+    def pcm(self) -> bytes:
+        return b"".join(m for m in self.messages if isinstance(m, bytes))
+
+    def types(self) -> list[str]:
+        return [m["type"] if isinstance(m, dict) else "<audio>" for m in self.messages]
+
+    async def next(self) -> dict[str, Any] | bytes | None:
+        """The next message (None once the server closed the WebSocket)."""
+        msg = await self.ws.receive()
+        if msg.type in _CLOSED:
+            return None
+        assert msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY), msg
+        item: dict[str, Any] | bytes = (
+            json.loads(msg.data) if msg.type is aiohttp.WSMsgType.TEXT else bytes(msg.data)
+        )
+        self.messages.append(item)
+        return item
+
+    async def until(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Read up to the event of type ``kind`` (and ``fields``); fails on close first."""
+        while True:
+            item = await self.next()
+            assert item is not None, f"closed before {kind}: {self.types()}"
+            if (
+                isinstance(item, dict)
+                and item["type"] == kind
+                and all(item.get(k) == v for k, v in fields.items())
+            ):
+                return item
+
+    async def send(self, event: dict[str, Any]) -> None:
+        await self.ws.send_json(event)
+
+    async def rest(self) -> int | None:
+        """Read until the server closes; returns its close code."""
+        while await self.next() is not None:
+            pass
+        return self.ws.close_code
+
+
+async def connect(
+    http: aiohttp.ClientSession, server: Server, headers: dict[str, str] | None = None
+) -> Session:
+    ws = await http.ws_connect(
+        f"{server.http_url}{ev.PATH}", protocols=(ev.PROTOCOL,), headers=AUTH if headers is None else headers
+    )
+    assert ws.protocol == ev.PROTOCOL
+    session = Session(ws)
+    created = await session.until("session.created")
+    assert created == {"type": "session.created", "protocol": ev.PROTOCOL, "audio": ev.AUDIO}
+    return session
+
+
+async def speak(session: Session, deltas: list[str], **start: Any) -> None:
+    """request.start, then each delta acknowledged in turn, then the end."""
+    await session.send({"type": "request.start", "response_format": "pcm", **start})
+    await session.until("request.configured")
+    for sequence, delta in enumerate(deltas):
+        await session.send({"type": "input_text.append", "sequence": sequence, "text": delta})
+        await session.until("input_text.ack", event="input_text.append", sequence=sequence)
+    await session.send({"type": "input_text.end", "sequence": len(deltas)})
+    await session.until("input_text.ack", event="input_text.end", sequence=len(deltas))
+
+
+def check_response(session: Session, close_code: int | None) -> None:
+    """A complete response: response.started once before the first audio, response.done
+    counting the binary messages, no error, close 1000."""
+    types = session.types()
+    assert "error" not in types, session.events
+    started = types.index("response.started")
+    assert types.count("response.started") == 1 and "<audio>" not in types[:started], types
+    done = session.events[-1]
+    assert done["type"] == "response.done" and done["stop_reason"] == "stop", done
+    assert done["audio_chunks"] == types.count("<audio>") > 0
+    assert done["audio_samples"] * 2 == len(session.pcm)
+    assert close_code == 1000
+
+
+async def wyoming_streamed(server: Server, deltas: list[str], voice: str) -> bytes:
+    """The same deltas through the Wyoming door's streamed text; its PCM."""
+    pcm = b""
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        await client.write_event(SynthesizeStart(voice=SynthesizeVoice(name=voice)).event())
+        for delta in deltas:
+            await client.write_event(SynthesizeChunk(text=delta).event())
+        await client.write_event(SynthesizeStop().event())
+        while True:
+            event = await asyncio.wait_for(client.read_event(), 240)
+            assert event is not None and event.type != "error", event
+            if event.type == "audio-chunk":
+                pcm += event.payload or b""
+            elif event.type == "synthesize-stopped":
+                return pcm
+
+
+# --- the exchange -------------------------------------------------------------------------
+
+
+async def test_whole_exchange_speaks_as_the_wyoming_streamed_text(ws_server: Server) -> None:
+    """Word deltas, each acknowledged; the audio is byte for byte what the Wyoming door's
+    synthesize-start/chunk/stop gives for the same deltas (same front end, same seed)."""
+    deltas = words(TWO_SENTENCES)
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        session = await connect(http, ws_server)
+        await speak(session, deltas, voice="ryan")
+        check_response(session, await session.rest())
+    configured = next(e for e in session.events if e["type"] == "request.configured")
+    assert configured["voice"] == "ryan" and configured["request_id"].startswith("ws-")
+    acks = [e["sequence"] for e in session.events if e["type"] == "input_text.ack"]
+    assert acks == list(range(len(deltas) + 1))
+    assert len(session.pcm) % (2 * SAMPLES_PER_FRAME) == 0
+    assert session.pcm == await wyoming_streamed(ws_server, deltas, "ryan")
+
+
+async def test_first_audio_comes_before_the_last_delta(ws_server: Server) -> None:
+    """Speech starts at the first sentence while the text is still open: the client sends
+    the second sentence only once audio came."""
+    first, second = words("Hi there, friend. "), words("Bye now.")
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        session = await connect(http, ws_server)
+        await session.send({"type": "request.start", "voice": "ryan"})
+        for sequence, delta in enumerate(first):
+            await session.send({"type": "input_text.append", "sequence": sequence, "text": delta})
+        while not isinstance(await session.next(), bytes):
+            pass  # no end, no more text: only the first sentence's audio can come
+        for sequence, delta in enumerate(second, start=len(first)):
+            await session.send({"type": "input_text.append", "sequence": sequence, "text": delta})
+        await session.send({"type": "input_text.end", "sequence": len(first) + len(second)})
+        check_response(session, await session.rest())
+    assert session.pcm == await wyoming_streamed(ws_server, first + second, "ryan")
+
+
+async def test_speed_seed_and_language_work_as_on_the_http_door(ws_server: Server) -> None:
+    """``speed`` 2 halves the audio (tempo, as /v1/audio/speech); a ``seed`` changes it; an
+    unknown language is refused with the HTTP door's code."""
+    text = "Hello there."
+    sessions = []
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        for start in ({}, {"speed": 2.0}, {"seed": 123}):
+            session = await connect(http, ws_server)
+            await speak(session, [text], voice="ryan", **start)
+            check_response(session, await session.rest())
+            sessions.append(session)
+        refused = await connect(http, ws_server)
+        await refused.send({"type": "request.start", "voice": "ryan", "language": "klingon"})
+        error = await refused.until("error")
+        assert error["error"]["code"] == "unsupported-language"
+        await refused.ws.close()
+    normal, fast, seeded = sessions
+    assert abs(len(fast.pcm) - len(normal.pcm) / 2) < 2 * 2400, (len(fast.pcm), len(normal.pcm))
+    assert len(seeded.pcm) == len(normal.pcm) and seeded.pcm != normal.pcm
+
+
+async def test_three_sessions_at_once(ws_server: Server) -> None:
+    texts = ["One small sentence.", "Another one here.", "And a third, too."]
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        sessions = [await connect(http, ws_server) for _ in texts]
+
+        async def one(session: Session, text: str) -> None:
+            await speak(session, words(text), voice="ryan")
+            check_response(session, await session.rest())
+
+        await asyncio.gather(*(one(s, t) for s, t in zip(sessions, texts)))
+    ids = {s.events[-1]["request_id"] for s in sessions}
+    assert len(ids) == 3
+
+
+async def test_harness_sequence_replayed(ws_server: Server) -> None:
+    """The exact messages nari-labs' tts_bench sends (``tests/data/nari_ws_harness.json``,
+    recorded from its source), checked as it checks the server's answers."""
+    h = HARNESS
+    assert "".join(a["text"] for a in h["appends"]) == h["prompt"]
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        ws = await http.ws_connect(
+            f"{ws_server.http_url}{h['handshake']['path']}",
+            protocols=tuple(h["handshake"]["subprotocols"]),
+            compress=h["handshake"]["compress"],
+            headers=AUTH,  # the harness sends no key; our server has one
+        )
+        assert ws.protocol == h["requires"]["negotiated_subprotocol"]
+        session = Session(ws)
+        first = await session.next()
+        assert first == h["server_first"]
+        await session.send(h["start"])
+        assert (await session.next() or {})["type"] == h["expect_after_start"]  # type: ignore[index]
+        for append in h["appends"]:
+            await session.send(append)
+            await session.until("input_text.ack", event="input_text.append", sequence=append["sequence"])
+        await session.send(h["end"])
+        await session.until("input_text.ack", event="input_text.end", sequence=h["end"]["sequence"])
+        close_code = await session.rest()
+    req = h["requires"]
+    after = session.messages[2:]
+    allowed = set(req["text_events_after_configured"])
+    assert all(isinstance(m, bytes) or m["type"] in allowed for m in after), session.types()
+    started = [m for m in after if isinstance(m, dict) and m["type"] == "response.started"]
+    assert len(started) == 1 and isinstance(started[0]["request_id"], str) and started[0]["request_id"]
+    assert started[0]["audio"] == req["response_started"]["audio_equals"]
+    first_audio = next(i for i, m in enumerate(after) if isinstance(m, bytes))
+    assert after.index(started[0]) < first_audio
+    done = after[-1]
+    assert isinstance(done, dict) and done["type"] == "response.done"
+    assert (
+        done["request_id"] == started[0]["request_id"]
+        and done["stop_reason"] == req["response_done"]["stop_reason"]
+    )
+    assert done["audio_chunks"] == sum(isinstance(m, bytes) for m in after)
+    assert close_code == req["close"]["code"]
+
+
+# --- limits and bad input -----------------------------------------------------------------
+
+
+async def test_bad_input_gets_error_events_and_the_session_goes_on(ws_server: Server) -> None:
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        session = await connect(http, ws_server)
+
+        async def refused(message: str | dict[str, Any], code: str) -> None:
+            if isinstance(message, str):
+                await session.ws.send_str(message)
+            else:
+                await session.send(message)
+            error = await session.until("error")
+            assert error["error"]["code"] == code and error["error"]["message"], error
+
+        await refused("{not json", "invalid-json")
+        await refused("[1, 2]", "invalid-json")
+        await refused({"type": "session.update"}, "unknown-event")
+        await refused({"type": "input_text.append", "sequence": 0, "text": "early"}, "not-configured")
+        await refused({"type": "request.start", "voice": "no-such-voice"}, "unknown-voice")
+        await refused(
+            {"type": "request.start", "voice": "ryan", "response_format": "mp3"}, "unsupported-format"
+        )
+        await refused({"type": "request.start", "voice": "ryan", "speed": 9}, "invalid-value")
+        await session.send({"type": "request.start", "voice": "ryan"})
+        await session.until("request.configured")
+        await refused({"type": "request.start", "voice": "ryan"}, "already-configured")
+        await refused({"type": "input_text.append", "sequence": 5, "text": "Hi."}, "invalid-sequence")
+        await refused({"type": "input_text.append", "sequence": 0, "text": 7}, "invalid-event")
+        await session.send({"type": "input_text.append", "sequence": 0, "text": "Hello there."})
+        await session.until("input_text.ack", sequence=0)
+        await session.send({"type": "input_text.end", "sequence": 1})
+        await session.until("input_text.ack", event="input_text.end")
+        await refused({"type": "input_text.append", "sequence": 2, "text": "Too late."}, "input-ended")
+        close_code = await session.rest()
+    # Nothing was lost: the accepted text's whole audio, then the usual end.
+    done = session.events[-1]
+    assert done["type"] == "response.done" and done["stop_reason"] == "stop" and close_code == 1000
+    assert session.pcm == await wyoming_streamed(ws_server, ["Hello there."], "ryan")
+    assert "Traceback" not in ws_server.output()
+
+
+@pytest.mark.parametrize(
+    ("deltas", "code", "close_code"),
+    [(["x" * (MAX_CHARS - 10), "y" * 20], "text-too-long", 1009), (["  ", "🎉"], "empty-text", 1008)],
+)
+async def test_text_the_request_cannot_take_ends_the_session(
+    ws_server: Server, deltas: list[str], code: str, close_code: int
+) -> None:
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        session = await connect(http, ws_server)
+        await session.send({"type": "request.start", "voice": "ryan"})
+        await session.until("request.configured")
+        for sequence, delta in enumerate(deltas):
+            await session.send({"type": "input_text.append", "sequence": sequence, "text": delta})
+        await session.send({"type": "input_text.end", "sequence": len(deltas)})
+        error = await session.until("error")
+        assert error["error"]["code"] == code and error["request_id"].startswith("ws-")
+        assert await session.rest() == close_code
+        # The server serves on.
+        other = await connect(http, ws_server)
+        await speak(other, ["Still here."], voice="ryan")
+        check_response(other, await other.rest())
+
+
+async def test_idle_session_is_closed_with_an_event(ws_server: Server) -> None:
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        session = await connect(http, ws_server)
+        await session.send({"type": "request.start", "voice": "ryan"})
+        await session.until("request.configured")
+        began = time.monotonic()
+        error = await session.until("error")
+        waited = time.monotonic() - began
+        assert error["error"]["code"] == "idle-timeout" and "input_text.end" in error["error"]["message"]
+        assert await session.rest() == 1008
+    assert waited >= IDLE_S - 0.5  # not before its time (an ordering fact, not a speed one)
+
+
+async def test_disconnect_cancels_within_a_frame_and_the_server_serves_on(ws_server: Server) -> None:
+    """A client leaves after the first audio of a very long sentence: its stream is
+    cancelled (counted), and the engine's log shows the generation stopped a few frames
+    after what was delivered, far short of its cap."""
+    long = "This one sentence goes on and on and on " * 5 + "until the model has a long way to go."
+    assert frame_budget(long) > 300 and len(long) + 9 < MAX_CHARS
+    before = metric(await scrape(ws_server), "tts_requests_total", door="websocket", outcome="cancelled")
+    mark = len(ws_server.output())
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        session = await connect(http, ws_server)
+        await session.send({"type": "request.start", "voice": "ryan"})
+        await session.send(
+            {"type": "input_text.append", "text": long + " And then"}
+        )  # the sentence is complete
+        while not isinstance(chunk := await session.next(), bytes):
+            pass
+        delivered = len(chunk) // (2 * SAMPLES_PER_FRAME)
+        await session.ws.close()
+        deadline = time.monotonic() + 120  # a hang guard while the cancellation propagates
+        while (
+            metric(await scrape(ws_server), "tts_requests_total", door="websocket", outcome="cancelled")
+            <= before
+        ):
+            assert time.monotonic() < deadline, "disconnect did not cancel the stream"
+            await asyncio.sleep(0.2)
+        other = await connect(http, ws_server)
+        await speak(other, ["Next, please."], voice="ryan")
+        check_response(other, await other.rest())
+    stopped = re.search(
+        r"Generation stopped after (\d+) codec frames \(cap (\d+)\)", ws_server.output()[mark:]
+    )
+    assert stopped, ws_server.output()[-3000:]
+    made, cap = int(stopped[1]), int(stopped[2])
+    assert cap > 300 and delivered <= made < delivered + 20, (delivered, made, cap)
+
+
+async def test_response_cancel_ends_the_response_cancelled(ws_server: Server) -> None:
+    """``response.cancel`` (what the harness sends when it gives up): the generation stops,
+    ``response.done`` says ``cancelled`` and counts what was sent, then the close (1000)."""
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        session = await connect(http, ws_server)
+        await session.send({"type": "request.start", "voice": "ryan"})
+        await session.send({"type": "input_text.append", "text": "One sentence here. Another one follows. And more"})
+        while not isinstance(await session.next(), bytes):
+            pass
+        await session.send({"type": "response.cancel"})
+        close_code = await session.rest()
+    done = session.events[-1]
+    assert done["type"] == "response.done" and done["stop_reason"] == "cancelled", session.types()
+    assert done["audio_chunks"] == session.types().count("<audio>") and close_code == 1000
+
+
+async def test_api_key_and_handshake_errors(ws_server: Server) -> None:
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(f"{ws_server.http_url}{ev.PATH}", protocols=(ev.PROTOCOL,))
+        assert refused.value.status == 401
+        async with http.get(f"{ws_server.http_url}{ev.PATH}", headers=AUTH) as plain:
+            assert plain.status == 400 and (await plain.json())["error"]["code"] == "websocket-required"
+        ws = await http.ws_connect(f"{ws_server.http_url}{ev.PATH}", headers=AUTH)  # no subprotocol offered
+        session = Session(ws)
+        error = await session.until("error")
+        assert error["error"]["code"] == "subprotocol-required"
+        assert await session.rest() == 1002
+
+
+async def test_sigterm_ends_each_session_with_an_error_event(
+    checkpoints: Path, voices_dir: Path, tmp_path: Path
+) -> None:
+    """SIGTERM while one session receives audio and another has not started its request:
+    each gets ``error`` ``server-stopping``, then the close (1001); the process exits 0."""
+    server = start_server(
+        checkpoints,
+        voices_dir,
+        tmp_path / "server.log",
+        extra=["--no-zeroconf", "--anchors", "off", "--clone-model", "none", "--design-model", "none"],
+    )
+    try:
+        async with aiohttp.ClientSession(timeout=_GUARD) as http:
+            speaking, waiting = await connect(http, server, {}), await connect(http, server, {})
+            await speaking.send({"type": "request.start", "voice": "ryan"})
+            await speaking.send({"type": "input_text.append", "text": "Short sentence here. " * 12})
+            while not isinstance(await speaking.next(), bytes):
+                pass
+            server.proc.send_signal(signal.SIGTERM)
+            for session in (speaking, waiting):
+                code = await session.rest()
+                error = session.events[-1]
+                assert error["type"] == "error" and error["error"]["code"] == "server-stopping", (
+                    session.types()
+                )
+                assert code == 1001
+            assert "response.done" not in speaking.types()
+        assert await asyncio.to_thread(server.proc.wait, 15) == 0
+    finally:
+        if server.alive():
+            server.proc.kill()
+    assert "Traceback" not in server.output(), server.output()[-3000:]
+
+
+# --- the protocol's messages (no server) --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        ("", "invalid-json"),
+        ("null", "invalid-json"),
+        ('"text"', "invalid-json"),
+        ('{"type": "input_audio.append"}', "unknown-event"),
+        ("{}", "unknown-event"),
+        ('{"type": "input_text.append", "sequence": -1, "text": "a"}', "invalid-event"),
+        ('{"type": "input_text.append", "sequence": true, "text": "a"}', "invalid-event"),
+        ('{"type": "input_text.append", "text": null}', "invalid-event"),
+    ],
+)
+def test_parse_refuses_with_a_code(message: str, code: str) -> None:
+    with pytest.raises(ev.ProtocolError) as err:
+        ev.parse_client_event(message)
+    assert err.value.code == code
+
+
+def test_parse_reads_the_harness_events() -> None:
+    for event in (HARNESS["start"], *HARNESS["appends"], HARNESS["end"], HARNESS["on_failure_sends"]):
+        parsed = ev.parse_client_event(json.dumps(event))
+        assert parsed.type == event["type"] and parsed.sequence == event.get("sequence")
+        assert parsed.text == event.get("text", "")
+
+
+def test_readme_client_works_as_written(ws_server: Server) -> None:
+    """The README's WebSocket client, run as written but for the server's address and key."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("\n### Streamed text over a WebSocket\n") :]
+    code = section[section.index("```python\n") + 10 : section.index("\n```", section.index("```python\n"))]
+    assert len(code.splitlines()) <= 22
+    url = f"ws://127.0.0.1:{ws_server.http_port}{ev.PATH}"
+    code = code.replace("ws://localhost:8880/v1/audio/speech/ws", url).replace("your key, or anything", KEY)
+    scope: dict[str, Any] = {}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the README's own code
+    pcm = scope["pcm"]
+    assert isinstance(pcm, bytes) and len(pcm) > 0 and len(pcm) % (2 * SAMPLES_PER_FRAME) == 0
+
+
+def test_first_audio_benchmark_runs_both_doors(ws_server: Server, tmp_path: Path) -> None:
+    """``benchmarks/ws_first_audio.py`` (the GPU figure's script), a few requests per door
+    against the tiny server: every request gets audio and the report has both doors (the
+    figures themselves are the GPU machine's)."""
+    from benchmarks.ws_first_audio import deltas, main
+
+    assert "".join(deltas("Hi there.  Two\\nlines.")) == "Hi there.  Two\\nlines."
+    code = main(
+        [
+            "--wyoming-port",
+            str(ws_server.port),
+            "--http-port",
+            str(ws_server.http_port),
+            "--api-key",
+            KEY,
+            "--requests",
+            "2",
+            "--rate",
+            "4",
+            "--text",
+            "Hi there. Bye.",
+            "--timeout",
+            "200",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    report = json.loads((tmp_path / "ws_first_audio.json").read_text())
+    assert code == 0, report["errors"]
+    for door in ("websocket", "wyoming"):
+        row = report["rows"][door]
+        assert row["n"] == 2 and row["failed"] == 0 and 0 < row["p50_ms"] <= row["p95_ms"], row
+    assert report["p95_difference_ms"] is not None

@@ -1,0 +1,120 @@
+"""Clone clips prepared before they are asked for.
+
+A clone's first request used to wait for its reference to be encoded (speaker embedding,
+ICL codec codes, the codec decoder's state after them): 0.3-1.3 s on the H200, on every
+card. ``ClipPreparer`` hands every clip to the Base engine's ``prime`` as it appears: at
+start (before the server says it is ready), and whenever the clone library shows a new or
+changed clip or a preset's anchor is stored (it looks every ``POLL_S``). So a clip's first
+request starts like any other. An engine that loads on demand prepares them again at every
+load (``engine.on_demand.OnDemandEngine.prime``).
+
+Only engines whose ``prime`` is safe while they serve (``prime_any_time``: the batched CUDA
+engine, on-demand models) are watched; the GGML engine primes its default voice at start
+(``__main__``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from .engine import Engine
+from .voices import Reference
+
+_LOGGER = logging.getLogger(__name__)
+
+#: Seconds between looks for new or changed clips.
+POLL_S = 1.0
+
+
+class ClipPreparer:
+    """Prepares each clone reference once on ``engine`` (call from the event loop).
+
+    Args:
+        engine: the Base model's engine (``prime_any_time``).
+        sources: each returns the references to prepare now (the clone library's clips,
+            the presets' stored anchors).
+        refresh: re-reads the clone library before each look (``VoiceCatalog.refresh``).
+    """
+
+    def __init__(
+        self, engine: Engine, sources: Sequence[Callable[[], Iterable[Reference]]], refresh: Callable[[], None] = lambda: None
+    ) -> None:
+        self.engine = engine
+        self.sources = sources
+        self.refresh = refresh
+        self._done: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+
+    @property
+    def prepared(self) -> set[str]:
+        """Digests of the references prepared (or tried) so far."""
+        return set(self._done)
+
+    def references(self) -> dict[str, Reference]:
+        """Every reference the sources give now, by digest."""
+        self.refresh()
+        found: dict[str, Reference] = {}
+        for source in self.sources:
+            for reference in source():
+                found.setdefault(reference.digest, reference)
+        return found
+
+    async def prepare_new(self) -> int:
+        """Prepare the references not prepared yet; returns how many it prepared. A clip the
+        model cannot encode is logged and not tried again (its request says why)."""
+        found = self.references()
+        forget = getattr(self.engine, "forget", None)
+        if forget is not None:
+            forget(set(found))
+        count = 0
+        for digest, reference in found.items():
+            if digest in self._done:
+                continue
+            self._done.add(digest)
+            started = time.monotonic()
+            try:
+                if await asyncio.to_thread(self.engine.prime, reference):
+                    count += 1
+                    _LOGGER.debug("Clone clip %s... prepared in %.0f ms", digest[:12], (time.monotonic() - started) * 1000)
+            except Exception as err:  # noqa: BLE001 - that clip's request fails with the reason later
+                _LOGGER.warning("A clone clip could not be prepared (%s); its first request will say why", err)
+        return count
+
+    def poke(self) -> None:
+        """Look for new clips now (a clip was just added)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    def start(self) -> None:
+        """Keep looking every ``POLL_S`` (a task of the running event loop)."""
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name="clip preparer")
+
+    async def stop(self) -> None:
+        """Stop looking."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), POLL_S)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                count = await self.prepare_new()
+            except Exception:  # noqa: BLE001 - keep looking; a broken folder is logged by the catalogue
+                _LOGGER.exception("Looking for new clone clips failed")
+                continue
+            if count:
+                _LOGGER.info("%d new clone clip(s) prepared before their first request", count)
