@@ -22,7 +22,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-if [ -d .whl ]; then  # the GPU machine: no network, wheels carried
+if [ -d .whl ] && [ -z "${WHEELS_DONE:-}" ]; then  # the GPU machine: no network, wheels carried (WHEELS_DONE: already in /tmp/site)
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 ONEDNN_MAX_CPU_ISA=AVX2
