@@ -48,8 +48,8 @@ for cores in ${CORES:-0-3 0-7}; do
   threads="1 2"; [ "$n" -gt 2 ] && threads="1 2 $n"
   timeout "${LIMITS_S:-120}" taskset -c "$cores" $PY -m benchmarks.cpu_limits --checkpoint "$CKPT" \
     --gguf-dir "$WORK/gguf" --frames 40 --threads $threads --share-frames "$share" --out "$dir/limits.json" > "$dir/limits.log" 2>&1
-  share=0
   echo "$n cores: limits rc=$? at $(( $(date +%s) - start )) s"
+  share=0
   timeout "${BENCH_S:-180}" taskset -c "$cores" $PY -m benchmarks.cpu_bench --out "$dir" --work "$WORK" \
     --frames 25 --sizes 0.6b --clients 1 2 --gguf-dir "$WORK/gguf" > "$dir/bench.log" 2>&1
   echo "$n cores: bench rc=$? at $(( $(date +%s) - start )) s"
