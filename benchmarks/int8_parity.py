@@ -182,7 +182,7 @@ def teacher_forced(engine: BatchedEngine, voice: dict[str, Any], reference: np.n
     step._predict = predict  # type: ignore[method-assign]
     if engine.use_graphs:
         engine.graphs.capture()
-    admit(engine, [greedy(TEXT, frames + 2, voice)])
+    sinks = admit(engine, [greedy(TEXT, frames + 2, voice)])
     ref = torch.as_tensor(reference, device=engine.device)
     same = np.zeros((frames, 16), dtype=bool)
     with torch.inference_mode():
@@ -192,6 +192,12 @@ def teacher_forced(engine: BatchedEngine, voice: dict[str, Any], reference: np.n
             forced[0] = ref[f, 1:]
             engine.graphs.run(*engine.graphs.bucket(1, int(s.position[0]) + 2))
             same[f, 1:] = predicted[0].cpu().numpy() == reference[f, 1:]
+    for sink in sinks:  # the row leaves, so the next voice's row is alone in the pool
+        sink.cancel = True
+    loop(engine)
+    del step._predict  # the class's own again: the next voice wraps it afresh, not this wrapper
+    if engine.use_graphs:
+        engine.graphs.capture()
     return same
 
 
