@@ -488,3 +488,40 @@ def test_auto_streams_retry_with_fewer_after_an_out_of_memory_at_capture(caplog:
     with pytest.raises(ValueError):  # not a memory error: never retried
         load_fitting(load, lambda e: (_ for _ in ()).throw(ValueError("bad checkpoint")), ModelKind.BASE, auto=True)
     assert tried == [1.0]
+
+
+def test_a_load_that_fails_at_sizing_gives_its_weights_back_before_the_error_goes_on(
+    checkpoints: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The H200 with 4 GB free: the VoiceDesign model's int8 weights were on the card when its
+    stream sizing found no room (``MemoryFitError``), and stayed allocated (held by the
+    error's traceback), so the Base model could not come back. The real loader loads the
+    tiny checkpoint; the sizing (CUDA only) is replaced by one that finds no room. By the time
+    the error reaches the on-demand model's caller, nothing holds the loaded model."""
+    from wyoming_qwen3tts.engine import loader
+    from wyoming_qwen3tts.engine.batched import engine as batched
+
+    loaded: list[weakref.ref[Any]] = []
+
+    def no_stream_fits(kind: ModelKind, tts: Any, *args: Any, **kwargs: Any) -> Engine:
+        qwen = tts.model  # the weights are on the device; the sizing comes next
+        loaded.append(weakref.ref(qwen))
+        raise loader.MemoryFitError(f"{kind.value} model: not even 1 stream fits (1.0 GB free after the weights)")
+
+    monkeypatch.setattr(batched, "BatchedEngine", no_stream_fits)
+
+    def load(shrink: float = 1.0) -> Engine:
+        return load_engine(ModelKind.VOICE_DESIGN, checkpoints / "voice_design", "cpu", 1, "batched", None,
+                           dtype="float32", max_len=512, shrink=shrink)
+
+    design = OnDemandEngine(ModelKind.VOICE_DESIGN, 1, load, lambda _e: Segment("Hi.", "auto", 1), idle_s=None,
+                            lease=GpuLease(), auto_streams=True)
+    gc.disable()  # nothing collects behind the test's back: the load must let go by itself
+    try:
+        with pytest.raises(loader.MemoryFitError, match="not even 1 stream fits") as raised:
+            design._bring_in()
+        assert len(loaded) == 1 and loaded[0]() is None, "the failed load's model is still held"
+        assert raised.value.__traceback__ is not None  # the error keeps its traceback for the log
+        assert not design.resident
+    finally:
+        gc.enable()
