@@ -118,6 +118,19 @@ def test_residency_by_card() -> None:
         plan_residency(_needs(4.2), GB, "sometimes")
 
 
+def test_a_model_that_does_not_fit_even_alone_is_named_before_any_swap() -> None:
+    """4 GB free with int8 weights: the models take turns, and one whose weights, workspace
+    and one stream exceed the whole budget is never swapped in (``unservable``)."""
+    needs = [ModelNeed("base", int(2.0 * GB), 120 * MB), ModelNeed("voice_design", int(2.6 * GB), 120 * MB)]
+    plan = plan_residency(needs, int(3.5 * GB))
+    assert plan.design == "turns" and set(plan.unservable) == {"voice_design"}
+    line = plan.unservable["voice_design"]
+    assert "3.5 GB even alone" in line and "needs 3.7 GB (2.6 GB weights, 1.0 GB workspace, 120 MB for 1 stream)" in line
+    assert plan_residency(needs, int(3.8 * GB)).unservable == {}  # each fits alone: they take turns
+    assert plan_residency(needs, int(2.5 * GB)).unservable == {}  # none fits: start-up fails loading instead
+    assert plan_residency(needs, int(8 * GB)).unservable == {}  # together: resident
+
+
 def test_checkpoint_estimates_match_the_loaded_model(checkpoints: Path) -> None:
     engine = load_engine(ModelKind.BASE, checkpoints / "base", "cpu", 1, "batched", 2, dtype="float32", max_len=256)
     assert isinstance(engine, BatchedEngine)
@@ -383,6 +396,23 @@ async def test_models_taking_turns_are_wired_at_start(
     assert isinstance(base, OnDemandEngine) and isinstance(design, OnDemandEngine)
     assert base.lease is design.lease is not None and base.home and not design.home
     assert base.resident and not design.resident and design.ready.is_set()
+
+
+async def test_a_model_that_cannot_fit_even_alone_is_logged_once_at_start_and_never_loaded(
+    checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from wyoming_qwen3tts import startup as main
+    from wyoming_qwen3tts.engine.sizing import Residency
+
+    why = "the voice_design model does not fit in this GPU's 3.5 GB even alone: it needs 3.7 GB"
+    monkeypatch.setattr(main, "_residency", lambda *a: Residency("turns", {}, "faked", {"voice_design": why}))
+    with caplog.at_level(logging.INFO):
+        engines = await main.load_engines(_args(checkpoints, tmp_path, "--device", "cpu"), Metrics())
+    base, design = engines[ModelKind.BASE], engines[ModelKind.VOICE_DESIGN]
+    assert isinstance(base, OnDemandEngine) and isinstance(design, OnDemandEngine)
+    assert design.unservable == why and base.unservable is None and base.resident and design.loads == 0
+    lines = [r.getMessage() for r in caplog.records if why in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("Not served with this GPU memory: ")
 
 
 def test_auto_streams_from_the_memory_torch_reports(design_engine: BatchedEngine, monkeypatch: pytest.MonkeyPatch) -> None:
