@@ -118,6 +118,19 @@ def test_residency_by_card() -> None:
         plan_residency(_needs(4.2), GB, "sometimes")
 
 
+def test_a_model_that_does_not_fit_even_alone_is_named_before_any_swap() -> None:
+    """4 GB free with int8 weights: the models take turns, and one whose weights, workspace
+    and one stream exceed the whole budget is never swapped in (``unservable``)."""
+    needs = [ModelNeed("base", int(2.0 * GB), 120 * MB), ModelNeed("voice_design", int(2.6 * GB), 120 * MB)]
+    plan = plan_residency(needs, int(3.5 * GB))
+    assert plan.design == "turns" and set(plan.unservable) == {"voice_design"}
+    line = plan.unservable["voice_design"]
+    assert "3.5 GB even alone" in line and "needs 3.7 GB (2.6 GB weights, 1.0 GB workspace, 120 MB for 1 stream)" in line
+    assert plan_residency(needs, int(3.8 * GB)).unservable == {}  # each fits alone: they take turns
+    assert plan_residency(needs, int(2.5 * GB)).unservable == {}  # none fits: start-up fails loading instead
+    assert plan_residency(needs, int(8 * GB)).unservable == {}  # together: resident
+
+
 def test_checkpoint_estimates_match_the_loaded_model(checkpoints: Path) -> None:
     engine = load_engine(ModelKind.BASE, checkpoints / "base", "cpu", 1, "batched", 2, dtype="float32", max_len=256)
     assert isinstance(engine, BatchedEngine)
@@ -385,6 +398,23 @@ async def test_models_taking_turns_are_wired_at_start(
     assert base.resident and not design.resident and design.ready.is_set()
 
 
+async def test_a_model_that_cannot_fit_even_alone_is_logged_once_at_start_and_never_loaded(
+    checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from wyoming_qwen3tts import startup as main
+    from wyoming_qwen3tts.engine.sizing import Residency
+
+    why = "the voice_design model does not fit in this GPU's 3.5 GB even alone: it needs 3.7 GB"
+    monkeypatch.setattr(main, "_residency", lambda *a: Residency("turns", {}, "faked", {"voice_design": why}))
+    with caplog.at_level(logging.INFO):
+        engines = await main.load_engines(_args(checkpoints, tmp_path, "--device", "cpu"), Metrics())
+    base, design = engines[ModelKind.BASE], engines[ModelKind.VOICE_DESIGN]
+    assert isinstance(base, OnDemandEngine) and isinstance(design, OnDemandEngine)
+    assert design.unservable == why and base.unservable is None and base.resident and design.loads == 0
+    lines = [r.getMessage() for r in caplog.records if why in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("Not served with this GPU memory: ")
+
+
 def test_auto_streams_from_the_memory_torch_reports(design_engine: BatchedEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     from wyoming_qwen3tts.engine import loader
 
@@ -488,3 +518,40 @@ def test_auto_streams_retry_with_fewer_after_an_out_of_memory_at_capture(caplog:
     with pytest.raises(ValueError):  # not a memory error: never retried
         load_fitting(load, lambda e: (_ for _ in ()).throw(ValueError("bad checkpoint")), ModelKind.BASE, auto=True)
     assert tried == [1.0]
+
+
+def test_a_load_that_fails_at_sizing_gives_its_weights_back_before_the_error_goes_on(
+    checkpoints: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The H200 with 4 GB free: the VoiceDesign model's int8 weights were on the card when its
+    stream sizing found no room (``MemoryFitError``), and stayed allocated (held by the
+    error's traceback), so the Base model could not come back. The real loader loads the
+    tiny checkpoint; the sizing (CUDA only) is replaced by one that finds no room. By the time
+    the error reaches the on-demand model's caller, nothing holds the loaded model."""
+    from wyoming_qwen3tts.engine import loader
+    from wyoming_qwen3tts.engine.batched import engine as batched
+
+    loaded: list[weakref.ref[Any]] = []
+
+    def no_stream_fits(kind: ModelKind, tts: Any, *args: Any, **kwargs: Any) -> Engine:
+        qwen = tts.model  # the weights are on the device; the sizing comes next
+        loaded.append(weakref.ref(qwen))
+        raise loader.MemoryFitError(f"{kind.value} model: not even 1 stream fits (1.0 GB free after the weights)")
+
+    monkeypatch.setattr(batched, "BatchedEngine", no_stream_fits)
+
+    def load(shrink: float = 1.0) -> Engine:
+        return load_engine(ModelKind.VOICE_DESIGN, checkpoints / "voice_design", "cpu", 1, "batched", None,
+                           dtype="float32", max_len=512, shrink=shrink)
+
+    design = OnDemandEngine(ModelKind.VOICE_DESIGN, 1, load, lambda _e: Segment("Hi.", "auto", 1), idle_s=None,
+                            lease=GpuLease(), auto_streams=True)
+    gc.disable()  # nothing collects behind the test's back: the load must let go by itself
+    try:
+        with pytest.raises(loader.MemoryFitError, match="not even 1 stream fits") as raised:
+            design._bring_in()
+        assert len(loaded) == 1 and loaded[0]() is None, "the failed load's model is still held"
+        assert raised.value.__traceback__ is not None  # the error keeps its traceback for the log
+        assert not design.resident
+    finally:
+        gc.enable()

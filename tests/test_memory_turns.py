@@ -128,7 +128,7 @@ class FakeModel(Engine):
 class Turns:
     """Base (home) and VoiceDesign models taking turns, each on its scheduler."""
 
-    def __init__(self) -> None:
+    def __init__(self, design_unservable: str | None = None) -> None:
         self.events: list[tuple[str, str]] = []
         self.gates: dict[str, threading.Event] = {}
         self.clock = FakeClock()
@@ -144,7 +144,8 @@ class Turns:
 
         warm = lambda _engine: Segment("warm", "auto", 1)  # noqa: E731
         self.base = OnDemandEngine(BASE, 1, loader(BASE), warm, idle_s=None, lease=self.lease, home=True, clock=self.clock)
-        self.design = OnDemandEngine(DESIGN, 1, loader(DESIGN), warm, idle_s=60, lease=self.lease, clock=self.clock)
+        self.design = OnDemandEngine(DESIGN, 1, loader(DESIGN), warm, idle_s=60, lease=self.lease, clock=self.clock,
+                                     unservable=design_unservable)
         self.base.warm(Segment("warm", "auto", 1))
         self.design.warm(Segment("warm", "auto", 1))
         assert self.base.resident and not self.design.resident
@@ -280,5 +281,23 @@ async def test_a_model_that_cannot_load_fails_what_waits_for_it_and_the_other_se
         clone = turns.job(BASE, "c1")
         await asyncio.wait_for(_drain(clone), 30)  # the Base model comes back and serves
         assert "c1" in turns.said() and turns.base.resident
+    finally:
+        turns.stop()
+
+
+async def test_a_model_that_can_never_fit_fails_its_requests_at_once_and_the_one_on_the_card_stays() -> None:
+    """4 GB free: the sizing says the VoiceDesign model does not fit even alone. Its requests
+    (and anchors) fail at once with the reason; the Base model is never swapped out for it."""
+    turns = Turns(design_unservable="the voice_design model does not fit in this GPU's 3.5 GB even alone")
+    turns.start()
+    try:
+        with pytest.raises(Exception, match="cannot be served on this GPU: the voice_design model does not fit"):
+            await asyncio.wait_for(_drain(turns.job(DESIGN, "p1")), 30)
+        with pytest.raises(Exception, match="cannot be served on this GPU"):
+            await asyncio.wait_for(_anchors(turns, ["a1"]), 30)
+        turns.clock.now += BACKGROUND_AFTER_IDLE_S + TURNS_IDLE_S
+        await asyncio.wait_for(_drain(turns.job(BASE, "clone")), 30)
+        assert turns.said() == ["clone"] and turns.loads() == ["base"]
+        assert turns.base.resident and not turns.design.resident and turns.lease.holder == "base"
     finally:
         turns.stop()

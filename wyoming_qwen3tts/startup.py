@@ -152,6 +152,12 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
     args.weight_quant_chosen = "int8" if args.weight_quant == "int8" and pick_engine(args.engine, device) == "batched" else "none"
     plan = _residency(args, device, checkpoints, max_len)
     lease = GpuLease() if plan is not None and plan.design == "turns" else None
+    unservable = plan.unservable if plan is not None else {}
+    if unservable:  # one line: what this card cannot do, and why
+        _LOGGER.error(
+            "Not served with this GPU memory: %s. Requests that need it fail at once; the other model stays "
+            "on the GPU (free GPU memory: another process holds it?)", "; ".join(unservable.values()),
+        )
     engines: dict[ModelKind, Engine] = {}
     for kind, checkpoint in checkpoints.items():
         reserve = plan.reserves.get(kind.value, 0) if plan is not None else 0
@@ -172,7 +178,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
                 idle_s=args.design_model_idle if design else None, lease=lease, auto_streams=args.max_streams is None,
                 why=" (preset anchors, voice studio designs, instructions)" if design else "",
                 speakers=checkpoint_speakers(checkpoint) if kind is ModelKind.CUSTOM_VOICE else [],
-                home=kind is ModelKind.BASE,
+                home=kind is ModelKind.BASE, unservable=unservable.get(kind.value),
             )
             _LOGGER.info("Loading %s model from %s on %s (%s)", kind.value, checkpoint, device, "on demand" if design else "taking turns")
             try:

@@ -312,6 +312,12 @@ def load_fitting(load: Callable[[float], Engine], warm: Callable[[Engine], None]
         kind: for the log.
         auto: the streams are sized automatically (a fixed ``--max-streams`` is never changed).
 
+    A load or warm-up that fails, whether retried or not, gives back what it placed on the
+    GPU before the error goes on (``let_go``, ``return_gpu_memory``): a model whose sizing found no
+    room (``MemoryFitError``, its weights already on the card) must not keep them there, or
+    the model taking turns with it cannot come back (the H200 with 4 GB free: 2.4 GB of int8
+    weights stayed allocated after the VoiceDesign model failed to load).
+
     Raises:
         torch.OutOfMemoryError: it does not fit even with ``MIN_SHRINK`` of the streams (or a
             fixed ``--max-streams`` does not fit); any other error of ``load`` or ``warm``.
@@ -324,30 +330,54 @@ def load_fitting(load: Callable[[float], Engine], warm: Callable[[Engine], None]
             warm(engine)
             return engine
         except Exception as err:  # noqa: BLE001 - re-raised unless it is a retryable out-of-memory
-            if not (auto and is_out_of_memory(err)) or shrink * RETRY_SHRINK < MIN_SHRINK:
+            retry = auto and is_out_of_memory(err) and shrink * RETRY_SHRINK >= MIN_SHRINK
+            let_go(err, engine)
+            engine = None  # this frame's reference, before the collection
+            return_gpu_memory()
+            if not retry:
                 raise
-            # The failed engine must give its memory back before the retry: on the H200 with 6 GB
-            # free its 4.2 GB stayed allocated and the retry found room for no stream. Let go of
-            # what holds it here (the traceback's frames, its warm_error) and empty its tensors.
-            traceback.clear_frames(err.__traceback__)
-            if engine is not None:
-                engine.warm_error = None
-                if hasattr(engine, "close"):
-                    engine.close()  # its memory back even if something else still holds it
-        engine = None
-        import gc
-
-        import torch
-
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
         shrink *= RETRY_SHRINK
         _LOGGER.warning(
             "%s model: out of GPU memory while loading or capturing its graphs; trying again with "
             "%.0f%% of the streams the free memory seemed to hold", kind.value, shrink * 100,
         )
+
+
+def let_go(err: BaseException, engine: Engine | None) -> None:
+    """Drop what holds a failed load's GPU memory, before ``err`` goes on; the caller then
+    drops its own reference to ``engine`` and calls ``return_gpu_memory``.
+
+    What holds it: the locals of the frames ``err``'s traceback runs through (the loader's
+    ``qwen`` with its weights; the engine with its slots and graphs), cleared here (the
+    traceback keeps its files and line numbers for the log; frames still running are
+    skipped); the engine's ``warm_error`` (a cycle through that traceback); and the engine
+    itself, whose ``close`` empties its tensors even if something else still holds it. On the
+    H200 with 6 GB free a failed capture's 4.2 GB stayed allocated without this; with 4 GB
+    free, a failed sizing's 2.4 GB of int8 weights.
+
+    Args:
+        err: the error the load or warm-up raised.
+        engine: the engine built before the failure, or None (it failed in the loader).
+    """
+    traceback.clear_frames(err.__traceback__)
+    if engine is not None:
+        if hasattr(engine, "warm_error"):
+            engine.warm_error = None
+        if hasattr(engine, "close"):
+            engine.close()
+
+
+def return_gpu_memory() -> None:
+    """Collect what was let go (models sit in reference cycles) and give the allocator's
+    cached blocks back to the card (``torch.cuda.empty_cache``; nothing without CUDA)."""
+    import gc
+
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def slot_bytes(qwen: Any, max_len: int) -> int:

@@ -322,6 +322,9 @@ class OnDemandEngine(Engine):
         auto_streams: ``--max-streams auto``: an out-of-memory while loading is retried with
             fewer streams (``loader.load_fitting``).
         clock: seconds, monotonic (tests pass a fake one).
+        unservable: why the model can never be on this card, even with the others gone
+            (``sizing.unservable``), or None. Such a model is never loaded and never takes
+            the lease from the model on the card: its requests fail at once with this reason.
 
     Attributes:
         loads: how many times the model was loaded (tests, logs).
@@ -343,8 +346,10 @@ class OnDemandEngine(Engine):
         home: bool = False,
         auto_streams: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        unservable: str | None = None,
     ) -> None:
         super().__init__(kind, chunk_frames, capacity=1)
+        self.unservable = unservable
         self._load = load
         self._warm_segment = warm_segment
         self.idle_s = idle_s
@@ -392,7 +397,10 @@ class OnDemandEngine(Engine):
 
     def warmup(self, segment: Segment) -> None:
         """Load and warm the model now if it may (the lease is free), so start-up proves the
-        checkpoint loads; it then stays until idle. Otherwise it loads on first use."""
+        checkpoint loads; it then stays until idle. Otherwise it loads on first use (never
+        when ``unservable``)."""
+        if self.unservable is not None:
+            return
         if self.lease is not None and not self.lease.try_acquire(self.kind.value):
             _LOGGER.info("%s model: loads when first needed (it takes turns with the other model)", self.kind.value)
             return
@@ -489,6 +497,9 @@ class OnDemandEngine(Engine):
 
     def serve(self, source: WorkSource) -> None:
         me = self.kind.value
+        if self.unservable is not None:
+            self._refuse(source)
+            return
         lease = self.lease
         if lease is not None:
             demand = getattr(source, "demand", None)
@@ -547,6 +558,15 @@ class OnDemandEngine(Engine):
             self.swap_waits.append(time.monotonic() - since)
             _LOGGER.info("%s model: the longest-waiting request waited %.1f s for it", me, self.swap_waits[-1])
         return True
+
+    def _refuse(self, source: WorkSource) -> None:
+        """Fail every segment for a model that can never be on this card, at once (the model
+        on the card stays: this one never registers with the lease)."""
+        error = RuntimeError(f"The {self.kind.value} model cannot be served on this GPU: {self.unservable}")
+        while not source.closed():
+            work = source.take(wait=_POLL_S)
+            if work is not None:
+                work.sink.failed(error)
 
     @staticmethod
     def _fail_waiting(source: WorkSource, error: BaseException) -> None:

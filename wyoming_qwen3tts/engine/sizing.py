@@ -7,7 +7,7 @@ feeds them what ``torch.cuda`` reports. Units: bytes unless a name says otherwis
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..text import FRAMES_PER_SECOND, MAX_SEGMENT_SECONDS
 from ..voices import MAX_REFERENCE_SECONDS
@@ -206,11 +206,15 @@ class Residency:
         reserves: per model kind, bytes its stream sizing leaves free for models loaded
             after it (load order: as given to ``plan_residency``).
         reason: one log line, with the figures in GB.
+        unservable: per model kind that can never be on this card, even alone (its weights,
+            workspace and one stream are more than the budget), why, with the figures; empty
+            when every model fits alone, or when none does (start-up then fails loading).
     """
 
     design: str
     reserves: dict[str, int]
     reason: str
+    unservable: dict[str, str] = field(default_factory=dict)
 
 
 def plan_residency(needs: list[ModelNeed], budget: int, policy: str = "auto", design: str = "voice_design") -> Residency:
@@ -247,7 +251,7 @@ def plan_residency(needs: list[ModelNeed], budget: int, policy: str = "auto", de
             "only while it renders anchors or designs; --clone-model Qwen/Qwen3-TTS-12Hz-0.6B-Base lets them share it"
         )
     if mode == "turns":
-        return Residency(mode, {n.kind: 0 for n in needs}, reason)
+        return Residency(mode, {n.kind: 0 for n in needs}, reason, unservable(needs, budget))
     room = max(0, budget - sum(n.weights + WORKSPACE_BYTES for n in needs))
     share = room // max(1, len(needs))
     reserves = {
@@ -255,3 +259,23 @@ def plan_residency(needs: list[ModelNeed], budget: int, policy: str = "auto", de
         for i, n in enumerate(needs)
     }
     return Residency(mode, reserves, reason)
+
+
+def unservable(needs: list[ModelNeed], budget: int) -> dict[str, str]:
+    """The models that cannot be on the card even alone: weights, ``WORKSPACE_BYTES`` and
+    ``MIN_STREAMS`` streams above ``budget`` (the memory each would have with the others
+    gone). Empty when none or all of them are (with none fitting, start-up fails loading).
+
+    Returns:
+        per model kind, one line: why, with the figures in GB.
+    """
+    out = {
+        n.kind: (
+            f"the {n.kind} model does not fit in this GPU's {budget / GB:.1f} GB even alone: it needs "
+            f"{n.footprint(MIN_STREAMS) / GB:.1f} GB ({n.weights / GB:.1f} GB weights, {WORKSPACE_BYTES / GB:.1f} GB "
+            f"workspace, {n.slot / 1e6:.0f} MB for {MIN_STREAMS} stream)"
+        )
+        for n in needs
+        if n.footprint(MIN_STREAMS) > budget
+    }
+    return out if len(out) < len(needs) else {}
