@@ -169,11 +169,13 @@ def check_args(args: argparse.Namespace) -> None:
     uri = urlparse(args.uri)
     ports = [("--uri", uri.hostname or "0.0.0.0", uri.port)] if uri.scheme == "tcp" else []
     ports += [("--http-port", args.http_host, args.http_port)] if args.http_port else []
-    for flag, host, port in ports:  # fail now, not after loading the models
-        with socket.socket() as probe:
+    with contextlib.ExitStack() as probes:  # fail now, not after loading the models
+        for flag, host, port in ports:  # held together: --http-port equal to --uri's port fails too
+            probe = probes.enter_context(socket.socket())
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's servers do
             try:
                 probe.bind((host, port))
+                probe.listen()
             except OSError as err:
                 raise SystemExit(f"{flag}: cannot listen on {host}:{port}: {err.strerror}") from None
 
