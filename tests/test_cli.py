@@ -55,6 +55,19 @@ def test_port_in_use_fails_before_loading(tmp_path: Path) -> None:
     assert "Loading" not in result.stderr
 
 
+def test_http_port_equal_to_the_wyoming_port_fails_before_loading(tmp_path: Path) -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    result = run_cli(
+        "--uri", f"tcp://127.0.0.1:{port}", "--http-host", "127.0.0.1", "--http-port", str(port),
+        "--data-dir", str(tmp_path), cwd=tmp_path,
+    )
+    assert result.returncode != 0
+    assert f"--http-port: cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr, result.stderr[-2000:]
+    assert "Loading" not in result.stderr and "Traceback" not in result.stderr
+
+
 def test_unwritable_folders_fail_before_loading(tmp_path: Path) -> None:
     """A data or voices folder that cannot be made is refused at once, not after minutes of
     loading (a file stands where a parent folder should be: refused for root too)."""

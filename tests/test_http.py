@@ -289,6 +289,12 @@ def test_hub_id_of_the_wrong_kind_is_refused(server: Server) -> None:
         )
     assert wrong.value.code == "voice-model-mismatch"
     assert "not 'Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice'" in wrong.value.message  # the model as the client named it
+    with pytest.raises(openai.BadRequestError) as alias:
+        client_for(server).audio.speech.create(
+            model="qwen3-tts-custom-voice", voice="nova", input=TEXT, response_format="pcm"
+        )
+    assert alias.value.code == "voice-model-mismatch"
+    assert "Voice 'nova' (aria) is spoken by" in alias.value.message  # the voice as the client named it
     with pytest.raises(openai.NotFoundError) as unknown:
         client_for(server).audio.speech.create(model="Qwen/Qwen3-TTS-12Hz-1.7B-Talker", voice="ryan", input=TEXT)
     assert unknown.value.code == "model_not_found"

@@ -315,6 +315,9 @@ async def test_bad_input_gets_error_events_and_the_session_goes_on(ws_server: Se
             {"type": "request.start", "voice": "ryan", "response_format": "mp3"}, "unsupported-format"
         )
         await refused({"type": "request.start", "voice": "ryan", "speed": 9}, "invalid-value")
+        # /v1/audio/speech's body as it is: its text belongs in input_text.append.
+        await refused({"type": "request.start", "voice": "ryan", "input": "Hi."}, "invalid-event")
+        assert "input_text.append" in session.events[-1]["error"]["message"]
         await session.send({"type": "request.start", "voice": "ryan"})
         await session.until("request.configured")
         await refused({"type": "request.start", "voice": "ryan"}, "already-configured")
@@ -354,6 +357,28 @@ async def test_text_the_request_cannot_take_ends_the_session(
         other = await connect(http, ws_server)
         await speak(other, ["Still here."], voice="ryan")
         check_response(other, await other.rest())
+
+
+@pytest.mark.parametrize("size", [1_500_000, 5_000_000])
+async def test_message_over_the_size_limit_gets_text_too_long(ws_server: Server, size: int) -> None:
+    """A message past aiohttp's max_msg_size (1 MiB here) is refused by aiohttp's reader
+    before the session parses it: the client still gets error text-too-long, then 1009,
+    and the server logs why."""
+    mark = len(ws_server.output())
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        session = await connect(http, ws_server)
+        await session.send({"type": "request.start", "voice": "ryan"})
+        await session.until("request.configured")
+        await session.send({"type": "input_text.append", "sequence": 0, "text": "x" * size})
+        error = await session.until("error")
+        assert error["error"]["code"] == "text-too-long" and error["request_id"].startswith("ws-")
+        assert f"{MAX_CHARS} characters" in error["error"]["message"]
+        assert await session.rest() == 1009
+        other = await connect(http, ws_server)  # the server serves on
+        await speak(other, ["Still here."], voice="ryan")
+        check_response(other, await other.rest())
+    log = ws_server.output()[mark:]
+    assert "(text-too-long)" in log and "Traceback" not in log
 
 
 async def test_idle_session_is_closed_with_an_event(ws_server: Server) -> None:

@@ -26,6 +26,7 @@ from wyoming_qwen3tts.engine.precision import USEFUL_STREAMS, int8_weights, pick
 from wyoming_qwen3tts.engine.sizing import GB, WORKSPACE_BYTES, ModelNeed
 from wyoming_qwen3tts.voices import ModelKind
 
+from .conftest import start_server, stop_server
 from .engine_driver import Collect, run
 
 MB = 1_000_000
@@ -99,6 +100,19 @@ def test_startup_logs_the_choice_and_plans_with_int8_weights(
         full = checkpoint_params(paths[ModelKind.BASE]) * 2
         shown = f"base {(int8_weights(full, quantized_params(paths[ModelKind.BASE]), 2) if expected == 'int8' else full) / GB:.1f} GB"
         assert shown in weights[0]
+
+
+def test_int8_on_another_engine_is_a_warning(checkpoints: Path, voices_dir: Path, tmp_path: Path) -> None:
+    """``--weight-quant int8`` with the CPU reference engine: the server says once that it
+    has no effect there (it was silently ignored), and serves."""
+    extra = ["--no-zeroconf", "--weight-quant", "int8", "--design-model", "none", "--custom-voice-model", "none"]
+    server = start_server(checkpoints, voices_dir, tmp_path / "server.log", extra=extra)
+    try:
+        warnings = [line for line in server.output().splitlines() if "--weight-quant int8" in line]
+    finally:
+        stop_server(server)
+    assert len(warnings) == 1 and "WARNING" in warnings[0], warnings
+    assert "no effect on the reference engine" in warnings[0]
 
 
 def test_the_config_count_is_what_gets_quantized(checkpoints: Path, tmp_path: Path) -> None:

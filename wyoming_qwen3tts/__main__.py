@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--anchors", choices=["auto", "all", "used", "kept", "off"], default="auto", help="Preset anchors: all (every VoiceDesign preset rendered once in the background, then cloned by the Base model), used (the default voice and presets once used), kept (none rendered: only designs kept in the voice studio, with the clip you heard), off (presets designed live for every sentence); auto: all with CUDA, kept on the CPU")
     parser.add_argument("--ingress-peer", default=HA_INGRESS_PEER if os.environ.get("SUPERVISOR_TOKEN") else None, help="Address of Home Assistant's ingress proxy: its requests (with X-Ingress-Path) need no API key (default: 172.30.32.2 inside a Home Assistant add-on, else none)")
     # Limits (hardening): admission, stalled and idle clients.
-    parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, help="Most requests open at once (both doors); more are refused at once (Wyoming error, HTTP 429)")
+    parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, help="Most requests open at once (Wyoming, HTTP and WebSocket doors together); more are refused at once (Wyoming and WebSocket error overloaded, HTTP 429)")
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, help="Most Wyoming connections; past it the longest-idle one is closed")
     parser.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT, help="Seconds before an idle connection (no traffic, no audio owed) is closed")
     parser.add_argument("--write-timeout", type=float, default=DEFAULT_WRITE_TIMEOUT, help="Seconds a client may leave audio unread before its stream is dropped")
@@ -169,11 +169,13 @@ def check_args(args: argparse.Namespace) -> None:
     uri = urlparse(args.uri)
     ports = [("--uri", uri.hostname or "0.0.0.0", uri.port)] if uri.scheme == "tcp" else []
     ports += [("--http-port", args.http_host, args.http_port)] if args.http_port else []
-    for flag, host, port in ports:  # fail now, not after loading the models
-        with socket.socket() as probe:
+    with contextlib.ExitStack() as probes:  # fail now, not after loading the models
+        for flag, host, port in ports:  # held together: --http-port equal to --uri's port fails too
+            probe = probes.enter_context(socket.socket())
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's servers do
             try:
                 probe.bind((host, port))
+                probe.listen()
             except OSError as err:
                 raise SystemExit(f"{flag}: cannot listen on {host}:{port}: {err.strerror}") from None
 

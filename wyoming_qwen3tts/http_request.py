@@ -257,13 +257,12 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
             voice = service.resolve_voice(params.voice)
         except VoiceNotFoundError as err:
             raise ApiError(404, str(err), err.code, param) from None
+        # The voice as the client named it, then the catalogue's name (an OpenAI alias: 'nova' (aria)).
+        said = repr(params.voice) + ("" if params.voice == voice.name else f" ({voice.name})")
         if params.clone and voice.kind is not ModelKind.BASE:
-            raise _invalid(param, f"{voice.name!r} is a {voice.kind.value} voice, not a clone")
+            raise _invalid(param, f"{said} is a {voice.kind.value} voice, not a clone")
         if kind is not None and voice.kind is not kind:
-            message = (
-                f"Voice {voice.name!r} is spoken by {MODEL_OF_KIND[voice.kind]!r}, "
-                f"not {named!r}"
-            )
+            message = f"Voice {said} is spoken by {MODEL_OF_KIND[voice.kind]!r}, not {named!r}"
             raise _invalid(param, message, "voice-model-mismatch")
         return voice.name
     if kind is None or (kind is ModelKind.VOICE_DESIGN and params.instructions):

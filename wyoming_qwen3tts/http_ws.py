@@ -31,7 +31,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -76,7 +76,7 @@ class SpeechSession:
     """
 
     def __init__(
-        self, sessions: Sessions, ws: web.WebSocketResponse, transport: asyncio.Transport | None
+        self, sessions: Sessions, ws: _SpeechWebSocket, transport: asyncio.Transport | None
     ) -> None:
         self._sessions = sessions
         self._service = sessions.service
@@ -175,11 +175,33 @@ class SpeechSession:
         except RequestError as err:
             await self._refuse(err)
 
+    async def message_too_big(self) -> None:
+        """aiohttp read a message over ``max_msg_size`` and is about to close (1009): send
+        ``error`` ``text-too-long`` first and cancel the request (``_fail`` without the close)."""
+        if self._finished:
+            return
+        self._finished = True
+        if self._stream is not None:
+            self._stream.cancel()
+        err = TextTooLongError(
+            f"A message over {self._ws.max_msg_size} bytes: the text is limited to "
+            f"{self._service.max_chars} characters (--max-chars)"
+        )
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self._error(err)
+
     async def _start(self, data: dict[str, Any]) -> None:
         """``request.start``: check it as ``POST /v1/audio/speech``'s body, open the stream."""
         if self.request_id is not None:
             raise ev.ProtocolError(
                 "already-configured", "This session has its request: open a new WebSocket for another"
+            )
+        if "input" in data:
+            raise ev.ProtocolError(
+                "invalid-event",
+                "request.start carries no text: send it in input_text.append events "
+                "(then input_text.end); 'input' is POST /v1/audio/speech's field",
+                "input",
             )
         fmt = data.get("response_format")
         if fmt is not None and fmt != "pcm":
@@ -191,7 +213,7 @@ class SpeechSession:
         fields = {
             k: v
             for k, v in data.items()
-            if k not in ("type", "input", "response_format", "stream", "stream_format")
+            if k not in ("type", "response_format", "stream", "stream_format")
         }
         params = parse_speech(
             {**fields, "input": _NO_INPUT_YET}, self._service.max_chars, self._sessions.model_names
@@ -386,6 +408,50 @@ class SpeechSession:
         await self._fail(ServerStoppingError("The server is shutting down"), WSCloseCode.GOING_AWAY)
 
 
+class _SpeechWebSocket(web.WebSocketResponse):
+    """aiohttp's ``WebSocketResponse`` that calls ``on_too_big`` before aiohttp closes the
+    connection (1009) over a message longer than ``max_msg_size`` bytes: aiohttp's reader
+    refuses such a message before the session sees it, then closes from ``receive``.
+
+    Args:
+        max_msg_size: the longest message read, in bytes.
+        **kwargs: ``WebSocketResponse``'s other arguments.
+    """
+
+    def __init__(self, max_msg_size: int, **kwargs: Any) -> None:
+        super().__init__(max_msg_size=max_msg_size, **kwargs)
+        self.max_msg_size = max_msg_size
+        self.on_too_big: Callable[[], Awaitable[None]] | None = None
+        #: A message was over ``max_msg_size``: the transport is left open (``linger``).
+        self.too_big = False
+
+    async def close(
+        self, *, code: int = WSCloseCode.OK, message: bytes = b"", drain: bool = True
+    ) -> bool:
+        """``WebSocketResponse.close``, after ``on_too_big`` (once) when ``code`` is 1009."""
+        hook, self.on_too_big = self.on_too_big, None
+        if code == WSCloseCode.MESSAGE_TOO_BIG and hook is not None and not self.closed:
+            self.too_big = True
+            await hook()
+        return await super().close(code=code, message=message, drain=drain)
+
+    def _close_transport(self) -> None:
+        # aiohttp closes the transport right after its close frame; a client still sending
+        # its over-size message would get a reset, losing the error event on its way.
+        if not self.too_big:
+            super()._close_transport()
+
+    async def linger(self, transport: asyncio.BaseTransport | None, timeout: float) -> None:
+        """After an over-size message: let the client finish sending it (aiohttp discards
+        it) and close, for at most ``timeout`` seconds, then close the transport."""
+        if not self.too_big or transport is None:
+            return
+        deadline = time.monotonic() + timeout
+        while not transport.is_closing() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        transport.close()
+
+
 class _Counted(RequestError):
     """A code to count in ``tts_errors_total`` (``TtsService.count_error`` takes an error)."""
 
@@ -447,7 +513,7 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
         ApiError: 400 ``websocket-required`` for a plain HTTP request.
     """
     sessions = request.app[_SESSIONS_KEY]
-    ws = web.WebSocketResponse(
+    ws = _SpeechWebSocket(
         protocols=(ev.PROTOCOL,),
         max_msg_size=max(1 << 20, 8 * sessions.service.max_chars + (64 << 10)),  # as the HTTP body limit
         compress=False,
@@ -461,8 +527,10 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
     await ws.prepare(request)
     limit_send_buffer(request.get_extra_info("socket"))
     session = SpeechSession(sessions, ws, request.transport)
+    ws.on_too_big = session.message_too_big
     sessions.add(session)
     await session.run()
+    await ws.linger(request.transport, sessions.write_timeout)
     return ws
 
 

@@ -149,7 +149,10 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
     max_len = max(slot_positions(), (args.fixed_frames or 0) + 512)
     # The weights the batched engine loads: what --weight-quant forces; on CUDA "auto" is
     # decided from the free memory by _residency.
-    args.weight_quant_chosen = "int8" if args.weight_quant == "int8" and pick_engine(args.engine, device) == "batched" else "none"
+    engine_name = pick_engine(args.engine, device)
+    args.weight_quant_chosen = "int8" if args.weight_quant == "int8" and engine_name == "batched" else "none"
+    if args.weight_quant == "int8" and engine_name != "batched":
+        _LOGGER.warning("--weight-quant int8 has no effect on the %s engine: it serves the batched engine only", engine_name)
     plan = _residency(args, device, checkpoints, max_len)
     lease = GpuLease() if plan is not None and plan.design == "turns" else None
     unservable = plan.unservable if plan is not None else {}
