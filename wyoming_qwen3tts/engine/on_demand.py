@@ -38,7 +38,8 @@ from dataclasses import dataclass
 
 from ..voices import ModelKind, Reference
 from .base import Engine, Sink, Work, WorkSource
-from .loader import gpu_memory_note, is_out_of_memory, load_fitting
+from .gpu_memory import gpu_memory_note, is_out_of_memory
+from .loader import load_fitting
 from .segment import Segment
 
 _LOGGER = logging.getLogger(__name__)

@@ -48,7 +48,7 @@ import torch
 
 from ...voices import ModelKind, Reference
 from ..base import Engine, ModelMismatchError, Work, WorkSource
-from ..loader import is_out_of_memory, serving_error
+from ..gpu_memory import is_out_of_memory, serving_error
 from .codec import StreamingDecoder
 from .graphs import StepGraphs, buckets, role_stream
 from .planner import Planner
@@ -589,7 +589,7 @@ class BatchedEngine(Engine):
             self.decoder.move_row(src, dst)
 
     def _failure(self, error: BaseException) -> BaseException:
-        """What a request that failed with ``error`` is told (``loader.serving_error``: an
+        """What a request that failed with ``error`` is told (``gpu_memory.serving_error``: an
         out-of-memory names its cause); an out-of-memory is also counted in ``out_of_memory``
         (an on-demand model then reloads with the streams the free memory holds)."""
         if is_out_of_memory(error):

@@ -23,10 +23,6 @@ import triton
 import triton.language as tl
 
 from . import launcher
-from ..quant import dequant_linear
-
-#: The eager form (see the module docstring).
-int8_linear_eager = dequant_linear
 
 
 @triton.jit
