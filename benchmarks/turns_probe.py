@@ -31,7 +31,8 @@ import soundfile as sf
 import torch
 
 from wyoming_qwen3tts.engine import Engine, Segment, load_engine
-from wyoming_qwen3tts.engine.on_demand import GpuLease, OnDemandEngine
+from wyoming_qwen3tts.engine.lease import GpuLease
+from wyoming_qwen3tts.engine.on_demand import OnDemandEngine
 from wyoming_qwen3tts.metrics import Metrics
 from wyoming_qwen3tts.service import SpeechRequest, TtsService
 from wyoming_qwen3tts.voices import ModelKind, Reference, VoiceCatalog

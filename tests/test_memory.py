@@ -20,7 +20,8 @@ from wyoming_qwen3tts.engine import Engine, Segment, load_engine
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.engine.cuda_env import CUDA12_INSTALL, driver_problem, parse_cuda_version, pick_dtype
 from wyoming_qwen3tts.engine.loader import checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers, slot_bytes
-from wyoming_qwen3tts.engine.on_demand import GpuLease, OnDemandEngine
+from wyoming_qwen3tts.engine.lease import GpuLease
+from wyoming_qwen3tts.engine.on_demand import OnDemandEngine
 from wyoming_qwen3tts.engine.sizing import (
     GB,
     WORKSPACE_BYTES,

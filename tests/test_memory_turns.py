@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from wyoming_qwen3tts.engine import Engine, Segment, WorkSource
-from wyoming_qwen3tts.engine.on_demand import BACKGROUND_AFTER_IDLE_S, TURNS_IDLE_S, Demand, GpuLease, OnDemandEngine, must_yield, next_turn
+from wyoming_qwen3tts.engine.lease import BACKGROUND_AFTER_IDLE_S, Demand, GpuLease, must_yield, next_turn
+from wyoming_qwen3tts.engine.on_demand import TURNS_IDLE_S, OnDemandEngine
 from wyoming_qwen3tts.scheduler import Job, Scheduler, background
 from wyoming_qwen3tts.voices import ModelKind
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from .audio import SAMPLE_RATE
 from .engine import Segment, Work
-from .engine.on_demand import Demand
+from .engine.lease import Demand
 
 #: Audio a client may leave unread before its next segment is held back, in seconds. A client
 #: that stops reading thus holds at most this much (plus the running segment) in memory; the

@@ -24,7 +24,8 @@ from .engine.cpu.ggml import NativeWidthError, check_checkpoint_widths
 from .engine.cpu.gguf_files import resolve_gguf
 from .engine.gpu_memory import is_out_of_memory
 from .engine.loader import MemoryFitError, checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers, load_fitting
-from .engine.on_demand import GpuLease, OnDemandEngine
+from .engine.lease import GpuLease
+from .engine.on_demand import OnDemandEngine
 from .engine.precision import int8_weights, pick_weight_quant, quantized_params
 from .engine.sizing import GB, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions
 from .metrics import Metrics
