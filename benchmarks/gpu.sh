@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run a stage on the lent GPU machine (no network there: wheels travel in .whl, made by
 # benchmarks/gpu-wheels). Usage: benchmarks/gpu.sh STAGE...  (output under $OUT)
-#   tests    pytest -m gpu (tiny checkpoints, CUDA)
+#   tests    pytest -m gpu (tiny checkpoints, CUDA; TESTS: more pytest arguments, TESTS_K: its -k)
 #   ckpt     build the full-size random VoiceDesign and Base checkpoints (in parallel;
 #            CKPT_KINDS="voice_design base custom_voice" adds CustomVoice, as poisson needs)
 #   ckptbg   the same in the background (later stages wait on the builder's lock)
@@ -25,7 +25,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 for stage in "$@"; do
   start=$(date +%s)
   case "$stage" in
-    tests) timeout "${TESTS_S:-330}" python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 ${TESTS:-} 2>&1 | tee "$OUT/gpu-tests.log" | tail -40 ;;
+    tests) timeout "${TESTS_S:-330}" python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 ${TESTS:-} ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/gpu-tests.log" | tail -40 ;;
     ckpt)
       for kind in ${CKPT_KINDS:-voice_design base}; do
         python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > "/tmp/ckpt-$kind.log" 2>&1 &

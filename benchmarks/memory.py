@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -94,6 +95,7 @@ class Row:
     streams_per_load: dict[str, list[int]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     note: str = ""
+    anchors_seeded: int = 0
 
 
 #: ``memory.json``'s row fields, exactly as the GPU-memory issue specifies them.
@@ -216,6 +218,12 @@ def _design(http_port: int, timeout: float = 120.0) -> str | None:
         return repr(err)[:300]
 
 
+def _median_speed(results: list[tuple[float | None, float, float, str | None]]) -> float | None:
+    """Median seconds of audio per wall second over the requests that succeeded (None: none did)."""
+    speeds = [audio / took for _first, took, audio, error in results if not error and took]
+    return round(statistics.median(speeds), 2) if speeds else None
+
+
 async def _measure(port: int, http_port: int, pid: int, log: Path, row: Row, swaps: int, turns: bool) -> None:
     fa = row.first_audio_ms
 
@@ -231,9 +239,9 @@ async def _measure(port: int, http_port: int, pid: int, log: Path, row: Row, swa
     await first("clone", "clone")
     fa["custom_voice"] = None  # the defaults load no CustomVoice model
     solo = [await _wyoming(port, TEXT, "clone") for _ in range(2)]
-    row.speed_1 = round(statistics.median([a / d for _f, d, a, e in solo if not e and d]), 2) if solo else None
+    row.speed_1 = _median_speed(solo)
     four = await asyncio.gather(*(_wyoming(port, TEXT, "clone") for _ in range(4)))
-    row.speed_4 = round(statistics.median([a / d for _f, d, a, e in four if not e and d]), 2)
+    row.speed_4 = _median_speed(four)
     if not turns or swaps <= 0:
         return
     # The models take turns: force swaps once the anchors are rendered (the VoiceDesign model
@@ -256,10 +264,38 @@ async def _measure(port: int, http_port: int, pid: int, log: Path, row: Row, swa
         row.leak_mb_per_swap = round(slope * 1024, 1)
 
 
-def run_row(ckpt: Path, work: Path, free_gb: float, frames: int, swaps: int, extra: list[str]) -> Row:
-    """Hold all but ``free_gb`` GiB, start a server, measure it, stop both."""
+#: The preset whose anchor a seeded row leaves out, so that ``preset_unrendered`` still asks
+#: for a preset without one (the defaults' default voice).
+UNRENDERED = "aria"
+
+
+def seed_anchors(source: Path, data: Path, leave_out: str = UNRENDERED) -> int:
+    """Copy the preset anchors an earlier row rendered (``source``: its data folder's
+    ``anchors``) into ``data``'s, all but ``leave_out``'s; returns the anchors copied. Rows
+    where the VoiceDesign model cannot come in serve presets only from anchors that exist."""
+    target = data / "anchors"
+    target.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    for meta in sorted(source.glob("*.json")):
+        preset = json.loads(meta.read_text()).get("preset")
+        if preset is None or preset == leave_out:  # (model-digests.json: a cache, not an anchor)
+            continue
+        for file in source.glob(meta.stem + ".*"):
+            shutil.copy2(file, target / file.name)
+        copied += 1
+    return copied
+
+
+def run_row(
+    ckpt: Path, work: Path, free_gb: float, frames: int, swaps: int, extra: list[str], seed: Path | None = None,
+) -> Row:
+    """Hold all but ``free_gb`` GiB, start a server (its data folder holding the anchors of
+    ``seed``, an earlier row's, but ``UNRENDERED``'s), measure it, stop both."""
     row = Row(free_gb)
     name = f"{free_gb:g}gb"
+    shutil.rmtree(work / f"data-{name}", ignore_errors=True)  # a fresh data folder, even on a machine used before
+    if seed is not None:
+        row.anchors_seeded = seed_anchors(seed, work / f"data-{name}")
     try:
         holder, row.free_seen_gb = hold_gpu(free_gb)
     except RuntimeError as err:
@@ -277,7 +313,8 @@ def run_row(ckpt: Path, work: Path, free_gb: float, frames: int, swaps: int, ext
             return row
         row.started = True
         text = log.read_text(errors="replace")
-        turns = "do not fit on the GPU together" in text
+        # Taking turns, unless the VoiceDesign model was found never to fit (no swaps then).
+        turns = "do not fit on the GPU together" in text and "Not served with this GPU memory" not in text
         try:
             asyncio.run(asyncio.wait_for(_measure(port, http_port, proc.pid, log, row, swaps, turns), 300))
         except Exception as err:  # noqa: BLE001 - a failed measurement is a result too
@@ -338,6 +375,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--swaps", type=int, default=SWAPS, help="swaps forced where the models take turns")
     parser.add_argument("--server-args", default="", help="extra server flags for every row")
     parser.add_argument("--time-limit", type=float, default=420, help="seconds; rows not started by then are skipped")
+    parser.add_argument("--seed-anchors-below", type=float, default=5.0,
+                        help="rows with less GiB free start with the preset anchors an earlier row rendered")
     args = parser.parse_args(argv)
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     work = Path("/tmp/memory-bench")
@@ -352,7 +391,13 @@ def main(argv: list[str] | None = None) -> None:
         if time.monotonic() - began > args.time_limit:
             print(f"skipped {spec} GB: past --time-limit", flush=True)
             continue
-        row = run_row(args.ckpt, work, float(spec), args.frames, args.swaps, args.server_args.split())
+        free = float(spec)
+        rendered = [r for r in rows if any((work / f"data-{r.free_gb:g}gb" / "anchors").glob("*.json"))]
+        seed = work / f"data-{rendered[-1].free_gb:g}gb" / "anchors" if rendered and free < args.seed_anchors_below else None
+        row = run_row(args.ckpt, work, free, args.frames, args.swaps, args.server_args.split(), seed)
+        if seed is not None:
+            row.note = (f"started with the {row.anchors_seeded} preset anchors the {rendered[-1].free_gb:g} GB row "
+                        f"rendered ({UNRENDERED}'s left out); " + row.note).rstrip("; ")
         rows.append(row)
         print(json.dumps(asdict(row)), flush=True)
         write(rows, args.out, gpu)

@@ -115,9 +115,10 @@ def run(engine: BatchedEngine, schedule: dict[int, list[tuple[Segment, Collect]]
 
 
 def load_tiny(kind_dir: Path, kind: ModelKind, slots: int = 4, chunk_frames: int = 1,
-              device: str = "cpu") -> BatchedEngine:
+              device: str = "cpu", prefill_graph_rows: int | None = None) -> BatchedEngine:
     """A batched engine on a tiny checkpoint in float32: eager on the CPU, or with its CUDA
-    graphs captured (warm-up included) on "cuda". Loaded through the real loaders."""
+    graphs captured (warm-up included) on "cuda" (prefill graphs for up to
+    ``prefill_graph_rows`` rows; None: all). Loaded through the real loaders."""
     from faster_qwen3_tts import FasterQwen3TTS
 
     from wyoming_qwen3tts.engine import MAX_SEQ_LEN, load_engine
@@ -128,7 +129,7 @@ def load_tiny(kind_dir: Path, kind: ModelKind, slots: int = 4, chunk_frames: int
         assert isinstance(engine, BatchedEngine)
         return engine
     tts = FasterQwen3TTS.from_pretrained(str(kind_dir), device="cuda", dtype=torch.float32, max_seq_len=MAX_SEQ_LEN)
-    engine = BatchedEngine(kind, tts, chunk_frames, slots, MAX_SEQ_LEN, graphs=True)
+    engine = BatchedEngine(kind, tts, chunk_frames, slots, MAX_SEQ_LEN, graphs=True, prefill_graph_rows=prefill_graph_rows)
     warm = Segment("Warm.", "english", 2, instruct="A voice." if kind is ModelKind.VOICE_DESIGN else None,
                    speaker="ryan" if kind is ModelKind.CUSTOM_VOICE else None)
     if kind is not ModelKind.BASE:

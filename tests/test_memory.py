@@ -67,7 +67,9 @@ def test_streams_are_capped_and_reserve_counts() -> None:
 
 
 def test_no_room_is_a_plan_that_does_not_fit() -> None:
-    plan = plan_streams(free=WORKSPACE_BYTES + 10 * MB, slot_bytes=120 * MB)
+    from wyoming_qwen3tts.engine.sizing import LEAN_WORKSPACE_BYTES
+
+    plan = plan_streams(free=LEAN_WORKSPACE_BYTES + 10 * MB, slot_bytes=120 * MB)
     assert not plan.fits and plan.streams == 0 and "not even 1 stream" in plan.reason
     with pytest.raises(ValueError):
         plan_streams(free=GB, slot_bytes=0)
@@ -84,6 +86,51 @@ def test_a_model_loaded_again_keeps_its_streams_unless_the_memory_moved_more_tha
     assert steady_streams(11, None) == 11
     assert [steady_streams(p, 11) for p in (10, 11, 12, 13)] == [11, 11, 11, 11]
     assert steady_streams(9, 11) == 9 and steady_streams(14, 11) == 14  # a real change follows the plan
+
+
+def test_a_model_loaded_again_takes_what_fitted_after_an_earlier_out_of_memory() -> None:
+    """The 6 GB H200 log: planned 14-16 streams at every swap, 9 fitted after the retry. The
+    next load takes 9 at once; only more memory than a stream's worth lifts the cap."""
+    from wyoming_qwen3tts.engine.sizing import after_out_of_memory
+
+    slot = 120 * 10**6
+    fitted = (int(2.7 * GB), 9)
+    assert after_out_of_memory(14, int(2.6 * GB), None, slot) == 14  # never ran out: the plan
+    assert after_out_of_memory(14, int(2.6 * GB), fitted, slot) == 9
+    assert after_out_of_memory(16, int(2.7 * GB) + slot, fitted, slot) == 9  # within a stream
+    assert after_out_of_memory(6, int(2.0 * GB), fitted, slot) == 6  # less memory: the smaller plan
+    assert after_out_of_memory(30, int(6.0 * GB), fitted, slot) == 30  # the other process let go
+
+
+def test_one_stream_takes_a_lean_workspace_only_where_the_full_one_leaves_no_room() -> None:
+    """The Base model back after a swap with 4 GB free: 1.0 GB beside its weights, which the
+    1.0 GB workspace filled; one stream with the lean workspace fits. More memory: the full
+    workspace as before; less than the lean one and a stream: no fit. A fixed --max-streams
+    is judged with the full workspace."""
+    from wyoming_qwen3tts.engine.sizing import LEAN_WORKSPACE_BYTES, WORKSPACE_BYTES
+
+    slot = 120 * 10**6
+    lean = plan_streams(free=int(1.0 * GB), slot_bytes=slot)
+    assert lean.fits and lean.streams == 1 and "lean workspace" in lean.reason
+    full = plan_streams(free=int(1.5 * GB), slot_bytes=slot)
+    assert full.streams == (int(1.5 * GB) - WORKSPACE_BYTES) // slot and "lean" not in full.reason
+    assert not plan_streams(free=LEAN_WORKSPACE_BYTES + slot - 1, slot_bytes=slot).fits
+    assert not plan_streams(free=int(1.0 * GB), slot_bytes=slot, asked=1).fits
+
+
+def test_a_model_taking_turns_is_judged_by_what_the_home_models_load_left() -> None:
+    """4 GB free on the H200: the Base model's load had about 1.12 GB beside its weights (one
+    stream and the full workspace, just); the VoiceDesign model, as large, would have less once
+    the context grew: it is not swapped in. With 6 GB free (2.8 GB beside) it is."""
+    from wyoming_qwen3tts.engine.sizing import ModelNeed, turns_fit
+
+    weights, slot = int(2.2 * GB), 120 * 10**6
+    design = ModelNeed("voice_design", weights, slot)
+    why = turns_fit(int(1.13 * GB), weights, design)
+    assert why is not None and "voice_design model does not fit when the other model leaves" in why
+    assert turns_fit(int(2.8 * GB), weights, design) is None
+    bigger = ModelNeed("voice_design", weights + int(1.0 * GB), slot)  # e.g. bfloat16 beside int8
+    assert turns_fit(int(2.0 * GB), weights, bigger) is not None
 
 
 def test_budget_respects_the_cap_not_the_card() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import time
 import urllib.request
@@ -62,8 +61,9 @@ def eight_gb_free() -> Iterator[float]:
 def test_defaults_speak_every_voice_kind_with_8gb_free_held_by_another_process(
     voices_dir: Path, tmp_path: Path, eight_gb_free: float
 ) -> None:
-    """1.7B Base and VoiceDesign do not fit together in 8 GB free: they take turns, and a
-    clone, a preset, a design (instructions) and the clone again are all spoken."""
+    """1.7B Base and VoiceDesign in 8 GB free: the weight precision chosen is int8, with which
+    both stay on the GPU (bfloat16 made them take turns), and a clone, a preset, a design
+    (instructions) and the clone again are all spoken, with no model leaving."""
     _need_full("base", "voice_design")
     assert 7.5 < eight_gb_free < 8.5
     server = start_server(
@@ -77,11 +77,9 @@ def test_defaults_speak_every_voice_kind_with_8gb_free_held_by_another_process(
         assert len(_speak(server, {"input": "A design speaks.", "voice": "aria", "instructions": "A deep, slow voice."})) == frames
         assert len(_speak(server, {"input": "The clone again.", "voice": "clone"})) == frames
         log = server.output()
-        assert "do not fit on the GPU together" in log
-        assert "voice_design model is in GPU memory" in log and "left GPU memory (another model needs the GPU)" in log
+        assert "Weight precision: int8" in log and "the VoiceDesign model stays in GPU memory" in log
+        assert "left GPU memory" not in log and "do not fit on the GPU together" not in log
         assert "Traceback" not in log and "could not be loaded" not in log and server.alive()
-        waits = [float(w) for w in re.findall(r"the longest-waiting request waited ([\d.]+) s", log)]
-        assert waits and max(waits) < 30, waits  # one swap each (about 10 s on the H200)
     finally:
         stop_server(server)
 

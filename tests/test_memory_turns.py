@@ -302,3 +302,36 @@ async def test_a_model_that_can_never_fit_fails_its_requests_at_once_and_the_one
         assert turns.base.resident and not turns.design.resident and turns.lease.holder == "base"
     finally:
         turns.stop()
+
+
+async def test_a_model_found_not_to_fit_alone_is_never_swapped_in_again() -> None:
+    """4 GB free on the H200: the VoiceDesign model came in, found no room for one stream
+    beside its weights (``MemoryFitError``) with the Base model out, and every later request
+    and anchor sent the Base model out for it again. Now its first failure is its last try:
+    later requests fail at once, and the Base model comes back and stays."""
+    from wyoming_qwen3tts.engine.loader import MemoryFitError
+    from wyoming_qwen3tts.scheduler import GenerationError
+
+    turns = Turns()
+
+    def no_room(shrink: float = 1.0) -> Engine:
+        turns.events.append(("load", "voice_design"))
+        raise MemoryFitError("voice_design model: not even 1 stream fits (1.0 GB free after the weights)")
+
+    turns.design._load = no_room
+    turns.start()
+    try:
+        with pytest.raises(GenerationError, match="could not be loaded: voice_design model: not even 1 stream fits"):
+            await asyncio.wait_for(_drain(turns.job(DESIGN, "p1")), 30)
+        await asyncio.wait_for(_drain(turns.job(BASE, "c1")), 30)
+        with pytest.raises(GenerationError, match="cannot be served on this GPU: .*not even 1 stream fits"):
+            await asyncio.wait_for(_drain(turns.job(DESIGN, "p2")), 30)
+        with pytest.raises(GenerationError, match="cannot be served on this GPU"):
+            await asyncio.wait_for(_anchors(turns, ["a1"]), 30)
+        turns.clock.now += BACKGROUND_AFTER_IDLE_S + TURNS_IDLE_S
+        await asyncio.wait_for(_drain(turns.job(BASE, "c2")), 30)
+        assert turns.loads() == ["base", "voice_design", "base"], turns.loads()  # one try, one return
+        assert turns.said() == ["c1", "c2"] and turns.base.resident and turns.lease.holder == "base"
+        assert turns.design.unservable is not None
+    finally:
+        turns.stop()

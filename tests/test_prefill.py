@@ -28,9 +28,13 @@ def design(checkpoints: Path) -> BatchedEngine:
     return load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN)
 
 
-@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.fixture(scope="module", params=[
+    "cpu", pytest.param("cuda", marks=pytest.mark.gpu), pytest.param("cuda-turns", marks=pytest.mark.gpu),
+])
 def either(request: pytest.FixtureRequest, checkpoints: Path, design: BatchedEngine) -> BatchedEngine:
-    """The CPU engine, or on CUDA one whose prefill graphs were all captured at start."""
+    """The CPU engine; on CUDA one whose prefill graphs were all captured at start, or one
+    that, like a model taking turns on the card, captured them for a lone row only (a
+    prefill of more rows runs the same forward eagerly)."""
     if request.param == "cpu":
         return design
     if not torch.cuda.is_available():
@@ -38,6 +42,13 @@ def either(request: pytest.FixtureRequest, checkpoints: Path, design: BatchedEng
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     request.addfinalizer(lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", saved))
+    if request.param == "cuda-turns":
+        from wyoming_qwen3tts.engine.batched.prefill import TURNS_GRAPH_ROWS
+
+        engine = load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN, device="cuda",
+                           prefill_graph_rows=TURNS_GRAPH_ROWS)
+        assert len(engine.prefill.graphs) == TURNS_GRAPH_ROWS * len(engine.prefill.token_buckets)
+        return engine
     engine = load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN, device="cuda")
     assert len(engine.prefill.graphs) == engine.prefill.max_rows * len(engine.prefill.token_buckets)
     return engine

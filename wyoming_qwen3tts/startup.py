@@ -23,11 +23,15 @@ from .engine.cuda_env import check_driver, cuda_bf16_supported, driver_cuda_vers
 from .engine.cpu.ggml import NativeWidthError, check_checkpoint_widths
 from .engine.cpu.gguf_files import resolve_gguf
 from .engine.gpu_memory import is_out_of_memory
-from .engine.loader import MemoryFitError, checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers, load_fitting
+from .engine.loader import (
+    MemoryFitError, checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers, free_after_weights, load_fitting,
+)
 from .engine.lease import GpuLease
 from .engine.on_demand import OnDemandEngine
 from .engine.precision import int8_weights, pick_weight_quant, quantized_params
-from .engine.sizing import GB, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions
+from .engine.sizing import (
+    GB, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions, turns_fit,
+)
 from .metrics import Metrics
 from .voices import ModelKind, Reference
 
@@ -168,11 +172,15 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         reserve = plan.reserves.get(kind.value, 0) if plan is not None else 0
 
         def load(shrink: float = 1.0, kind: ModelKind = kind, checkpoint: Path = checkpoint, reserve: int = reserve) -> Engine:
+            # Taking turns, a model captures its graphs at every swap: fewer prefill graphs.
+            from .engine.batched.prefill import TURNS_GRAPH_ROWS
+
             return load_engine(
                 kind, checkpoint, device, args.chunk_size, args.engine, args.max_streams,
                 metrics.join_stall.labels(kind.value).observe, args.dtype, max_len, reserve, args.gpu_memory,
                 on_eager_prefill=metrics.eager_prefill.labels(kind.value).inc, chunk_growth=args.chunk_growth,
                 shrink=shrink, weight_quant=args.weight_quant_chosen,
+                prefill_graph_rows=TURNS_GRAPH_ROWS if lease is not None else None,
             )
 
         engine: Engine
@@ -213,7 +221,31 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
                 engine.ready.set()
         engines[kind] = engine
         _LOGGER.info("%s model ready (%s)", kind.value, _streams(engine))
+    if lease is not None and plan is not None:
+        _check_turns(engines, plan)
     return {kind: engines[kind] for kind in sorted(engines, key=list(sources).index)}
+
+
+def _check_turns(engines: dict[ModelKind, Engine], plan: Residency) -> None:
+    """Models taking turns: judge from what the Base model's load really left beside its
+    weights (``sizing.turns_fit``) whether each other model can come in when it leaves; one
+    that cannot is never loaded (its requests fail at once, the Base model stays), said in
+    one log line."""
+    home = engines.get(ModelKind.BASE)
+    home_free = free_after_weights(ModelKind.BASE)
+    needs = {n.kind: n for n in plan.needs}
+    if not isinstance(home, OnDemandEngine) or not home.resident or home_free is None or "base" not in needs:
+        return
+    for kind, engine in engines.items():
+        if kind is ModelKind.BASE or not isinstance(engine, OnDemandEngine) or engine.unservable is not None:
+            continue
+        why = turns_fit(home_free, needs["base"].weights, needs[kind.value]) if kind.value in needs else None
+        if why is not None:
+            engine.unservable = why
+            _LOGGER.error(
+                "Not served with this GPU memory: %s. Requests that need it fail at once; the base model stays on "
+                "the GPU (free GPU memory: another process holds it?)", why,
+            )
 
 
 async def _load_ggml_engines(

@@ -99,6 +99,15 @@ class GpuLease:
                 self._home = who
             self._cond.notify_all()
 
+    def unregister(self, who: str) -> None:
+        """``who`` never takes a turn again (it cannot be on this card): nothing that waits for
+        it makes the holder leave."""
+        with self._cond:
+            self._demand.pop(who, None)
+            if self._home == who:
+                self._home = None
+            self._cond.notify_all()
+
     def _demands(self) -> dict[str, Demand]:
         return {who: demand() for who, demand in self._demand.items()}
 

@@ -14,7 +14,7 @@ from .base import Engine
 from .cuda_env import cuda_bf16_supported, pick_dtype
 from .gpu_memory import is_out_of_memory
 from .cpu.gguf_files import hub_error
-from .sizing import MIN_STREAMS, memory_budget, plan_streams, steady_streams
+from .sizing import MIN_STREAMS, after_out_of_memory, memory_budget, plan_streams, steady_streams
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -114,6 +114,7 @@ def load_engine(
     ggml_threads: int = 0,
     ggml_icl: bool = False,
     weight_quant: str = "none",
+    prefill_graph_rows: int | None = None,
 ) -> Engine:
     """Load a checkpoint through the real loaders (faster-qwen3-tts / qwen_tts).
 
@@ -150,6 +151,9 @@ def load_engine(
         weight_quant: "int8": the batched engine's talker and code predictor hold int8
             weights (``batched.quant``; loaded on the CPU, quantized onto ``device``);
             "none": ``dtype`` throughout (``precision.pick_weight_quant`` chooses).
+        prefill_graph_rows: the batched engine captures prefill graphs for up to this many
+            rows (``batched.prefill.Prefill``); None: all. A model taking turns on the card
+            passes ``batched.prefill.TURNS_GRAPH_ROWS``: it captures at every swap.
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
@@ -214,11 +218,24 @@ def load_engine(
     if max_streams is None:
         max_streams = _plan_streams(kind, qwen, max_len, reserve, cap_gb, shrink) if device == "cuda" else 8
     return BatchedEngine(kind, tts, chunk_frames, max_streams, max_len, graphs=device == "cuda", on_join=on_join,
-                         on_eager_prefill=on_eager_prefill, chunk_growth=chunk_growth)
+                         on_eager_prefill=on_eager_prefill, chunk_growth=chunk_growth,
+                         prefill_graph_rows=prefill_graph_rows)
 
 
 #: The streams each model kind got at its last load in this process (``_plan_streams``).
 _LAST_STREAMS: dict[str, int] = {}
+#: Per model kind: (bytes it could use, streams) of its last load that shrank after an
+#: out-of-memory (``sizing.after_out_of_memory``).
+_FITTED_AFTER_OOM: dict[str, tuple[int, int]] = {}
+#: Per model kind: bytes it could use beside its weights at its last load (``free_after_weights``).
+_FREE_AFTER_WEIGHTS: dict[str, int] = {}
+
+
+def free_after_weights(kind: ModelKind) -> int | None:
+    """Bytes the model could use beside its weights at its last load in this process (the
+    budget its stream sizing saw, with ``--max-streams auto`` on CUDA), or None if it has
+    not been sized so."""
+    return _FREE_AFTER_WEIGHTS.get(kind.value)
 
 
 class MemoryFitError(RuntimeError):
@@ -239,17 +256,24 @@ def _plan_streams(kind: ModelKind, qwen: Any, max_len: int, reserve: int, cap_gb
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
     budget = memory_budget(total, torch.cuda.memory_reserved(), free, cap_gb)
-    plan = plan_streams(budget, slot_bytes(qwen, max_len), reserve=reserve)
+    slot = slot_bytes(qwen, max_len)
+    plan = plan_streams(budget, slot, reserve=reserve)
     if not plan.fits:
         raise MemoryFitError(f"{kind.value} model: {plan.reason}")
     streams = plan.streams if shrink >= 1.0 else max(MIN_STREAMS, int(plan.streams * shrink))
     note = f"; {streams} after an out-of-memory at start" if streams != plan.streams else ""
-    if shrink >= 1.0:
-        kept = steady_streams(streams, _LAST_STREAMS.get(kind.value))
-        if kept != streams:
+    if shrink < 1.0:
+        _FITTED_AFTER_OOM[kind.value] = (budget, streams)  # the last retry's is the one that fitted
+    else:
+        capped = after_out_of_memory(streams, budget, _FITTED_AFTER_OOM.get(kind.value), slot)
+        kept = steady_streams(capped, _LAST_STREAMS.get(kind.value))
+        if capped != streams:
+            note = f"; {capped}, what fitted after an out-of-memory at an earlier load"
+        elif kept != streams:
             note = f"; {kept} as at its last load"
         streams = kept
     _LAST_STREAMS[kind.value] = streams
+    _FREE_AFTER_WEIGHTS[kind.value] = budget
     _LOGGER.info("%s model: %s%s; KV for %d positions a stream", kind.value, plan.reason, note, max_len)
     return streams
 

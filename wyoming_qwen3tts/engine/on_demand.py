@@ -39,7 +39,7 @@ from ..voices import ModelKind, Reference
 from .base import Engine, Sink, Work, WorkSource
 from .gpu_memory import gpu_memory_note, is_out_of_memory
 from .lease import Demand, GpuLease
-from .loader import load_fitting
+from .loader import MemoryFitError, load_fitting
 from .segment import Segment
 
 _LOGGER = logging.getLogger(__name__)
@@ -298,8 +298,8 @@ class OnDemandEngine(Engine):
         self.capacity = self.inner.capacity
         self.backend = f"{self.inner.backend}, on demand"
         _LOGGER.info(
-            "%s model is in GPU memory (%.1f s to load, %d stream(s)%s)", self.kind.value, time.monotonic() - started,
-            self.capacity, f", {primed} clone clip(s) prepared" if primed else "",
+            "%s model is in GPU memory (%.1f s to load, %d stream(s)%s%s)", self.kind.value, time.monotonic() - started,
+            self.capacity, f", {primed} clone clip(s) prepared" if primed else "", _reserved_note(),
         )
 
     def _drop(self, why: str | None) -> None:
@@ -378,6 +378,9 @@ class OnDemandEngine(Engine):
             if self.inner is None:
                 if lease is not None:
                     if not self._take_turn(lease, source):
+                        if self.unservable is not None:  # found not to fit even alone
+                            self._refuse(source)
+                            return
                         continue
                 else:
                     work = source.take(wait=None)
@@ -418,6 +421,18 @@ class OnDemandEngine(Engine):
             reason = _oom_hint(err)
             _LOGGER.error("%s model could not be loaded: %s", me, reason)
             self._fail_waiting(source, RuntimeError(f"The {me} model could not be loaded: {reason}"))
+            if isinstance(err, MemoryFitError) and not self.home:
+                # Not one stream beside its weights with the other models out: it never will
+                # be, and each try would send the model on the card out for nothing.
+                self.unservable = f"{reason} (with the other model out of GPU memory)"
+                lease.unregister(me)
+                _LOGGER.error(
+                    "Not served with this GPU memory: the %s model does not fit even alone; requests that need "
+                    "it fail at once and the other model stays on the GPU (free GPU memory: another process "
+                    "holds it?)", me,
+                )
+                lease.release(me)
+                return False
             lease.release(me)
             deadline = time.monotonic() + RETRY_S  # before trying again: what holds the memory may let go
             while time.monotonic() < deadline and not source.closed():
@@ -458,6 +473,18 @@ class OnDemandEngine(Engine):
             work.sink.failed(RuntimeError(f"The {me} model could not be loaded: {_oom_hint(err)}"))
             return False
         return True
+
+
+def _reserved_note() -> str:
+    """", X GB reserved (peak Y GB)": what this process's allocator holds after a load and its
+    peak while loading and capturing (weights, slots and workspace; empty without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return ""
+    note = f", {torch.cuda.memory_reserved() / 1e9:.2f} GB reserved (peak {torch.cuda.max_memory_reserved() / 1e9:.2f} GB)"
+    torch.cuda.reset_peak_memory_stats()
+    return note
 
 
 def _oom_hint(err: BaseException) -> str:

@@ -31,6 +31,18 @@ SPEECH_SLACK = 1.5
 #: prefill's activations, the allocator's fragmentation (measured on the H200 with the
 #: 1.7B models: 0.6 to 0.9 GB; see ``benchmarks/memory.py``).
 WORKSPACE_BYTES = int(1.0 * GB)
+#: The workspace of a pool of one stream, taken only where ``WORKSPACE_BYTES`` leaves no room
+#: for one and no other model's room is kept: its graphs are few and small (two step graphs, one decode graph, the lone-row
+#: prefill graphs of a model taking turns). On the H200 with 4 GB free the 1.7B Base model
+#: (int8) served with one stream and 0.98 GB left beside its weights and slot; after a swap
+#: the driver showed 0.1 GB less (the CUDA context grows as kernels load), and the full
+#: workspace no longer fitted one stream.
+LEAN_WORKSPACE_BYTES = int(0.8 * GB)
+#: What the CUDA context and the libraries' workspaces take from the driver's free memory
+#: once a model has run (kernel modules, cuBLAS workspaces per stream), beyond what the
+#: first model's load showed: 0.1 GB on the H200 between the Base model's first load and its
+#: return with 4 GB free; ``turns_fit`` keeps half as much again.
+CONTEXT_GROWTH_BYTES = int(0.15 * GB)
 
 
 def slot_positions(
@@ -109,6 +121,9 @@ def plan_streams(
         ok = fit >= asked
         return StreamPlan(asked, ok, f"{asked} stream(s) asked (--max-streams); {fit} fit ({figures})")
     if fit < MIN_STREAMS:
+        if asked is None and not reserve and workspace > LEAN_WORKSPACE_BYTES and free - LEAN_WORKSPACE_BYTES >= slot_bytes:
+            return StreamPlan(MIN_STREAMS, True, f"{MIN_STREAMS} stream with a lean workspace of "
+                              f"{LEAN_WORKSPACE_BYTES / GB:.1f} GB ({figures})")
         return StreamPlan(0, False, f"not even {MIN_STREAMS} stream fits ({figures})")
     streams = int(min(fit, cap))
     why = f"at most {cap}" if fit > cap else "what the memory holds"
@@ -128,6 +143,27 @@ def steady_streams(planned: int, last: int | None) -> int:
     if last is None or not last - 1 <= planned <= last + 2:
         return planned
     return last
+
+
+def after_out_of_memory(planned: int, budget: int, fitted: tuple[int, int] | None, slot_bytes: int) -> int:
+    """The streams a model loaded again gets, given what fitted after an out-of-memory at an
+    earlier load: at most those streams, unless the memory it may use has grown by more than
+    a stream since.
+
+    A model taking turns loads at every swap. On the H200 with 6 GB free the plan said 14-16
+    streams at every load, the capture ran out of memory, and the retry with 60 % (9 streams)
+    fitted: each swap spent 1.3-1.8 s on the load that failed (``loader.load_fitting``).
+
+    Args:
+        planned: streams the plan allows now (``plan_streams``).
+        budget: bytes the model may use now (``memory_budget``, after its weights).
+        fitted: (budget then, streams that fitted) from the last load that shrank after an
+            out-of-memory, or None.
+        slot_bytes: one stream's bytes.
+    """
+    if fitted is None or budget > fitted[0] + slot_bytes:
+        return planned
+    return min(planned, fitted[1])
 
 
 def memory_budget(total: int, allocated: int, free_on_device: int, cap_gb: float | None) -> int:
@@ -209,12 +245,14 @@ class Residency:
         unservable: per model kind that can never be on this card, even alone (its weights,
             workspace and one stream are more than the budget), why, with the figures; empty
             when every model fits alone, or when none does (start-up then fails loading).
+        needs: the models' needs the plan was made from (load order).
     """
 
     design: str
     reserves: dict[str, int]
     reason: str
     unservable: dict[str, str] = field(default_factory=dict)
+    needs: tuple[ModelNeed, ...] = ()
 
 
 def plan_residency(needs: list[ModelNeed], budget: int, policy: str = "auto", design: str = "voice_design") -> Residency:
@@ -251,14 +289,14 @@ def plan_residency(needs: list[ModelNeed], budget: int, policy: str = "auto", de
             "only while it renders anchors or designs; --clone-model Qwen/Qwen3-TTS-12Hz-0.6B-Base lets them share it"
         )
     if mode == "turns":
-        return Residency(mode, {n.kind: 0 for n in needs}, reason, unservable(needs, budget))
+        return Residency(mode, {n.kind: 0 for n in needs}, reason, unservable(needs, budget), tuple(needs))
     room = max(0, budget - sum(n.weights + WORKSPACE_BYTES for n in needs))
     share = room // max(1, len(needs))
     reserves = {
         n.kind: sum(later.weights + WORKSPACE_BYTES + share for later in needs[i + 1 :])
         for i, n in enumerate(needs)
     }
-    return Residency(mode, reserves, reason)
+    return Residency(mode, reserves, reason, needs=tuple(needs))
 
 
 def unservable(needs: list[ModelNeed], budget: int) -> dict[str, str]:
@@ -279,3 +317,32 @@ def unservable(needs: list[ModelNeed], budget: int) -> dict[str, str]:
         if n.footprint(MIN_STREAMS) > budget
     }
     return out if len(out) < len(needs) else {}
+
+
+def turns_fit(home_free: int, home_weights: int, other: ModelNeed) -> str | None:
+    """Whether a model taking turns with the home model (the Base model) can come in once the
+    home model leaves, judged from what the home model's own load left: None if it can, else
+    why (one line, figures in GB).
+
+    The start-up plan (``unservable``) estimates from the driver's free memory before anything
+    loaded; the home model's load then shows what it really had beside its weights. The other
+    model gets that, less the difference of their weights and ``CONTEXT_GROWTH_BYTES``, and
+    needs ``WORKSPACE_BYTES`` and one stream. On the H200 with 4 GB free the plan let the
+    VoiceDesign model come in; it found no room for one stream and every request failed while
+    the two models swapped in and out.
+
+    Args:
+        home_free: bytes the home model could use beside its weights at its load
+            (``loader.free_after_weights``).
+        home_weights: the home model's weights, bytes (as planned); ``other``: the model
+            that would come in.
+    """
+    free = home_free - max(0, other.weights - home_weights) - CONTEXT_GROWTH_BYTES
+    need = WORKSPACE_BYTES + MIN_STREAMS * other.slot
+    if free >= need:
+        return None
+    return (
+        f"the {other.kind} model does not fit when the other model leaves: about {max(0, free) / GB:.1f} GB "
+        f"beside its weights, and it needs {need / GB:.1f} GB ({WORKSPACE_BYTES / GB:.1f} GB workspace, "
+        f"{other.slot / 1e6:.0f} MB for {MIN_STREAMS} stream)"
+    )

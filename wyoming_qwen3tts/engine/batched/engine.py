@@ -99,6 +99,8 @@ class BatchedEngine(Engine):
             module docstring); False decodes in line, after the step, on one stream.
         on_eager_prefill: called with the number of rows of each prefill that ran eagerly
             (a prompt over the largest token bucket: no captured graph), for metrics.
+        prefill_graph_rows: prefills of at most this many rows replay captured graphs, more
+            run eagerly (``prefill.Prefill``'s ``graph_rows``); None: every row count.
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
@@ -118,6 +120,7 @@ class BatchedEngine(Engine):
         overlap_decode: bool = True,
         on_eager_prefill: Callable[[int], None] | None = None,
         chunk_growth: bool = False,
+        prefill_graph_rows: int | None = None,
     ) -> None:
         super().__init__(kind, chunk_frames, capacity=max_streams)
         qwen = tts.model
@@ -143,7 +146,7 @@ class BatchedEngine(Engine):
             pad = self.talker.text_projection(self.talker.get_text_embeddings()(pad_id)).reshape(-1)
         self.step = FrameStep(self.talker, self.state, pad)
         self.decoder = StreamingDecoder(model.speech_tokenizer.model.decoder, max_streams)
-        self.prefill = Prefill(self.talker, self.state, self.step, self.decoder)
+        self.prefill = Prefill(self.talker, self.state, self.step, self.decoder, graph_rows=prefill_graph_rows)
         self.planner = Planner(self.prefill.max_rows)
         self.samples_per_frame = self.decoder.samples_per_frame
         self._pcm = torch.zeros(max_streams, self.samples_per_frame, dtype=torch.float32, device=self.device)
@@ -636,7 +639,7 @@ class BatchedEngine(Engine):
             "%s: captured %d step graphs (batch %s x length %s) and %d decode graphs in %.1f s; "
             "%d prefill graphs (rows 1-%d x tokens %s) in %.1f s; decoding %s; %d slots of %.0f MB",
             self.kind.value, len(self.graphs), self.graphs.batch_sizes, self.graphs.lengths,
-            len(self.decode_graphs), seconds, len(self.prefill.graphs), self.prefill.max_rows,
+            len(self.decode_graphs), seconds, len(self.prefill.graphs), self.prefill.graph_rows,
             self.prefill.token_buckets, prefill_s, "on its own stream" if self.overlap else "in line",
             self.capacity, self.slot_bytes() / 1e6,
         )

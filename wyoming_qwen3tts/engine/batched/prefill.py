@@ -45,6 +45,11 @@ MAX_JOIN = 8
 #: (a 3 s reference is ~40 codec frames plus both transcripts; a 10 s anchor ~130), VoiceDesign
 #: prompts carry the description (up to ``MAX_INSTRUCTIONS_CHARS``, rarely over 200 tokens).
 TOKEN_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512)
+#: Rows with a captured prefill graph for a model that takes turns on the card and so
+#: captures at every swap: a lone arrival (the usual case on a small card) replays a graph, a
+#: joint admission of several runs eagerly (a few ms more, once). 8 graphs instead of 64: the
+#: swap on the H200 with 6 GB free spent 3.2-9.5 s capturing prefill graphs, of 7-15 s.
+TURNS_GRAPH_ROWS = 1
 
 
 class Prefill:
@@ -56,11 +61,16 @@ class Prefill:
         decoder: the pool's codec decoder.
         token_buckets: prompt lengths (positions) captured; clipped to the cache length.
         max_rows: most rows per replay (also capped by the pool size).
+        graph_rows: prefills of up to this many rows replay a captured graph; more rows
+            (up to ``max_rows``) run the same forward eagerly. None: all of ``max_rows``
+            (8 x 8 = 64 graphs, 3-10 s to capture on the H200). A model taking turns on the
+            card captures only ``TURNS_GRAPH_ROWS`` at each swap.
     """
 
     def __init__(
         self, talker: Any, state: SlotState, step: FrameStep, decoder: StreamingDecoder,
         token_buckets: tuple[int, ...] = TOKEN_BUCKETS, max_rows: int = MAX_JOIN,
+        graph_rows: int | None = None,
     ) -> None:
         self.talker = talker
         self.state = state
@@ -92,8 +102,9 @@ class Prefill:
             cos, sin = model.rotary_emb(self._embeds[:1], ids)
             self._cos, self._sin = rope_tables(cos[0], sin[0])  # [1, longest, head_dim]
         self._layers: list[FusedLayer] = step.talker_layers
+        self.graph_rows = self.max_rows if graph_rows is None else max(1, min(graph_rows, self.max_rows))
         self.graphs = StepGraphs(
-            self._body, lambda: [], list(range(1, self.max_rows + 1)), self.token_buckets
+            self._body, lambda: [], list(range(1, self.graph_rows + 1)), self.token_buckets
         )
 
     # --- the captured forward ---------------------------------------------------------------
