@@ -9,9 +9,9 @@ OUT=${OUT:-/tmp/out}; R=/tmp/res; mkdir -p "$R/a" "$R/m" "$R/c"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export WHEELS_DONE=1 PYTHONUNBUFFERED=1
 CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
-TESTS="-vv -rfE tests/test_prefill.py tests/test_quant.py tests/test_memory_gpu.py" TESTS_K="not (8gb or full_size)" TESTS_S=150 OUT=$R/a bash benchmarks/gpu.sh tests > /dev/null
+TESTS="-vv -rfE tests/test_prefill.py tests/test_quant.py tests/test_memory_gpu.py" TESTS_K="not (8gb or full_size)" TESTS_S=120 OUT=$R/a bash benchmarks/gpu.sh tests > /dev/null
 tar czf "$OUT/a.tgz" -C "$R/a" .; grep -E "passed|failed|FAILED|ERROR" "$R/a/gpu-tests.log" | tail -8
-OUT=$R/m MEMORY_ARGS="--free 6,4 --time-limit 150" MEMORY_S=210 bash benchmarks/gpu.sh memory > /dev/null
+OUT=$R/m MEMORY_ARGS="--free 6,4 --time-limit 150" MEMORY_S=190 bash benchmarks/gpu.sh memory > /dev/null
 cp -r /tmp/memory-bench/data-4gb "$R/m/" 2>/dev/null; tar czf "$OUT/m.tgz" -C "$R/m" .; tail -4 "$R/m/results/memory.md"
-TESTS="-vv -rfE tests/test_memory_gpu.py" TESTS_K="8gb or full_size" TESTS_S=170 OUT=$R/c bash benchmarks/gpu.sh tests > /dev/null
+TESTS="-vv -rfE tests/test_memory_gpu.py" TESTS_K="8gb or full_size" TESTS_S=130 OUT=$R/c bash benchmarks/gpu.sh tests > /dev/null
 tar czf "$OUT/c.tgz" -C "$R/c" .; grep -E "passed|failed|FAILED|ERROR" "$R/c/gpu-tests.log" | tail -8
