@@ -9,6 +9,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -335,3 +336,38 @@ async def test_a_model_found_not_to_fit_alone_is_never_swapped_in_again() -> Non
         assert turns.design.unservable is not None
     finally:
         turns.stop()
+
+
+async def test_where_the_voice_design_model_cannot_load_stored_anchors_still_serve_their_presets(
+    checkpoints: Path, voices_dir: Path, tmp_path: Path
+) -> None:
+    """4 GB free on the H200: the VoiceDesign model can never come in, so no anchor is
+    rendered; the anchors already in the data folder must still serve their presets (through
+    the Base model). The 4 GB row asked for ``lena``, whose anchor was there, and got the
+    VoiceDesign model's refusal: the model was never identified without the renderer."""
+    from wyoming_qwen3tts.anchors import AnchorMode, Anchors, AnchorStore, model_identity, preset_spec
+    from wyoming_qwen3tts.voices import VoiceCatalog
+
+    catalog = VoiceCatalog(voices_dir, {BASE, DESIGN})
+    store = AnchorStore(tmp_path / "anchors")
+    checkpoint = checkpoints / "voice_design"
+    lena, aria = catalog.get("lena"), catalog.get("aria")
+    tone = (0.1 * np.sin(2 * np.pi * 200 * np.arange(24000 * 3) / 24000)).astype(np.float32)
+    store.save(preset_spec(lena, model_identity(checkpoint)), tone, "lena")
+    anchors = Anchors(store, catalog, AnchorMode.ALL, checkpoint, "aria", clone_loaded=True)
+    rendered: list[str] = []
+
+    async def render(*args: object, **kwargs: object) -> np.ndarray:
+        rendered.append(str(args[:1]))
+        return tone
+
+    anchors.start(render, rendering=False)  # type: ignore[arg-type]
+    try:
+        await asyncio.wait_for(anchors.wait_identity(), 30)
+        reference = anchors.reference_for(lena)
+        assert reference is not None and reference.audio.shape[0] > 0
+        assert anchors.reference_for(aria) is None  # missing: designed live, i.e. refused
+        await asyncio.sleep(0.2)
+        assert rendered == [] and len(list((tmp_path / "anchors").glob("*.wav"))) == 1  # lena's only
+    finally:
+        await anchors.stop()

@@ -270,9 +270,8 @@ async def main(argv: list[str] | None = None) -> None:
         max_chars=args.max_chars, seed=args.seed, fixed_frames=args.fixed_frames, anchors=anchors,
         max_queue=args.max_queue,
     )
-    design = engines.get(ModelKind.VOICE_DESIGN)
-    if anchors is not None and getattr(design, "unservable", None) is None:
-        anchors.start(service.render_design)  # (a VoiceDesign model that cannot load renders nothing)
+    if anchors is not None:  # a VoiceDesign model that can never load renders none: stored ones still serve
+        anchors.start(service.render_design, rendering=getattr(engines.get(ModelKind.VOICE_DESIGN), "unservable", None) is None)
     await _prepare_clips(engines, catalog, anchors)
     _LOGGER.info("%d voice(s); default %s", len(names), default_voice)
     # The models and libraries loaded so far live as long as the process: keep them out of

@@ -351,6 +351,8 @@ class Anchors:
         self.default_voice = default_voice
         self.clone_loaded = clone_loaded
         self.identity: str | None = None
+        #: Whether missing anchors are rendered (``start``).
+        self.rendering = True
         self._wanted: list[str] = [default_voice]  # preset names, first come first served
         self._failed: dict[str, str] = {}  # spec key -> error
         self._waiters: dict[str, list[asyncio.Future[Reference]]] = {}
@@ -475,10 +477,14 @@ class Anchors:
 
     # --- background task --------------------------------------------------------------
 
-    def start(self, render: Renderer) -> None:
-        """Start the background task (call from the event loop)."""
+    def start(self, render: Renderer, rendering: bool = True) -> None:
+        """Start the background task (call from the event loop). ``rendering`` False: it
+        only identifies the model, so that the anchors already stored serve their presets,
+        and renders none (the VoiceDesign model cannot be served on this GPU); the other
+        presets are asked of the VoiceDesign model, which refuses them at once."""
         self._wake = asyncio.Event()
         self._identity_ready = asyncio.Event()
+        self.rendering = rendering
         self._task = asyncio.create_task(self._run(render), name="anchors")
 
     async def stop(self) -> None:
@@ -505,6 +511,8 @@ class Anchors:
         finally:
             self._identity_ready.set()
         self._log_states()
+        if not self.rendering:
+            return
         while True:
             self._resolve_arrived()
             voice = self._next_missing()
@@ -614,7 +622,8 @@ class Anchors:
         live = (
             "designed live (this mode renders none: only designs kept in the voice studio keep the "
             "clip you heard; --anchors auto chooses it on the CPU, where one anchor takes minutes)"
-            if self.mode is AnchorMode.KEPT else "designed live until rendered"
+            if self.mode is AnchorMode.KEPT else "designed live until rendered" if self.rendering
+            else "not served here (the VoiceDesign model cannot be served on this GPU, so none is rendered)"
         )
         _LOGGER.info(
             "Preset anchors (%s, VoiceDesign model %s) in %s: %d ready (%s); %s: %s",

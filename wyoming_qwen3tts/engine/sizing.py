@@ -43,6 +43,13 @@ LEAN_WORKSPACE_BYTES = int(0.8 * GB)
 #: first model's load showed: 0.1 GB on the H200 between the Base model's first load and its
 #: return with 4 GB free; ``turns_fit`` keeps half as much again.
 CONTEXT_GROWTH_BYTES = int(0.15 * GB)
+#: Device memory the models that stay on the card together leave free, beyond their plans:
+#: each thread that first runs a cuBLAS call later (the clip preparer, a prompt worker)
+#: creates a handle outside PyTorch's allocator and a 32 MiB workspace per stream. On the
+#: H200 with 8 GB free both 1.7B models (int8) sized their streams to the last MB, then a
+#: clip's preparation failed in ``cublasCreate`` and a preset request ran out of memory
+#: (15.5 MiB free).
+DRIVER_HEADROOM_BYTES = int(0.25 * GB)
 
 
 def slot_positions(
@@ -240,7 +247,7 @@ class Residency:
             is on the card at a time, each with the whole memory) or "none" (no VoiceDesign
             model).
         reserves: per model kind, bytes its stream sizing leaves free for models loaded
-            after it (load order: as given to ``plan_residency``).
+            after it (load order: as given to ``plan_residency``) and ``DRIVER_HEADROOM_BYTES``.
         reason: one log line, with the figures in GB.
         unservable: per model kind that can never be on this card, even alone (its weights,
             workspace and one stream are more than the budget), why, with the figures; empty
@@ -271,7 +278,7 @@ def plan_residency(needs: list[ModelNeed], budget: int, policy: str = "auto", de
     """
     if policy not in DESIGN_MEMORY:
         raise ValueError(f"unknown --design-model-memory {policy!r}; one of {', '.join(DESIGN_MEMORY)}")
-    together = sum(n.footprint(MIN_SHARED_STREAMS) for n in needs)
+    together = sum(n.footprint(MIN_SHARED_STREAMS) for n in needs) + DRIVER_HEADROOM_BYTES
     fits = together <= budget
     figures = f"{together / GB:.1f} GB needed with {MIN_SHARED_STREAMS} streams each, {budget / GB:.1f} GB available"
     has_design = any(n.kind == design for n in needs)
@@ -290,10 +297,10 @@ def plan_residency(needs: list[ModelNeed], budget: int, policy: str = "auto", de
         )
     if mode == "turns":
         return Residency(mode, {n.kind: 0 for n in needs}, reason, unservable(needs, budget), tuple(needs))
-    room = max(0, budget - sum(n.weights + WORKSPACE_BYTES for n in needs))
+    room = max(0, budget - sum(n.weights + WORKSPACE_BYTES for n in needs) - DRIVER_HEADROOM_BYTES)
     share = room // max(1, len(needs))
-    reserves = {
-        n.kind: sum(later.weights + WORKSPACE_BYTES + share for later in needs[i + 1 :])
+    reserves = {  # the last model loaded keeps DRIVER_HEADROOM_BYTES too
+        n.kind: sum(later.weights + WORKSPACE_BYTES + share for later in needs[i + 1 :]) + DRIVER_HEADROOM_BYTES
         for i, n in enumerate(needs)
     }
     return Residency(mode, reserves, reason, needs=tuple(needs))
