@@ -15,10 +15,13 @@ and how many bytes a frame of generation reads at each weight format. Figures, n
   ``dump_dir``): qwentts.cpp's own (its ``[Perf] CodecDecode`` over a buffered request: the
   wheel decodes inside generation and has no codes-in API), PyTorch's oneDNN convolutions
   through the project's incremental decoder (``engine.batched.codec.StreamingDecoder``,
-  frame by frame), and ONNX Runtime's CPU provider where an exported model is given
-  (``--onnx``). ``max_abs_diff``: largest sample difference from PyTorch's whole-sequence
-  decode (the reference decoder). Threads: ``torch.set_num_threads``/the library's
-  ``cpu_threads``; pin the process with ``taskset`` to count cores.
+  frame by frame), and ONNX Runtime's CPU provider on that same step exported to ONNX with
+  its state as inputs and outputs (``benchmarks.onnx_codec``; exported at the start unless
+  ``--onnx`` names a file; left out, saying why, where onnxruntime, onnx or onnxscript is
+  not installed: the project depends on none of them directly). ``max_abs_diff``: largest
+  sample difference from PyTorch's whole-sequence decode (the reference decoder). Threads:
+  ``torch.set_num_threads``/the library's ``cpu_threads``/``intra_op_num_threads``; pin the
+  process with ``taskset`` to count cores.
 * 4-bit against 8-bit (``--share-frames N``): greedy codes of a ``Q4_0`` talker against the
   ``Q8_0`` one's over N frames, same prompt and seed: the share of the 16 codes a frame that
   are identical, frame by frame until the first differing first code (after it the two
@@ -34,6 +37,7 @@ Set ``ONEDNN_MAX_CPU_ISA=AVX2`` in the environment to hold PyTorch to a desktop'
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -111,28 +115,40 @@ def torch_codec(decoder: Any, codes: np.ndarray, threads: int, reference: np.nda
 
 
 def onnx_codec(model: Path, codes: np.ndarray, threads: int, reference: np.ndarray) -> dict[str, Any]:
-    """ONNX Runtime CPU on a model exported with its streaming state as inputs and outputs
-    (``codes``, ``state_*`` in; ``pcm``, ``state_*`` out): same figures as ``torch_codec``."""
-    import onnxruntime as ort
+    """ONNX Runtime's CPU provider on the exported streaming step (``benchmarks.onnx_codec``),
+    frame by frame with its state passed in and out: same figures as ``torch_codec`` (over
+    the whole calls of the model's ``frames`` a call that ``codes`` holds)."""
+    from benchmarks.onnx_codec import OnnxStreamingDecoder
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-    inputs = session.get_inputs()
-    state = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], dtype=np.float32 if "float" in i.type else np.int64)
-             for i in inputs if i.name != "codes"}
+    stream = OnnxStreamingDecoder(model, threads)
+    usable = codes.shape[-1] // stream.frames * stream.frames
     times, parts = [], []
-    outputs = [o.name for o in session.get_outputs()]
-    for t in range(codes.shape[-1]):
+    for t in range(0, usable, stream.frames):
         start = time.perf_counter()
-        result = session.run(outputs, {"codes": codes[None, :, t : t + 1].astype(np.int64), **state})
+        parts.append(stream.step(codes[:, t : t + stream.frames]))
         times.append(time.perf_counter() - start)
-        named = dict(zip(outputs, result, strict=True))
-        parts.append(named["pcm"].reshape(-1))
-        state = {k.replace("new_", ""): v for k, v in named.items() if k != "pcm"}
     audio = np.concatenate(parts)
-    return {"ms_per_frame": round(1000 * statistics.median(times[5:]), 1), "max_abs_diff": float(np.abs(audio - reference).max())}
+    return {"ms_per_frame": round(1000 * statistics.median(times[5:]) / stream.frames, 1),
+            "max_abs_diff": float(np.abs(audio - reference[: len(audio)]).max())}
+
+
+def onnx_model(decoder: Any, given: Path | None, frames: int) -> tuple[Path | None, str]:
+    """The ONNX model to race: ``given``, else the decoder exported now (``frames`` codec
+    frames a call, into a temporary folder). (None, why) where a package is missing."""
+    import importlib.util
+    import tempfile
+
+    needed = ["onnxruntime"] + ([] if given else ["onnx", "onnxscript"])
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if missing:
+        return None, f"skipped: {', '.join(missing)} not installed (pip install {' '.join(missing)}; not project dependencies)"
+    if given:
+        return given, f"given: {given}"
+    from benchmarks.onnx_codec import export
+
+    start = time.perf_counter()
+    path = export(decoder, Path(tempfile.mkdtemp(prefix="cpu-limits-onnx-")) / "codec.onnx", frames)
+    return path, f"exported: {frames} frame(s) a call, {time.perf_counter() - start:.0f} s"
 
 
 #: Library objects holding our log callbacks (freed, the library would call freed memory).
@@ -231,7 +247,9 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=40)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--share-frames", type=int, default=0, help="greedy Q4_0 vs Q8_0 codes over this many frames")
-    parser.add_argument("--onnx", type=Path, help="an exported streaming codec (see onnx_codec)")
+    parser.add_argument("--onnx", type=Path, help="an exported streaming codec (benchmarks.onnx_codec); default: export one now")
+    parser.add_argument("--onnx-frames", type=int, default=1, help="codec frames a call of the exported step")
+    parser.add_argument("--no-onnx", action="store_true", help="leave ONNX Runtime out of the race")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -252,6 +270,7 @@ def main() -> None:
     quant = "Q8_0" if "Q8_0" in pairs else next(iter(pairs))
     ggml = {n: ggml_codec(*pairs[quant], args.frames, n, Path(f"/tmp/cpu-limits-dump-{n}")) for n in args.threads}
     codes = ggml[args.threads[0]]["codes"]
+    result["codes"] = {"frames": int(codes.shape[-1]), "sha256": hashlib.sha256(codes.astype(np.int64).tobytes()).hexdigest()[:16]}
     share = {}
     if args.share_frames and {"Q8_0", "Q4_0"} <= set(pairs):
         runs = {q: greedy_codes(*pairs[q], args.share_frames, Path(f"/tmp/cpu-limits-share-{q}")) for q in ("Q8_0", "Q4_0")}
@@ -267,6 +286,17 @@ def main() -> None:
     result["codec_gflop_per_frame"] = round(total, 3)
     with torch.inference_mode():
         reference = decoder(torch.from_numpy(codes)[None])[0, 0].numpy()
+    onnx, result["onnx_model"] = (None, "left out (--no-onnx)") if args.no_onnx else onnx_model(decoder, args.onnx, args.onnx_frames)
+    if onnx is None:
+        print(f"ONNX Runtime racer {result['onnx_model']}", file=sys.stderr)
+    else:
+        import onnxruntime
+
+        result["onnxruntime"] = onnxruntime.__version__
+        avx512 = "avx512f" in Path("/proc/cpuinfo").read_text()
+        result["onnxruntime_isa"] = ("AVX-512F: its MLAS kernels follow CPUID, ONEDNN_MAX_CPU_ISA does not cap them"
+                                     if avx512 else "AVX2 or less (no avx512f flag)")
+    result["torch"] = torch.__version__
     runtimes: dict[str, dict[str, Any]] = {}
     for n in args.threads:
         g = ggml[n]
@@ -280,8 +310,8 @@ def main() -> None:
         t = torch_codec(decoder, codes, n, reference)
         t["gflops"] = round(total / t["ms_per_frame"] * 1e3, 1)
         runtimes.setdefault("pytorch (oneDNN) streaming", {})[f"{n} thread(s)"] = t
-        if args.onnx:
-            o = onnx_codec(args.onnx, codes, n, reference)
+        if onnx is not None:
+            o = onnx_codec(onnx, codes, n, reference)
             o["gflops"] = round(total / o["ms_per_frame"] * 1e3, 1)
             runtimes.setdefault("onnxruntime CPU streaming", {})[f"{n} thread(s)"] = o
         print(n, runtimes, flush=True, file=sys.stderr)
