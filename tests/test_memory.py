@@ -169,7 +169,8 @@ def test_residency_by_card() -> None:
     assert plan_residency(_needs(2.2), int(9.5 * GB)).design == "resident"
     assert plan_residency(_needs(2.2), int(9.5 * GB), "on-demand").design == "on-demand"
     assert plan_residency(_needs(4.2), int(7.6 * GB), "resident").design == "resident"
-    assert plan_residency(_needs(4.2)[:1], int(7.6 * GB)).design == "none"
+    alone = plan_residency(_needs(4.2)[:1], int(7.6 * GB))
+    assert alone.design == "none" and alone.reserves == {"base": 0}  # no headroom kept for a model alone
     with pytest.raises(ValueError):
         plan_residency(_needs(4.2), GB, "sometimes")
 

@@ -422,14 +422,15 @@ class OnDemandEngine(Engine):
             _LOGGER.error("%s model could not be loaded: %s", me, reason)
             self._fail_waiting(source, RuntimeError(f"The {me} model could not be loaded: {reason}"))
             if isinstance(err, MemoryFitError) and not self.home:
-                # Not one stream beside its weights with the other models out: it never will
-                # be, and each try would send the model on the card out for nothing.
+                # Not one stream beside its weights with the other models out: each try would
+                # send the model on the card out for nothing. Tried again after a restart
+                # (another process may have let memory go by then).
                 self.unservable = f"{reason} (with the other model out of GPU memory)"
                 lease.unregister(me)
                 _LOGGER.error(
-                    "Not served with this GPU memory: the %s model does not fit even alone; requests that need "
-                    "it fail at once and the other model stays on the GPU (free GPU memory: another process "
-                    "holds it?)", me,
+                    "Not served with this GPU memory: the %s model does not fit even alone; until the server "
+                    "restarts, requests that need it fail at once and the other model stays on the GPU (free GPU "
+                    "memory: another process holds it?)", me,
                 )
                 lease.release(me)
                 return False

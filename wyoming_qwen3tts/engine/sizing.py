@@ -32,8 +32,8 @@ SPEECH_SLACK = 1.5
 #: 1.7B models: 0.6 to 0.9 GB; see ``benchmarks/memory.py``).
 WORKSPACE_BYTES = int(1.0 * GB)
 #: The workspace of a pool of one stream, taken only where ``WORKSPACE_BYTES`` leaves no room
-#: for one and no other model's room is kept: its graphs are few and small (two step graphs, one decode graph, the lone-row
-#: prefill graphs of a model taking turns). On the H200 with 4 GB free the 1.7B Base model
+#: for one and no other model's room is kept: its graphs are few and small (two step graphs,
+#: one decode graph, the lone-row prefill graphs of a model taking turns). On the H200 with 4 GB free the 1.7B Base model
 #: (int8) served with one stream and 0.98 GB left beside its weights and slot; after a swap
 #: the driver showed 0.1 GB less (the CUDA context grows as kernels load), and the full
 #: workspace no longer fitted one stream.
@@ -43,7 +43,7 @@ LEAN_WORKSPACE_BYTES = int(0.8 * GB)
 #: first model's load showed: 0.1 GB on the H200 between the Base model's first load and its
 #: return with 4 GB free; ``turns_fit`` keeps half as much again.
 CONTEXT_GROWTH_BYTES = int(0.15 * GB)
-#: Device memory the models that stay on the card together leave free, beyond their plans:
+#: Device memory two or more models that stay on the card together leave free, beyond their plans:
 #: each thread that first runs a cuBLAS call later (the clip preparer, a prompt worker)
 #: creates a handle outside PyTorch's allocator and a 32 MiB workspace per stream. On the
 #: H200 with 8 GB free both 1.7B models (int8) sized their streams to the last MB, then a
@@ -247,7 +247,8 @@ class Residency:
             is on the card at a time, each with the whole memory) or "none" (no VoiceDesign
             model).
         reserves: per model kind, bytes its stream sizing leaves free for models loaded
-            after it (load order: as given to ``plan_residency``) and ``DRIVER_HEADROOM_BYTES``.
+            after it (load order: as given to ``plan_residency``) and, with two models or
+            more, ``DRIVER_HEADROOM_BYTES``.
         reason: one log line, with the figures in GB.
         unservable: per model kind that can never be on this card, even alone (its weights,
             workspace and one stream are more than the budget), why, with the figures; empty
@@ -278,7 +279,8 @@ def plan_residency(needs: list[ModelNeed], budget: int, policy: str = "auto", de
     """
     if policy not in DESIGN_MEMORY:
         raise ValueError(f"unknown --design-model-memory {policy!r}; one of {', '.join(DESIGN_MEMORY)}")
-    together = sum(n.footprint(MIN_SHARED_STREAMS) for n in needs) + DRIVER_HEADROOM_BYTES
+    headroom = DRIVER_HEADROOM_BYTES if len(needs) > 1 else 0  # a model alone keeps none, as before
+    together = sum(n.footprint(MIN_SHARED_STREAMS) for n in needs) + headroom
     fits = together <= budget
     figures = f"{together / GB:.1f} GB needed with {MIN_SHARED_STREAMS} streams each, {budget / GB:.1f} GB available"
     has_design = any(n.kind == design for n in needs)
@@ -297,10 +299,10 @@ def plan_residency(needs: list[ModelNeed], budget: int, policy: str = "auto", de
         )
     if mode == "turns":
         return Residency(mode, {n.kind: 0 for n in needs}, reason, unservable(needs, budget), tuple(needs))
-    room = max(0, budget - sum(n.weights + WORKSPACE_BYTES for n in needs) - DRIVER_HEADROOM_BYTES)
+    room = max(0, budget - sum(n.weights + WORKSPACE_BYTES for n in needs) - headroom)
     share = room // max(1, len(needs))
-    reserves = {  # the last model loaded keeps DRIVER_HEADROOM_BYTES too
-        n.kind: sum(later.weights + WORKSPACE_BYTES + share for later in needs[i + 1 :]) + DRIVER_HEADROOM_BYTES
+    reserves = {  # the last model loaded keeps the headroom too
+        n.kind: sum(later.weights + WORKSPACE_BYTES + share for later in needs[i + 1 :]) + headroom
         for i, n in enumerate(needs)
     }
     return Residency(mode, reserves, reason, needs=tuple(needs))
