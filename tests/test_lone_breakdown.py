@@ -69,13 +69,15 @@ def test_the_parser_gives_percentiles_of_points_and_phases_of_a_recorded_log(tmp
     assert lone_breakdown.main([str(log), "--door", "websocket", "--out", str(out)]) == 1
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_every_point_is_logged_in_order_for_requests_through_a_real_server(
-    checkpoints: Path, voices_dir: Path, tmp_path: Path
+    checkpoints: Path, voices_dir: Path, tmp_path: Path, device: str
 ) -> None:
-    # As ``benchmarks/gpu.sh breakdown`` runs it, on the CPU: the CustomVoice model alone, the
-    # Poisson client at 2 req/s on both doors, then the parser on the server's log.
+    # As ``benchmarks/gpu.sh breakdown`` runs it: the CustomVoice model alone, the Poisson
+    # client at 2 req/s on both doors, then the parser on the server's log. On CUDA the
+    # prefill's and first frame's points come from timing events.
     server = start_server(
-        checkpoints, voices_dir, tmp_path / "server.log", engine="batched",
+        checkpoints, voices_dir, tmp_path / "server.log", device=device, engine="batched" if device == "cpu" else None,
         extra=["--no-zeroconf", "--clone-model", "none", "--design-model", "none", "--voice", "ryan",
                "--fixed-frames", "3", "--max-streams", "4"],
     )

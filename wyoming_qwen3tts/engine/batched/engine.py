@@ -31,6 +31,9 @@ One thread per model runs this loop:
    keeps the bookkeeping; ``_move`` moves the device state).
 
 On the CPU (tests) the same step runs eagerly, synchronously.
+
+A request's first segment carries its timeline (``Work.timeline``): ``first_frame.FirstFrames``
+marks its admission, prefill, first frame and first PCM on it, adding no synchronization.
 """
 
 from __future__ import annotations
