@@ -19,7 +19,8 @@
 #   breakdown  a real server (full-size CustomVoice, --max-streams 32, --fixed-frames 75), 200
 #            requests at 1 req/s Poisson (benchmarks.poisson: Wyoming synthesize, speaker ryan;
 #            BREAKDOWN_ARGS: its flags), then python -m benchmarks.lone_breakdown on the server's
-#            log: p50/p99 of each point of a request's timeline and of first audio at the client.
+#            log: p50/p99 of each point of a request's timeline and of first audio at the client
+#            (under $OUT/breakdown: lone_breakdown.md/.json, poisson.json, breakdown-logs.tgz).
 #            On the CPU (smoke test): WHEELS_DONE=1 BREAKDOWN_DEVICE=cpu BREAKDOWN_CKPT=.ckpt/tiny/custom_voice
 #            BREAKDOWN_SERVER_ARGS="--engine batched" BREAKDOWN_ARGS="--seconds 5"
 set -uo pipefail
@@ -119,13 +120,17 @@ for stage in "$@"; do
       for _ in $(seq 360); do grep -q "Ready: Wyoming" /tmp/breakdown/server.log && break; sleep 0.5; done
       timeout "${BREAKDOWN_S:-330}" python3 -m benchmarks.poisson --wyoming-port 10300 --http-port 8890 --gpu "${BREAKDOWN_DEVICE:-cuda}" \
         --rates 1 --seconds 200 --warmup-s 3 --pause-s 0 --doors wyoming --voices custom_voice \
-        --out "$OUT/breakdown" ${BREAKDOWN_ARGS:-} 2>&1 | tee "$OUT/breakdown/poisson.log" | tail -5
+        --out "$OUT/breakdown" ${BREAKDOWN_ARGS:-} 2>&1 | tee "$OUT/breakdown/poisson.log" | grep -E "^wyoming|Error"
       kill -TERM $server; wait $server
       cp /tmp/breakdown/server.log "$OUT/breakdown/server.log"; grep -E "ERROR|Traceback" /tmp/breakdown/server.log | head -5
       # the measured requests: the last n of the log (replies of 75 frames each end in arrival order)
       n=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['rows'][0]['n'])" "$OUT/breakdown/poisson.json")
       python3 -m benchmarks.lone_breakdown "$OUT/breakdown/server.log" --door wyoming --last "$n" \
-        --client "$OUT/breakdown/poisson.json" --out "$OUT/breakdown" ;;
+        --client "$OUT/breakdown/poisson.json" --out "$OUT/breakdown"
+      # a run brings back at most 8 files: the logs and the client's other outputs in one archive
+      (cd "$OUT/breakdown" || exit; files=(server.log poisson.log poisson-detail.json poisson.md)
+       [ -f poisson.png ] && files+=(poisson.png)
+       tar czf breakdown-logs.tgz "${files[@]}" && rm -f "${files[@]}") ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   echo "== $stage: $(( $(date +%s) - start )) s"

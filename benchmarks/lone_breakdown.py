@@ -128,7 +128,8 @@ def table(summary: dict[str, Any]) -> str:
         return "-" if value is None else f"{value:.1f}"
 
     lines = [
-        f"{summary['n']} requests. Points: ms after the door had the request; phase: ms since the point before.",
+        f"{summary['n']} requests{' (door ' + summary['door'] + ')' if summary.get('door') else ''}. "
+        "Points: ms after the door had the request; phase: ms since the point before.",
         "",
         "| point | at p50 | at p99 | phase p50 | phase p99 |",
         "| --- | --- | --- | --- | --- |",
