@@ -16,6 +16,13 @@
 #   wsfirst  a real server (full-size CustomVoice, --max-streams 32, --fixed-frames 75),
 #            python -m benchmarks.ws_first_audio against it: first audio from the first delta,
 #            WebSocket door and Wyoming streamed text at once (WSFIRST_ARGS: its flags)
+#   breakdown  a real server (full-size CustomVoice, --max-streams 32, --fixed-frames 75), 200
+#            requests at 1 req/s Poisson (benchmarks.poisson: Wyoming synthesize, speaker ryan;
+#            BREAKDOWN_ARGS: its flags), then python -m benchmarks.lone_breakdown on the server's
+#            log: p50/p99 of each point of a request's timeline and of first audio at the client
+#            (under $OUT/breakdown: lone_breakdown.md/.json, poisson.json, breakdown-logs.tgz).
+#            On the CPU (smoke test): WHEELS_DONE=1 BREAKDOWN_DEVICE=cpu BREAKDOWN_CKPT=.ckpt/tiny/custom_voice
+#            BREAKDOWN_SERVER_ARGS="--engine batched" BREAKDOWN_ARGS="--seconds 5"
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -101,6 +108,29 @@ for stage in "$@"; do
         --out "$OUT/wsfirst" ${WSFIRST_ARGS:-} 2>&1 | tee "$OUT/wsfirst/ws_first_audio.log" | tail -20
       kill -TERM $server; wait $server
       cp /tmp/wsfirst/server.log "$OUT/wsfirst/server.log"; grep -E "ERROR|Traceback" /tmp/wsfirst/server.log | head -5 ;;
+    breakdown)
+      ckpt=${BREAKDOWN_CKPT:-.ckpt/full/custom_voice}
+      [ -n "${BREAKDOWN_CKPT:-}" ] || python3 -m wyoming_qwen3tts.testing.checkpoint "$ckpt" --type custom_voice --size full > /dev/null
+      rm -rf /tmp/breakdown; mkdir -p /tmp/breakdown/voices "$OUT/breakdown"
+      python3 -m wyoming_qwen3tts --uri tcp://127.0.0.1:10300 --http-host 127.0.0.1 --http-port 8890 \
+        --data-dir /tmp/breakdown/data --voices-dir /tmp/breakdown/voices --clone-model none --design-model none \
+        --custom-voice-model "$ckpt" --voice ryan --device "${BREAKDOWN_DEVICE:-cuda}" --no-zeroconf --local-files-only \
+        --max-streams 32 --fixed-frames 75 --seed 17 --max-queue 64 ${BREAKDOWN_SERVER_ARGS:-} > /tmp/breakdown/server.log 2>&1 &
+      server=$!
+      for _ in $(seq 360); do grep -q "Ready: Wyoming" /tmp/breakdown/server.log && break; sleep 0.5; done
+      timeout "${BREAKDOWN_S:-330}" python3 -m benchmarks.poisson --wyoming-port 10300 --http-port 8890 --gpu "${BREAKDOWN_DEVICE:-cuda}" \
+        --rates 1 --seconds 200 --warmup-s 3 --pause-s 0 --doors wyoming --voices custom_voice \
+        --out "$OUT/breakdown" ${BREAKDOWN_ARGS:-} 2>&1 | tee "$OUT/breakdown/poisson.log" | grep -E "^wyoming|Error"
+      kill -TERM $server; wait $server
+      cp /tmp/breakdown/server.log "$OUT/breakdown/server.log"; grep -E "ERROR|Traceback" /tmp/breakdown/server.log | head -5
+      # the measured requests: the last n of the log (replies of 75 frames each end in arrival order)
+      n=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['rows'][0]['n'])" "$OUT/breakdown/poisson.json")
+      python3 -m benchmarks.lone_breakdown "$OUT/breakdown/server.log" --door wyoming --last "$n" \
+        --client "$OUT/breakdown/poisson.json" --out "$OUT/breakdown"
+      # a run brings back at most 8 files: the logs and the client's other outputs in one archive
+      (cd "$OUT/breakdown" || exit; files=(server.log poisson.log poisson-detail.json poisson.md)
+       [ -f poisson.png ] && files+=(poisson.png)
+       tar czf breakdown-logs.tgz "${files[@]}" && rm -f "${files[@]}") ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   echo "== $stage: $(( $(date +%s) - start )) s"

@@ -234,7 +234,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         elif Synthesize.is_type(event.type):
             if self._stream is not None or self._stream_refused:
                 return  # the compatibility copy of a streamed text: already being spoken
-            await self._synthesize(event)
+            await self._synthesize(event, time.perf_counter())
         else:
             _LOGGER.debug("Ignoring event type %s", event.type)
 
@@ -249,11 +249,12 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
                 raise TypeError(f"voice.{key} must be a string")
         return SpeechRequest(voice=name or None, language=language or None)
 
-    async def _synthesize(self, event: Event) -> None:
+    async def _synthesize(self, event: Event, arrived: float) -> None:
+        """``synthesize``: speak its text; ``arrived``: ``time.perf_counter()`` when it was handled."""
         text = event.data["text"]
         if not isinstance(text, str):
             raise TypeError("text must be a string")
-        self._speak(self._service.speak(self._request(event.data), text))
+        self._speak(self._service.speak(self._request(event.data), text, arrived))
 
     async def _start_stream(self, event: Event) -> None:
         if self._stream is not None:
@@ -299,6 +300,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             try:
                 async for chunk in stream:
                     await self._write(AudioChunk(audio=to_pcm16(chunk), **_FORMAT).event())
+                    stream.wrote()
             except GenerationError as err:
                 await self._error(f"Speech generation failed: {err}", "generation-failed")
             except ServerStoppingError as err:

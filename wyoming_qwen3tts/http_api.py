@@ -105,7 +105,9 @@ def _as_api_error(err: RequestError) -> ApiError:
 async def speech(request: web.Request) -> web.StreamResponse:
     """``POST /v1/audio/speech``: validate, open a stream, send audio as it is generated."""
     service = request.app[_SERVICE_KEY]
-    params = parse_speech(await read_json(request), service.max_chars, request.app[_NAMES_KEY])
+    body = await read_json(request)
+    arrived = time.perf_counter()  # the request's timeline starts with its body parsed
+    params = parse_speech(body, service.max_chars, request.app[_NAMES_KEY])
     if not service.is_ready():
         raise ApiError(
             503, "The models are still warming up; retry shortly", "not-ready", kind="server_error"
@@ -114,6 +116,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     stream = service.speak(
         SpeechRequest(name, params.language, params.instructions, params.seed, door="http"),
         params.text,
+        arrived,
     )
     finished = False
     try:
@@ -191,6 +194,7 @@ async def _whole_body(
     await response.prepare(request)
     try:
         await _write(request, response, body)
+        stream.wrote()
         await response.write_eof()
     except ConnectionError as err:
         _LOGGER.info("HTTP client left before the end of its %s file (%s)", encoder.format.name, err)
@@ -237,6 +241,7 @@ async def _stream_body(
         audio = first
         while audio is not None:
             await send(encoder.encode(tempo.process(audio)))
+            stream.wrote()
             audio = await anext(chunks, None)
         await send(encoder.encode(tempo.finish()) + encoder.finish())
     except ConnectionError as err:  # the client went away between two chunks

@@ -319,6 +319,8 @@ class SpeechSession:
             return 0
         await self._begin_response()
         await self._send(to_pcm16(audio))
+        if self._stream is not None:
+            self._stream.wrote()
         self._samples_sent += len(audio)
         return 1
 

@@ -27,6 +27,7 @@ import numpy as np
 from .audio import SAMPLE_RATE
 from .engine import Segment, Work
 from .engine.lease import Demand
+from .timeline import Timeline
 
 #: Audio a client may leave unread before its next segment is held back, in seconds. A client
 #: that stops reading thus holds at most this much (plus the running segment) in memory; the
@@ -112,6 +113,8 @@ class Job:
         #: Samples handed over by the engine / taken by the client (one writer each).
         self.posted = 0
         self.consumed = 0
+        #: The request's timeline: given to the engine with its first segment only.
+        self.timeline: Timeline | None = None
 
     @property
     def backlog_seconds(self) -> float:
@@ -259,9 +262,12 @@ class Scheduler:
             return None, held
         self._jobs.remove(picked)
         segment, queued_at = picked.pending.popleft()
+        timeline = None if picked.started else picked.timeline
+        if timeline is not None:
+            timeline.mark("taken")
         picked.started = True
         self._running.add(picked)
-        return Work(segment, _SegmentSink(picked, queued_at)), held
+        return Work(segment, _SegmentSink(picked, queued_at), timeline), held
 
     def _enqueue(self, job: Job, segment: Segment) -> None:
         with self._cond:

@@ -26,6 +26,7 @@ from .languages import AUTO, SPEAKER_LANGUAGES, UnsupportedLanguageError, to_qwe
 from .metrics import Metrics
 from .scheduler import GenerationError, Job, Scheduler
 from .text import Segmenter, clean_text, frame_budget
+from .timeline import Timeline
 from .voices import ModelKind, Reference, UnknownVoiceError, Voice, VoiceCatalog
 
 _LOGGER = logging.getLogger(__name__)
@@ -379,15 +380,19 @@ class TtsService:
             info["served"] = "clone" if voice.kind is ModelKind.BASE else "speaker"
         return info
 
-    def speak(self, request: SpeechRequest, text: str) -> SpeechStream:
+    def speak(self, request: SpeechRequest, text: str, arrived: float | None = None) -> SpeechStream:
         """Validate a whole-text request and start speaking it (must run in the event loop).
+
+        Args:
+            arrived: when the door had the request, ``time.perf_counter()`` seconds (the
+                start of its ``timeline``); None: now.
 
         Raises:
             EmptyTextError, TextTooLongError, VoiceNotFoundError, LanguageError.
         """
         check_text(text, self.max_chars)
         stream = self.open(request, streamed=False)
-        stream.add_text(text)
+        stream.add_text(text, arrived)
         stream.finish()
         return stream
 
@@ -401,6 +406,8 @@ class SpeechStream:
         anchored: True when a preset is spoken by the Base model from its anchor.
         first_audio_s: seconds from open to the first chunk, once it came.
         samples: samples delivered so far (24 kHz).
+        timeline: when the request passed each point to its first audio (``timeline``); the
+            door marks ``written`` through ``wrote``.
     """
 
     def __init__(
@@ -432,9 +439,15 @@ class SpeechStream:
         self.samples = 0
         self._outcome: str | None = None
         self._interrupted: RequestError | None = None
+        self.timeline = Timeline()
+        job.timeline = self.timeline
 
-    def add_text(self, delta: str) -> None:
+    def add_text(self, delta: str, arrived: float | None = None) -> None:
         """Feed text (a whole message or an arbitrary delta); complete sentences start now.
+
+        Args:
+            arrived: when the door received this delta, ``time.perf_counter()`` seconds (None:
+                now); the first non-empty delta's is the request's arrival (``timeline.arrived``).
 
         Raises:
             TextTooLongError: the stream's text passed the limit; nothing of this delta is kept.
@@ -444,6 +457,8 @@ class SpeechStream:
                 f"Text is longer than the limit of {self._service.max_chars} characters"
             )
         self._chars += len(delta)
+        if delta:
+            self.timeline.mark("arrived", arrived)
         for text in self._segmenter.add(delta):
             self._submit(text)
 
@@ -453,8 +468,15 @@ class SpeechStream:
             self._submit(text)
         self._job.close()
 
+    def wrote(self) -> None:
+        """The door has written audio bytes of this stream (marks the first: ``timeline``)."""
+        if self.timeline.written is None:
+            self.timeline.written = time.perf_counter()
+
     def _submit(self, text: str) -> None:
         self._segments += 1
+        if self._segments == 1:
+            self.timeline.mark("queued")
         fixed = self._service.fixed_frames
         cap = fixed or frame_budget(text)
         _LOGGER.debug(
@@ -494,6 +516,7 @@ class SpeechStream:
         try:
             async for chunk in self._job:
                 if self.first_audio_s is None:
+                    self.timeline.mark("delivered")
                     self.first_audio_s = time.monotonic() - self._opened
                     self._service.metrics.first_audio.labels(self._door).observe(self.first_audio_s)
                 self.samples += len(chunk)
@@ -521,6 +544,9 @@ class SpeechStream:
         audio_s = self.samples / SAMPLE_RATE
         m.audio_seconds.labels(self._door).inc(audio_s)
         first = f"{self.first_audio_s * 1000:.0f} ms" if self.first_audio_s is not None else "none"
+        points = self.timeline.describe()
+        if points:  # where the milliseconds went: ms after the door had the request
+            first += f" ({points})"
         _LOGGER.info(
             "%s request %s: voice %s, %d chars, %d sentence(s), first audio %s, %.2f s of audio",
             self._door, outcome, self.voice.name + (" (anchor)" if self.anchored else ""),

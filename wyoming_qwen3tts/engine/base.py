@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ..timeline import Timeline
 from ..voices import ModelKind, Reference
 from .segment import Segment
 
@@ -44,10 +45,16 @@ class Sink(Protocol):
 
 @dataclass(frozen=True)
 class Work:
-    """One segment to generate and where its audio goes."""
+    """One segment to generate and where its audio goes.
+
+    Attributes:
+        timeline: its request's timeline (``timeline.Timeline``) on a request's first segment
+            only, else None: the engine marks the points it passes (once each, never per frame).
+    """
 
     segment: Segment
     sink: Sink
+    timeline: Timeline | None = None
 
 
 class WorkSource(Protocol):

@@ -168,7 +168,7 @@ class _Relay:
     def _wrap(self, work: Work) -> Work:
         with self._lock:
             self._running += 1
-        return Work(work.segment, _CountingSink(work.sink, self))
+        return Work(work.segment, _CountingSink(work.sink, self), work.timeline)
 
 
 class OnDemandEngine(Engine):

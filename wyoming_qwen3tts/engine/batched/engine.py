@@ -31,6 +31,9 @@ One thread per model runs this loop:
    keeps the bookkeeping; ``_move`` moves the device state).
 
 On the CPU (tests) the same step runs eagerly, synchronously.
+
+A request's first segment carries its timeline (``Work.timeline``): ``first_frame.FirstFrames``
+marks its admission, prefill, first frame and first PCM on it, adding no synchronization.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from ...voices import ModelKind, Reference
 from ..base import Engine, ModelMismatchError, Work, WorkSource
 from ..gpu_memory import is_out_of_memory, serving_error
 from .codec import StreamingDecoder
+from .first_frame import FirstFrames, Probe
 from .graphs import StepGraphs, buckets, role_stream
 from .planner import Planner
 from .pool import Row, SlotPool
@@ -73,6 +77,7 @@ class _Launched:
     pcm: torch.Tensor  # float32 [b, samples_per_frame], host (pinned on CUDA)
     eos: torch.Tensor  # bool [b], host
     done: torch.cuda.Event | None
+    probes: list[Probe] | None = None  # timed requests whose first frame this step makes
 
 
 class BatchedEngine(Engine):
@@ -173,6 +178,8 @@ class BatchedEngine(Engine):
         self._stall_replays = 0  # prefill replays in that admission
         #: Out-of-memory errors while serving (``_failure``).
         self.out_of_memory = 0
+        #: Marks the points of timed requests' first frames (``first_frame``).
+        self.first_frames = FirstFrames(self.device)
 
     def close(self) -> None:
         """Give the GPU memory back now, even if something still holds this engine: drop its
@@ -395,6 +402,7 @@ class BatchedEngine(Engine):
             main = torch.cuda.current_stream(self.device)
             for _work, prompt in batch:
                 hold(prompt, main)
+        timed = self.first_frames.admitting(work for work, _prompt in batch)
         try:
             lengths = self.prefill.run(len(self._rows), [(w.segment, p) for w, p in batch], self._on_decoder)
         except Exception as err:  # noqa: BLE001 - fail these requests only
@@ -402,6 +410,7 @@ class BatchedEngine(Engine):
             for work, _prompt in batch:
                 work.sink.failed(self._failure(err))
             return len(items)
+        self.first_frames.prefilled(timed)
         if self.prefill.bucket(max(lengths)) is None and self._on_eager_prefill is not None:
             self._on_eager_prefill(len(batch))
         for (work, _prompt), length in zip(batch, lengths, strict=True):
@@ -490,23 +499,30 @@ class BatchedEngine(Engine):
         pcm, eos = self._host[self._flip]
         self._flip ^= 1
         n = len(self._rows)
+        probes = self.first_frames.launching()
         if self._side is None:  # in line, one stream
             self._end_stall()
             self.graphs.run(b, length)
+            if probes:
+                self.first_frames.stepped(probes)
             self._codes_dec[:b].copy_(self._codes[:b])
             self.decode_graphs.run(b, 1)
+            if probes:
+                self.first_frames.decoded(probes)
             pcm[:n].copy_(self._pcm[:n], non_blocking=True)
             eos[:n].copy_(self.state.eos[:n], non_blocking=True)
             done = None
             if self.use_graphs:
-                done = torch.cuda.Event()
+                done = torch.cuda.Event(enable_timing=bool(probes))
                 done.record()
-            return _Launched(list(self._rows), pcm[:n], eos[:n], done)
+            return _Launched(list(self._rows), pcm[:n], eos[:n], done, probes)
         main = torch.cuda.current_stream(self.device)
         if self._copied is not None:
             main.wait_event(self._copied)  # the last decode has its codes: they may change now
         self._end_stall()
         self.graphs.run(b, length)
+        if probes:
+            self.first_frames.stepped(probes)
         self._side.wait_stream(main)
         with torch.cuda.stream(self._side):
             self._codes_dec[:b].copy_(self._codes[:b])
@@ -515,15 +531,17 @@ class BatchedEngine(Engine):
             copied.record()
             self.decode_graphs.run(b, 1)
             pcm[:n].copy_(self._pcm[:n], non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(enable_timing=bool(probes))
             done.record()
         self._copied, self._decoded = copied, done
-        return _Launched(list(self._rows), pcm[:n], eos[:n], done)
+        return _Launched(list(self._rows), pcm[:n], eos[:n], done, probes)
 
     def _deliver(self, launched: _Launched) -> None:
         """Hand out a finished step's audio; mark rows that ended."""
         if launched.done is not None:
             launched.done.synchronize()
+        if launched.probes:
+            self.first_frames.delivered(launched.probes, launched.done)
         self._report_joins()
         pcm = launched.pcm.numpy()
         eos = launched.eos.numpy()
@@ -616,6 +634,7 @@ class BatchedEngine(Engine):
         self.pool.clear()
         self._joins.clear()
         self._stall = None
+        self.first_frames.clear()
 
     def _report_joins(self) -> None:
         """Report the stall of each admission whose prefill has finished on the GPU.

@@ -67,7 +67,10 @@ def prepare(work: Work, build: Callable[[Segment], Prompt], stream: torch.cuda.S
     except Exception as err:  # noqa: BLE001 - this request fails, the others go on
         _LOGGER.warning("Cannot start %r: %s", work.segment.text[:80], err)
         return Prepared(work, error=err, prepared_s=time.perf_counter() - started)
-    return Prepared(work, prompt, prepared_s=time.perf_counter() - started)
+    done = time.perf_counter()
+    if work.timeline is not None:
+        work.timeline.mark("prompted", done)
+    return Prepared(work, prompt, prepared_s=done - started)
 
 
 def hold(prompt: Prompt, stream: torch.cuda.Stream) -> None:
