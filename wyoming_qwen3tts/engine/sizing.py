@@ -102,7 +102,9 @@ def plan_streams(
     cap: int = MAX_AUTO_STREAMS,
     asked: int | None = None,
 ) -> StreamPlan:
-    """Slots that fit in ``free`` bytes after the workspace and a reserve for other models.
+    """Slots that fit in ``free`` bytes after the workspace and a reserve for other models;
+    where the workspace leaves room for none, no reserve is kept and none was asked, one slot
+    with ``LEAN_WORKSPACE_BYTES`` if that fits.
 
     Args:
         free: device memory this process may still allocate (after this model's weights).
