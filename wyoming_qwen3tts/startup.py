@@ -163,10 +163,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
     lease = GpuLease() if plan is not None and plan.design == "turns" else None
     unservable = plan.unservable if plan is not None else {}
     if unservable:  # one line: what this card cannot do, and why
-        _LOGGER.error(
-            "Not served with this GPU memory: %s. Requests that need it fail at once; the other model stays "
-            "on the GPU (free GPU memory: another process holds it?)", "; ".join(unservable.values()),
-        )
+        _say_unservable("; ".join(unservable.values()))
     engines: dict[ModelKind, Engine] = {}
     for kind, checkpoint in checkpoints.items():
         reserve = plan.reserves.get(kind.value, 0) if plan is not None else 0
@@ -242,10 +239,15 @@ def _check_turns(engines: dict[ModelKind, Engine], plan: Residency) -> None:
         why = turns_fit(home_free, needs["base"].weights, needs[kind.value]) if kind.value in needs else None
         if why is not None:
             engine.unservable = why
-            _LOGGER.error(
-                "Not served with this GPU memory: %s. Requests that need it fail at once; the base model stays on "
-                "the GPU (free GPU memory: another process holds it?)", why,
-            )
+            _say_unservable(why)
+
+
+def _say_unservable(why: str) -> None:
+    """The one log line naming what this card cannot serve, and why."""
+    _LOGGER.error(
+        "Not served with this GPU memory: %s. Requests that need it fail at once; the other model stays "
+        "on the GPU (free GPU memory: another process holds it?)", why,
+    )
 
 
 async def _load_ggml_engines(

@@ -277,6 +277,7 @@ class OnDemandEngine(Engine):
 
     def _bring_in(self) -> None:
         started = time.monotonic()
+        _reset_peak()  # the log's peak is this load's, not the other model's stay
         engine: Engine | None = None
         try:
             engine = load_fitting(self._load, lambda e: e.warm(self._warm_segment(e)), self.kind, self.auto_streams)
@@ -478,14 +479,21 @@ class OnDemandEngine(Engine):
 
 def _reserved_note() -> str:
     """", X GB reserved (peak Y GB)": what this process's allocator holds after a load and its
-    peak while loading and capturing (weights, slots and workspace; empty without CUDA)."""
+    peak since ``_reset_peak`` at the load's start (weights, slots and workspace; empty
+    without CUDA)."""
     import torch
 
     if not torch.cuda.is_available():
         return ""
-    note = f", {torch.cuda.memory_reserved() / 1e9:.2f} GB reserved (peak {torch.cuda.max_memory_reserved() / 1e9:.2f} GB)"
-    torch.cuda.reset_peak_memory_stats()
-    return note
+    return f", {torch.cuda.memory_reserved() / 1e9:.2f} GB reserved (peak {torch.cuda.max_memory_reserved() / 1e9:.2f} GB)"
+
+
+def _reset_peak() -> None:
+    """Start ``_reserved_note``'s peak now (nothing without CUDA)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
 
 
 def _oom_hint(err: BaseException) -> str:
