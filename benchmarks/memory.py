@@ -14,7 +14,8 @@ row records (``memory.json``, the GPU-memory issue's fields):
   precision the server reports (None where it reports none);
 - first audio (client side, ms) for: the default voice before its anchor exists
   (``preset_unrendered``), another preset (``preset``), a clone's first and second request
-  (``clone_first``, ``clone``), CustomVoice (None: the defaults load no CustomVoice model);
+  (``clone_first``, ``clone``), a clip dropped into the library while the server runs, its
+  first request once the server says it prepared it (``clone_arrived_first``), CustomVoice (None: the defaults load no CustomVoice model);
 - where the models take turns: swaps forced by alternating a design request (``instructions``,
   always the VoiceDesign model) and a clone, the server process's GPU memory (nvidia-smi)
   each time the Base model is back, ``leak_mb_per_swap`` (the slope), the streams at every
@@ -224,7 +225,24 @@ def _median_speed(results: list[tuple[float | None, float, float, str | None]]) 
     return round(statistics.median(speeds), 2) if speeds else None
 
 
-async def _measure(port: int, http_port: int, pid: int, log: Path, row: Row, swaps: int, turns: bool) -> None:
+async def _arrive(voices: Path, name: str, log: Path, hz: float, timeout: float = 30.0) -> None:
+    """Drop a new clip ``name`` (3 s, its own pitch ``hz`` so its digest is new) into the running
+    server's clone library and wait until the server logs that it prepared new clips."""
+    marker = "new clone clip(s) prepared before their first request"
+    before = log.read_text(errors="replace").count(marker)
+    t = np.arange(3 * SAMPLE_RATE) / SAMPLE_RATE
+    (voices / f"{name}.txt").write_text(CLONE_TRANSCRIPT)
+    partial = voices / f"{name}.partial"  # a suffix the library skips, renamed once whole
+    sf.write(partial, (0.2 * np.sin(2 * np.pi * hz * t)).astype(np.float32), SAMPLE_RATE, format="FLAC")
+    partial.rename(voices / f"{name}.flac")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and log.read_text(errors="replace").count(marker) <= before:
+        await asyncio.sleep(0.2)
+
+
+async def _measure(
+    port: int, http_port: int, pid: int, log: Path, row: Row, swaps: int, turns: bool, voices: Path | None = None,
+) -> None:
     fa = row.first_audio_ms
 
     async def first(key: str, voice: str) -> None:
@@ -237,6 +255,12 @@ async def _measure(port: int, http_port: int, pid: int, log: Path, row: Row, swa
     await first("preset", "lena")
     await first("clone_first", "clone")
     await first("clone", "clone")
+    if voices is not None:
+        # A clip that appears while the server runs (the Base model is home after the clone):
+        # prepared on arrival, its first request must start like any other's.
+        name = f"arrived-{row.free_gb:g}gb"
+        await _arrive(voices, name, log, 150 + 10 * row.free_gb)
+        await first("clone_arrived_first", name)
     fa["custom_voice"] = None  # the defaults load no CustomVoice model
     solo = [await _wyoming(port, TEXT, "clone") for _ in range(2)]
     row.speed_1 = _median_speed(solo)
@@ -316,7 +340,8 @@ def run_row(
         # Taking turns, unless the VoiceDesign model was found never to fit (no swaps then).
         turns = "do not fit on the GPU together" in text and "Not served with this GPU memory" not in text
         try:
-            asyncio.run(asyncio.wait_for(_measure(port, http_port, proc.pid, log, row, swaps, turns), 300))
+            voices = work / "voices"
+            asyncio.run(asyncio.wait_for(_measure(port, http_port, proc.pid, log, row, swaps, turns, voices), 300))
         except Exception as err:  # noqa: BLE001 - a failed measurement is a result too
             row.note = f"measurement failed: {err!r}"[:300]
     finally:
@@ -335,6 +360,8 @@ def run_row(
                 row.swap_wait_max_ms = round(max(said["swap_waits_s"]) * 1000, 0)
         holder.kill()
         holder.wait(10)
+        for file in (work / "voices").glob(f"arrived-{name}.*"):
+            file.unlink()
     return row
 
 
@@ -349,9 +376,9 @@ def write(rows: list[Row], out: Path, gpu: str) -> None:
         "defaults (1.7B Base and VoiceDesign), random full-size weights, fixed-length sentences, a fresh data "
         "folder (no preset anchor yet). First audio in ms at the client; speed in seconds of audio per second, per stream.",
         "",
-        "| free | starts | precision | resident | streams | default preset, unrendered | lena | clone, first | clone "
+        "| free | starts | precision | resident | streams | default preset, unrendered | lena | clone, first | clone | new clip, first "
         "| longest swap wait (ms) | leak / swap (MB) | speed 1 / 4 clients | note |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         fa = r.first_audio_ms
@@ -359,7 +386,7 @@ def write(rows: list[Row], out: Path, gpu: str) -> None:
         cells = [
             f"{r.free_gb:g} GB", "yes" if r.started else "no", r.precision or "", ", ".join(r.resident),
             ", ".join(f"{k} {v}" for k, v in r.streams.items()), fa.get("preset_unrendered"), fa.get("preset"),
-            fa.get("clone_first"), fa.get("clone"), r.swap_wait_max_ms, r.leak_mb_per_swap,
+            fa.get("clone_first"), fa.get("clone"), fa.get("clone_arrived_first"), r.swap_wait_max_ms, r.leak_mb_per_swap,
             f"{r.speed_1} / {r.speed_4}" if r.speed_1 is not None else "", note[:400],
         ]
         lines.append("| " + " | ".join("" if c is None else str(c) for c in cells) + " |")

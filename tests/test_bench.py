@@ -55,5 +55,5 @@ def test_memory_benchmark_reads_the_server_log_and_writes_its_table(tmp_path: Pa
     assert tuple(rows[0]) == JSON_FIELDS and rows[0]["free_gb"] == 8 and rows[0]["streams"] == {"base": 12}
     assert rows[1]["started"] is False and rows[1]["first_audio_ms"] == {}
     table = (tmp_path / "memory.md").read_text()
-    assert "| 8 GB | yes |  | base | base 12 |  |  |  | 21.0 | 10200.0 | 0.4 | 11.8 / 9.9 |  |" in table
+    assert "| 8 GB | yes |  | base | base 12 |  |  |  | 21.0 |  | 10200.0 | 0.4 | 11.8 / 9.9 |  |" in table
     assert "| 4 GB | no |" in table and "does not fit" in table
