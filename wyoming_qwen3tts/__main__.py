@@ -271,7 +271,7 @@ async def main(argv: list[str] | None = None) -> None:
         max_queue=args.max_queue,
     )
     if anchors is not None:  # a VoiceDesign model that can never load renders none: stored ones still serve
-        anchors.start(service.render_design, rendering=getattr(engines.get(ModelKind.VOICE_DESIGN), "unservable", None) is None)
+        await anchors.begin(service.render_design, rendering=getattr(engines.get(ModelKind.VOICE_DESIGN), "unservable", None) is None)
     await _prepare_clips(engines, catalog, anchors)
     _LOGGER.info("%d voice(s); default %s", len(names), default_voice)
     # The models and libraries loaded so far live as long as the process: keep them out of

@@ -487,6 +487,19 @@ class Anchors:
         self.rendering = rendering
         self._task = asyncio.create_task(self._run(render), name="anchors")
 
+    async def begin(self, render: Renderer, rendering: bool = True) -> None:
+        """``start``, and where nothing will be rendered (``rendering`` False) return only once
+        the model is identified: the stored anchors are then the only way presets are
+        served, so the server must not say it is ready before it can find them (the 4 GiB
+        row's first requests came 0.6 s after start-up, while the checkpoint was still being
+        hashed, and were refused). Elsewhere a preset asked for meanwhile is designed live."""
+        self.start(render, rendering)
+        if not rendering:
+            try:
+                await self.wait_identity()
+            except RuntimeError:
+                pass  # logged by the task: presets stay designed live, i.e. refused
+
     async def stop(self) -> None:
         """Stop the background task; a render in progress is cancelled."""
         if self._task is not None:
