@@ -160,7 +160,8 @@ def parse_log(text: str) -> dict[str, Any]:
     for kind, count in re.findall(r"(\w+) model is in GPU memory \([\d.]+ s to load, (\d+) stream", text):
         streams_per_load.setdefault(kind, []).append(int(count))
     for kind, count in re.findall(r"(\w+) model ready \(.*?(\d+) stream\(s\) at once", text):
-        streams_per_load.setdefault(kind, []).append(int(count))
+        if kind not in streams_per_load:  # a model loaded once, for good (on demand: the load's line said it)
+            streams_per_load[kind] = [int(count)]
     streams = {kind: counts[-1] for kind, counts in streams_per_load.items()}
     mode = re.search(r"GPU memory: .*?; (the VoiceDesign model [^(]*|the models do not fit[^(]*|no VoiceDesign model)", text)
     resident: list[str] = []
