@@ -15,12 +15,15 @@ def test_two_cores_get_two_streams_of_two_threads_and_say_why() -> None:
     chosen = plan(2, AVX2, 16 * GB, int(1.4 * GB), "Q8_0")
     assert (chosen.streams, chosen.threads, chosen.quant, chosen.codec) == (2, 2, "Q8_0", "qwentts.cpp")
     text = chosen.describe()
-    assert "one generating, one decoding" in text and "second client" in text and "weights Q8_0" in text
+    assert "1 generating, 1 decoding" in text and "second client" in text and "weights Q8_0" in text
 
 
-def test_more_cores_give_more_streams_up_to_four() -> None:
-    assert [plan(n, AVX2, None, GB, "Q8_0").streams for n in (1, 2, 4, 6, 8, 16, 64)] == [2, 2, 2, 3, 4, 4, 4]
-    assert [plan(n, AVX2, None, GB, "Q8_0").threads for n in (1, 2, 8)] == [1, 2, 2]
+def test_more_cores_give_a_stream_more_threads_leaving_room_for_two_streams() -> None:
+    cores = (1, 2, 4, 6, 8, 12, 16, 32, 64)
+    assert [plan(n, AVX2, None, GB, "Q8_0").threads for n in cores] == [1, 2, 2, 2, 4, 6, 8, 8, 8]
+    assert [plan(n, AVX2, None, GB, "Q8_0").streams for n in cores] == [2, 2, 2, 3, 2, 2, 2, 4, 4]
+    eight = plan(8, AVX2, None, GB, "Q8_0").describe()
+    assert "4 thread(s) a stream (2 generating, 2 decoding audio" in eight and "one per 4 threads" in eight
 
 
 def test_memory_caps_the_streams_and_the_log_says_so() -> None:

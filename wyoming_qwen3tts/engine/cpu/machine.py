@@ -3,12 +3,16 @@ stream, weight format and codec runtime, each with the reason the start-up log g
 
 What the choices rest on (``benchmarks/results/cpu-2core/limits.md``):
 
-* **Threads per stream: 2** (one generating, one decoding audio beside it; one on a 1-core
-  machine). Per 80 ms frame the library spends about 100 ms generating (0.6B Q8_0) and
-  150 ms in the codec on one core each; more threads per context did not help on 4 cores
-  of the GPU machine (0.34-0.41x with 4 threads, as with 2 here): its small matrices gain
-  less from a split than the threads' barriers cost.
-* **Streams: one per 2 cores, at least 2, at most 4, as many as memory holds.** One context
+* **Threads per stream: as many as leave room for a second stream**, in pairs (half
+  generating, half decoding audio beside them; ``ggml.thread_split``), at most 8: 2 on up to
+  7 cores, 4 on 8-11, 6 on 12-15, 8 from 16 (one on a 1-core machine). On the GPU machine's
+  cores qwentts.cpp's generation and codec both scale nearly linearly with threads (0.6B
+  Q8_0, ms a frame with 1 / 2 / 8 threads: codec 361 / 191 / 54, generation 362 / 193 / 52;
+  ``benchmarks/results/cpu-8core/limits.json``), and 4 threads a stream on 4 of them gave
+  0.34-0.41x where 2 give 0.15x (``cpu-4core/results.json``). (An earlier reading, "more
+  threads did not help", set those 4 threads beside 2 threads of the faster 2-core VM.)
+* **Streams: the cores over the threads a stream, at least 2, at most 4, as many as memory
+  holds.** One context
   generates one stream at a time (the binding's batched rows, ``max_batch`` > 1, ran a
   2-stream batch about 80 times slower on the CPU than one context each, and forbid the
   codec thread). With one context, a second client waits a whole sentence for its first
@@ -30,8 +34,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: Threads one stream uses by default (one generating, one decoding; see the module text).
-THREADS_PER_STREAM = 2
+#: Threads one stream uses by default at most (see the module text: measured up to 8).
+MAX_THREADS_PER_STREAM = 8
+#: Streams the default threads leave room for: a second client is heard at once.
+ROOM_FOR_STREAMS = 2
 #: At most this many contexts by default (each holds the weights).
 MAX_DEFAULT_STREAMS = 4
 #: Memory a context needs beyond its weight files, bytes: qwentts.cpp's talker KV cache
@@ -96,6 +102,15 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def default_threads(cores: int) -> int:
+    """Threads a stream by default on ``cores`` CPUs: an even count (half generating, half
+    decoding) that leaves room for ``ROOM_FOR_STREAMS`` streams, 2 to
+    ``MAX_THREADS_PER_STREAM`` (1 on one core). 2-7 cores: 2; 8-11: 4; 12-15: 6; 16 and more: 8."""
+    if cores < 2:
+        return 1
+    return 2 * max(1, min(MAX_THREADS_PER_STREAM // 2, cores // (2 * ROOM_FOR_STREAMS)))
+
+
 def plan(
     cores: int,
     flags: set[str],
@@ -122,18 +137,17 @@ def plan(
     if threads:
         reasons.append(f"{threads} threads a stream (--ggml-threads)")
     else:
-        threads = min(THREADS_PER_STREAM, cores)
-        reasons.append(
-            f"{threads} thread(s) a stream ({'one generating, one decoding audio' if threads > 1 else 'one core'})"
-        )
+        threads = default_threads(cores)
+        split = f"{threads - threads // 2} generating, {threads // 2} decoding audio" if threads > 1 else "one core"
+        reasons.append(f"{threads} thread(s) a stream ({split}; {cores} core(s) leave room for {ROOM_FOR_STREAMS} streams)")
     if streams:
         reasons.append(f"{streams} stream(s) (--ggml-streams)")
     else:
-        wanted = max(2, min(MAX_DEFAULT_STREAMS, cores // THREADS_PER_STREAM))
+        wanted = max(ROOM_FOR_STREAMS, min(MAX_DEFAULT_STREAMS, cores // threads))
         per_context = weights + CONTEXT_OVERHEAD
         fit = wanted if memory is None else max(1, (memory - MEMORY_RESERVE) // per_context)
         streams = int(min(wanted, fit))
-        why = f"{cores} core(s): one per {THREADS_PER_STREAM}, at least 2 so a second client is heard at once"
+        why = f"{cores} core(s): one per {threads} threads, at least {ROOM_FOR_STREAMS} so a second client is heard at once"
         if streams < wanted:
             why = f"{wanted} wanted ({why}) but {memory / 2**30:.1f} GB free holds {streams} of {per_context / 2**30:.1f} GB"  # type: ignore[operator]
         reasons.append(f"{streams} stream(s) ({why})")
