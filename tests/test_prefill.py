@@ -43,7 +43,7 @@ def either(request: pytest.FixtureRequest, checkpoints: Path, design: BatchedEng
     torch.backends.cuda.matmul.allow_tf32 = False
     request.addfinalizer(lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", saved))
     if request.param == "cuda-turns":
-        from wyoming_qwen3tts.engine.batched.prefill import TURNS_GRAPH_ROWS
+        from wyoming_qwen3tts.engine.sizing import TURNS_GRAPH_ROWS
 
         engine = load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN, device="cuda",
                            prefill_graph_rows=TURNS_GRAPH_ROWS)

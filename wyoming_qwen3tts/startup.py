@@ -30,7 +30,7 @@ from .engine.lease import GpuLease
 from .engine.on_demand import OnDemandEngine
 from .engine.precision import int8_weights, pick_weight_quant, quantized_params
 from .engine.sizing import (
-    GB, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions, turns_fit,
+    GB, TURNS_GRAPH_ROWS, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions, turns_fit,
 )
 from .metrics import Metrics
 from .voices import ModelKind, Reference
@@ -170,8 +170,6 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
 
         def load(shrink: float = 1.0, kind: ModelKind = kind, checkpoint: Path = checkpoint, reserve: int = reserve) -> Engine:
             # Taking turns, a model captures its graphs at every swap: fewer prefill graphs.
-            from .engine.batched.prefill import TURNS_GRAPH_ROWS
-
             return load_engine(
                 kind, checkpoint, device, args.chunk_size, args.engine, args.max_streams,
                 metrics.join_stall.labels(kind.value).observe, args.dtype, max_len, reserve, args.gpu_memory,

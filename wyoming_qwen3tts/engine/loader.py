@@ -153,7 +153,7 @@ def load_engine(
             "none": ``dtype`` throughout (``precision.pick_weight_quant`` chooses).
         prefill_graph_rows: the batched engine captures prefill graphs for up to this many
             rows (``batched.prefill.Prefill``); None: all. A model taking turns on the card
-            passes ``batched.prefill.TURNS_GRAPH_ROWS``: it captures at every swap.
+            passes ``sizing.TURNS_GRAPH_ROWS``: it captures at every swap.
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.

@@ -13,6 +13,16 @@ from ..text import FRAMES_PER_SECOND, MAX_SEGMENT_SECONDS
 from ..voices import MAX_REFERENCE_SECONDS
 
 GB = 1024**3
+
+#: Rows with a captured prefill graph (``batched.prefill.Prefill``'s ``graph_rows``) for a
+#: model that takes turns on the card and so captures at every swap: a lone arrival (the
+#: usual case on a small card) replays a graph, a joint admission of several runs eagerly.
+#: 8 graphs instead of 64: the swap on the H200 with 6 GB free spent 3.2-9.5 s capturing
+#: prefill graphs, of 7-15 s. The cost, measured there: 4 clients at once right after a load
+#: had 3 rows prefilled eagerly in 111-114 ms (first audio about 120 ms instead of 25).
+#: Here, not in ``prefill``, so that start-up reads it without importing the engine.
+TURNS_GRAPH_ROWS = 1
+
 #: Most slots ``--max-streams auto`` gives one model: the engine's largest batch bucket.
 MAX_AUTO_STREAMS = 32
 #: Fewest slots a model is loaded with (one stream always fits, or the model does not).

@@ -45,11 +45,6 @@ MAX_JOIN = 8
 #: (a 3 s reference is ~40 codec frames plus both transcripts; a 10 s anchor ~130), VoiceDesign
 #: prompts carry the description (up to ``MAX_INSTRUCTIONS_CHARS``, rarely over 200 tokens).
 TOKEN_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512)
-#: Rows with a captured prefill graph for a model that takes turns on the card and so
-#: captures at every swap: a lone arrival (the usual case on a small card) replays a graph, a
-#: joint admission of several runs eagerly (a few ms more, once). 8 graphs instead of 64: the
-#: swap on the H200 with 6 GB free spent 3.2-9.5 s capturing prefill graphs, of 7-15 s.
-TURNS_GRAPH_ROWS = 1
 
 
 class Prefill:
@@ -64,7 +59,7 @@ class Prefill:
         graph_rows: prefills of up to this many rows replay a captured graph; more rows
             (up to ``max_rows``) run the same forward eagerly. None: all of ``max_rows``
             (8 x 8 = 64 graphs, 3-10 s to capture on the H200). A model taking turns on the
-            card captures only ``TURNS_GRAPH_ROWS`` at each swap.
+            card captures only ``sizing.TURNS_GRAPH_ROWS`` at each swap.
     """
 
     def __init__(
