@@ -292,3 +292,43 @@ def test_page_works_under_the_ingress_prefix_without_the_key(browser: Browser, i
     assert urls and all(url.startswith(ingress) for url in urls if url.startswith("http")), urls
     assert any(url.endswith("/v1/audio/voices/clone/sample") for url in urls)
     context.close()
+
+
+#: A browser's WebSocket client of the streamed-text door, as a voice agent's page writes it:
+#: the API key offered as a second subprotocol (browsers cannot set headers on a WebSocket).
+WS_CLIENT = """async ([url, key]) => {
+  const ws = new WebSocket(url, ["nari.speech.v1", "openai-insecure-api-key." + key]);
+  ws.binaryType = "arraybuffer";
+  const seen = {types: [], bytes: 0, protocol: null, closed: null};
+  return await new Promise((resolve) => {
+    ws.onopen = () => { seen.protocol = ws.protocol; };
+    ws.onmessage = (message) => {
+      if (typeof message.data !== "string") { seen.bytes += message.data.byteLength; return; }
+      const event = JSON.parse(message.data);
+      seen.types.push(event.type);
+      if (event.type === "session.created") {
+        ws.send(JSON.stringify({type: "request.start", voice: "clone", response_format: "pcm"}));
+        ws.send(JSON.stringify({type: "input_text.append", sequence: 0, text: "Hello from a browser."}));
+        ws.send(JSON.stringify({type: "input_text.end", sequence: 1}));
+      }
+      if (event.type === "response.done") ws.close(1000);
+    };
+    ws.onclose = (event) => { seen.closed = event.code; resolve(seen); };
+  });
+}"""
+
+
+def test_a_browser_websocket_offers_the_api_key_as_a_subprotocol(browser: Browser, studio: Server) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.goto(studio.http_url + "/")
+        url = studio.http_url.replace("http://", "ws://") + "/v1/audio/speech/ws"
+        spoken = page.evaluate(WS_CLIENT, [url, KEY])
+        assert spoken["protocol"] == "nari.speech.v1" and spoken["closed"] == 1000, spoken
+        assert "response.done" in spoken["types"] and "error" not in spoken["types"], spoken
+        assert spoken["bytes"] > 0 and spoken["bytes"] % 2 == 0  # 16-bit PCM
+        refused = page.evaluate(WS_CLIENT, [url, "wrong-key"])  # the handshake gets 401
+        assert refused["protocol"] is None and refused["closed"] == 1006 and refused["types"] == [], refused
+    finally:
+        context.close()

@@ -460,6 +460,27 @@ async def test_api_key_and_handshake_errors(ws_server: Server) -> None:
         assert await session.rest() == 1002
 
 
+async def test_a_browser_offers_the_api_key_as_a_subprotocol(ws_server: Server) -> None:
+    """Browsers cannot set headers on a WebSocket: ``new WebSocket(url, ["nari.speech.v1",
+    "openai-insecure-api-key." + key])``. The right key gets in (the server selects
+    ``nari.speech.v1`` and speaks); a wrong one gets 401."""
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(f"{ws_server.http_url}{ev.PATH}", protocols=(ev.PROTOCOL, ev.KEY_PROTOCOL_PREFIX + "wrong"))
+        assert refused.value.status == 401
+        ws = await http.ws_connect(f"{ws_server.http_url}{ev.PATH}", protocols=(ev.PROTOCOL, ev.KEY_PROTOCOL_PREFIX + KEY))
+        assert ws.protocol == ev.PROTOCOL
+        session = Session(ws)
+        await session.until("session.created")
+        await speak(session, ["Hello there."])
+        await session.until("response.done")
+        await ws.close()
+        assert "<audio>" in session.types() and "error" not in session.types()
+        # Elsewhere the subprotocol is no key: a plain HTTP route still wants the header.
+        async with http.get(f"{ws_server.http_url}/v1/models", headers={"Sec-WebSocket-Protocol": ev.KEY_PROTOCOL_PREFIX + KEY}) as plain:
+            assert plain.status == 401
+
+
 async def test_sigterm_ends_each_session_with_an_error_event(
     checkpoints: Path, voices_dir: Path, tmp_path: Path
 ) -> None:

@@ -47,6 +47,7 @@ from .encoders import StreamEncoder, open_encoder
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
 from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from . import http_ws, openapi
+from .ws_events import KEY_PROTOCOL_PREFIX, PATH as WS_PATH, PROTOCOL
 from .http_common import ApiError, error_body, read_json, voice_json
 from .http_request import GENERIC_MODELS, HUB_MODEL, KIND_MODELS, SpeechParams, model_kind, parse_speech, pick_voice
 from .studio import add_routes, from_ingress, is_page  # the page is open, ingress is authenticated
@@ -403,6 +404,19 @@ async def openapi_json(request: web.Request) -> web.Response:
 # --- application ------------------------------------------------------------------------
 
 
+def _key_subprotocol(request: web.Request) -> str | None:
+    """The API key a WebSocket handshake offers as a subprotocol (``ws_events.KEY_PROTOCOL_PREFIX``
+    and the key; browsers cannot set the ``Authorization`` header), or None."""
+    if request.path != WS_PATH:
+        return None
+    for offered in request.headers.getall("Sec-WebSocket-Protocol", []):
+        for token in offered.split(","):
+            token = token.strip()
+            if token.startswith(KEY_PROTOCOL_PREFIX):
+                return token[len(KEY_PROTOCOL_PREFIX):]
+    return None
+
+
 def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | None = None) -> Any:
     expected = api_key.encode() if api_key else None
 
@@ -420,10 +434,14 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
             ):
                 scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
                 given = token.strip().encode() if scheme.lower() == "bearer" else b""  # RFC 7235
-                if not scheme:
+                offered = _key_subprotocol(request) if not scheme else None
+                if offered is not None:  # a browser's WebSocket (ws_events.KEY_PROTOCOL_PREFIX)
+                    given = offered.encode()
+                elif not scheme:
                     raise ApiError(
                         401,
-                        "Missing API key: send 'Authorization: Bearer <key>'",
+                        "Missing API key: send 'Authorization: Bearer <key>' (a browser's WebSocket: "
+                        f"offer the subprotocol '{KEY_PROTOCOL_PREFIX}<key>' beside '{PROTOCOL}')",
                         "invalid_api_key",
                     )
                 if not hmac.compare_digest(given, expected):

@@ -9,7 +9,8 @@ front end as the Wyoming door's ``synthesize-start`` / ``-chunk`` / ``-stop``:
 float32 chunks out. ``request.start`` is checked exactly as ``POST /v1/audio/speech``'s
 body (``http_request.parse_speech`` and ``pick_voice``): the same voices, ``model`` names,
 languages, ``speed``, ``seed``, ``instructions``; the API key is the HTTP door's (the
-``Authorization`` header of the handshake); requests count against the same ``--max-queue``.
+``Authorization`` header of the handshake, or from a browser the subprotocol
+``ws_events.KEY_PROTOCOL_PREFIX`` + key); requests count against the same ``--max-queue``.
 
 Behaviour:
 

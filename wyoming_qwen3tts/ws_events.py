@@ -38,6 +38,11 @@ from .service import RequestError
 
 #: The WebSocket subprotocol a client must offer (``Sec-WebSocket-Protocol``).
 PROTOCOL = "nari.speech.v1"
+#: A browser cannot set headers on a WebSocket: it may offer the API key as a second
+#: subprotocol, ``openai-insecure-api-key.<key>`` (the form OpenAI's Realtime API takes from
+#: browsers), beside ``PROTOCOL``, which the server selects. "Insecure": the key is in the
+#: handshake as a header would be, and readable by the page's script.
+KEY_PROTOCOL_PREFIX = "openai-insecure-api-key."
 #: Where the door listens, on the HTTP port (where the harness looks for it).
 PATH = "/v1/audio/speech/ws"
 #: The audio format of every binary message, as ``session.created`` and
