@@ -591,3 +591,81 @@ def test_first_audio_benchmark_runs_both_doors(ws_server: Server, tmp_path: Path
         row = report["rows"][door]
         assert row["n"] == 2 and row["failed"] == 0 and 0 < row["p50_ms"] <= row["p95_ms"], row
     assert report["p95_difference_ms"] is not None
+
+
+def _raw_frame(sock: Any, pending: bytearray) -> tuple[int, bytes]:
+    """One server frame (opcode, payload) read off a raw socket; server frames are unmasked."""
+    import struct
+
+    def need(n: int) -> None:
+        while len(pending) < n:
+            data = sock.recv(65536)
+            if not data:
+                raise EOFError("the server closed the connection")
+            pending.extend(data)
+
+    need(2)
+    opcode, length, offset = pending[0] & 0x0F, pending[1] & 0x7F, 2
+    if length == 126:
+        need(4)
+        length, offset = struct.unpack(">H", bytes(pending[2:4]))[0], 4
+    elif length == 127:
+        need(10)
+        length, offset = struct.unpack(">Q", bytes(pending[2:10]))[0], 10
+    need(offset + length)
+    payload = bytes(pending[offset:offset + length])
+    del pending[:offset + length]
+    return opcode, payload
+
+
+def test_the_server_waits_for_the_clients_close_frame(ws_server: Server) -> None:
+    """After ``response.done`` the server sends Close 1000 and keeps the connection until the
+    client's own Close frame (RFC 6455 5.5.1), so a browser sees ``wasClean``. It used to
+    drop the connection about 1 ms after its Close (aiohttp's ``close`` from the speaking task
+    while the reading task waited), in 4 of 4 raw runs. A raw socket, because client
+    libraries answer the Close themselves."""
+    import base64
+    import os
+    import socket
+    import struct
+
+    host, port = ws_server.http_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(
+            (
+                f"GET {ev.PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\nSec-WebSocket-Version: 13\r\n"
+                f"Sec-WebSocket-Protocol: {ev.PROTOCOL}\r\nAuthorization: Bearer {KEY}\r\n\r\n"
+            ).encode()
+        )
+        pending = bytearray()
+        while b"\r\n\r\n" not in pending:
+            pending.extend(sock.recv(4096))
+        head, _, rest = bytes(pending).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101"), head
+        pending = bytearray(rest)
+
+        def send(event: dict[str, Any] | bytes, opcode: int = 1) -> None:
+            data = json.dumps(event).encode() if isinstance(event, dict) else event
+            mask = os.urandom(4)
+            assert len(data) < 126
+            sock.sendall(bytes([0x80 | opcode, 0x80 | len(data)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+
+        for event in ({"type": "request.start", "voice": "clone"}, {"type": "input_text.append", "text": "Hi there."},
+                      {"type": "input_text.end"}):
+            send(event)
+        texts = []
+        while True:
+            opcode, payload = _raw_frame(sock, pending)
+            if opcode == 8:
+                assert struct.unpack(">H", payload[:2])[0] == 1000
+                break
+            if opcode == 1:
+                texts.append(json.loads(payload)["type"])
+        assert texts[-1] == "response.done", texts
+        sock.settimeout(2.0)  # the server waits for our Close (aiohttp: up to 10 s): nothing comes now
+        with pytest.raises(socket.timeout):
+            sock.recv(10)
+        send(struct.pack(">H", 1000), opcode=8)  # our Close: now the server ends the connection
+        sock.settimeout(30)
+        assert sock.recv(10) == b""

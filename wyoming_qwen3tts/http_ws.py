@@ -97,12 +97,16 @@ class SpeechSession:
         self._errors_in_a_row = 0
         self._errors_logged = 0
         self._write_lock = asyncio.Lock()
+        self._reader: asyncio.Task[Any] | None = None  # the task running ``run``: the one that reads
+        self._close_wanted = asyncio.Event()  # another task asked the reader to close (``_close``)
+        self._close_code: int = WSCloseCode.OK
         #: ``time.monotonic()`` of the last message read or written.
         self.last_active = time.monotonic()
 
     async def run(self) -> None:
         """Serve the session until the client or the server closes it. Never raises but
         ``CancelledError`` (the client went away: aiohttp cancels the handler)."""
+        self._reader = asyncio.current_task()
         try:
             if self._ws.ws_protocol != ev.PROTOCOL:
                 message = f"Offer the WebSocket subprotocol {ev.PROTOCOL!r} (Sec-WebSocket-Protocol)"
@@ -144,18 +148,41 @@ class SpeechSession:
         the text is open, ``idle_timeout`` seconds without a message read or written end it."""
         idle = self._sessions.idle_timeout
         while True:
-            if self._ended or self._finished:
-                return await self._ws.receive()
-            left = self.last_active + idle - time.monotonic()
-            if left <= 0:
-                message = (
-                    f"No message for {idle:g} s: closing the session "
-                    "(send input_text.end when the text is complete)"
-                )
-                await self._fail(ev.ProtocolError("idle-timeout", message), WSCloseCode.POLICY_VIOLATION)
+            left = None
+            if not (self._ended or self._finished):
+                left = self.last_active + idle - time.monotonic()
+                if left <= 0:
+                    message = f"No message for {idle:g} s: closing the session" + (
+                        " (send input_text.end when the text is complete)" if self._stream is not None else
+                        " (send request.start, then the text)"
+                    )
+                    await self._fail(ev.ProtocolError("idle-timeout", message), WSCloseCode.POLICY_VIOLATION)
+                    return None
+            receiving = asyncio.ensure_future(self._ws.receive())
+            closing = asyncio.ensure_future(self._close_wanted.wait())
+            try:
+                done, _pending = await asyncio.wait({receiving, closing}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (receiving, closing):
+                    if not task.done():
+                        task.cancel()
+                await asyncio.gather(receiving, closing, return_exceptions=True)
+            if receiving in done:
+                return receiving.result()  # (a close asked for meanwhile is done at the next call)
+            if closing in done:
+                await self._ws.close(code=self._close_code)
                 return None
-            with contextlib.suppress(asyncio.TimeoutError):
-                return await self._ws.receive(timeout=left)
+
+    async def _close(self, code: int) -> None:
+        """Close the WebSocket with ``code``. The reading task closes it itself: aiohttp then
+        waits for the client's own Close frame. Another task (the speaker's) asks the reading
+        task to: a ``close`` while ``receive`` waits makes aiohttp drop the connection right
+        after its Close frame, so a browser saw 1000 with ``wasClean`` false."""
+        if asyncio.current_task() is self._reader or self._reader is None or self._reader.done():
+            await self._ws.close(code=code)
+        else:
+            self._close_code = code
+            self._close_wanted.set()
 
     async def _handle(self, data: str) -> None:
         try:
@@ -312,7 +339,7 @@ class SpeechSession:
             await self._begin_response()
             reason = "cancelled" if self._cancelled else "stop"
             await self._send_json(ev.response_done(self.request_id, reason, chunks, self._samples_sent))
-            await self._ws.close(code=WSCloseCode.OK)
+            await self._close(WSCloseCode.OK)
 
     async def _send_audio(self, audio: Any) -> int:
         """One binary message of PCM (none for no samples); returns the messages sent."""
@@ -351,7 +378,7 @@ class SpeechSession:
         with contextlib.suppress(ConnectionError, RuntimeError):
             if err is not None:
                 await self._error(err, code)
-            await self._ws.close(code=close_code)
+            await self._close(close_code)
 
     async def _error(self, err: RequestError, code: str | None = None) -> None:
         code = code or err.code
