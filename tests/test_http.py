@@ -521,7 +521,11 @@ async def test_api_key_required_when_set(keyed_server: Server) -> None:
         status, _, data = await post(keyed_server, {"input": TEXT}, headers)
         assert status == 401, headers
         assert json.loads(data)["error"]["code"] == "invalid_api_key"
+        assert "WebSocket" not in json.loads(data)["error"]["message"]  # that hint is the WebSocket door's
     assert (await get(keyed_server, "/v1/models"))[0] == 401
+    for path in ("/nonexistent", "/favicon.ico"):  # no such route: 404, key or not (a browser asks for the icon)
+        status, _, data = await get(keyed_server, path)
+        assert status == 404, (path, data)
     for path in ("/health", "/ready", "/metrics"):  # probes and scrapers need no key
         assert (await get(keyed_server, path))[0] == 200
     assert (await get(keyed_server, "/v1/models", {"Authorization": f"Bearer {API_KEY}"}))[0] == 200

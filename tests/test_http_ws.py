@@ -468,6 +468,16 @@ async def test_a_browser_offers_the_api_key_as_a_subprotocol(ws_server: Server) 
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await http.ws_connect(f"{ws_server.http_url}{ev.PATH}", protocols=(ev.PROTOCOL, ev.KEY_PROTOCOL_PREFIX + "wrong"))
         assert refused.value.status == 401
+        # Only the key offered: refused at the handshake (a browser fails a handshake that
+        # selects none of its subprotocols, so it never reads an error event), and the key
+        # reaches no log line.
+        async with http.get(
+            f"{ws_server.http_url}{ev.PATH}",
+            headers={"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                     "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Protocol": ev.KEY_PROTOCOL_PREFIX + KEY},
+        ) as only_key:
+            assert only_key.status == 400 and (await only_key.json())["error"]["code"] == "subprotocol-required"
+        assert KEY not in ws_server.output()
         ws = await http.ws_connect(f"{ws_server.http_url}{ev.PATH}", protocols=(ev.PROTOCOL, ev.KEY_PROTOCOL_PREFIX + KEY))
         assert ws.protocol == ev.PROTOCOL
         session = Session(ws)

@@ -429,6 +429,7 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
             if (
                 expected is not None
                 and request.path not in _OPEN_PATHS
+                and not isinstance(request.match_info.http_exception, web.HTTPNotFound)  # no such route: 404
                 and not is_page(request.path)
                 and not from_ingress(request, ingress_peer)
             ):
@@ -438,11 +439,12 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
                 if offered is not None:  # a browser's WebSocket (ws_events.KEY_PROTOCOL_PREFIX)
                     given = offered.encode()
                 elif not scheme:
+                    browser = (
+                        f" (a browser's WebSocket: offer the subprotocol '{KEY_PROTOCOL_PREFIX}<key>' beside '{PROTOCOL}')"
+                        if request.path == WS_PATH else ""
+                    )
                     raise ApiError(
-                        401,
-                        "Missing API key: send 'Authorization: Bearer <key>' (a browser's WebSocket: "
-                        f"offer the subprotocol '{KEY_PROTOCOL_PREFIX}<key>' beside '{PROTOCOL}')",
-                        "invalid_api_key",
+                        401, f"Missing API key: send 'Authorization: Bearer <key>'{browser}", "invalid_api_key",
                     )
                 if not hmac.compare_digest(given, expected):
                     raise ApiError(401, "Incorrect API key provided", "invalid_api_key")

@@ -540,7 +540,9 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
     """``GET /v1/audio/speech/ws``: the WebSocket handshake, then one ``SpeechSession``.
 
     Raises:
-        ApiError: 400 ``websocket-required`` for a plain HTTP request.
+        ApiError: 400 ``websocket-required`` for a plain HTTP request; 400
+            ``subprotocol-required`` for a handshake that offers subprotocols, none of them
+            ``ws_events.PROTOCOL`` (one offering none is answered by an ``error`` event).
     """
     sessions = request.app[_SESSIONS_KEY]
     ws = _SpeechWebSocket(
@@ -548,6 +550,16 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
         max_msg_size=max(1 << 20, 8 * sessions.service.max_chars + (64 << 10)),  # as the HTTP body limit
         compress=False,
     )
+    offered = [t.strip() for h in request.headers.getall("Sec-WebSocket-Protocol", []) for t in h.split(",") if t.strip()]
+    if offered and ev.PROTOCOL not in offered and request.headers.get("Upgrade", "").lower() == "websocket":
+        # Refused at the handshake: a browser fails a handshake whose answer selects none of
+        # the subprotocols it offered, so it would never read the error event (and aiohttp
+        # would log the offered ones, an API key among them, in ``can_prepare`` below).
+        raise ApiError(
+            400,
+            f"Offer the WebSocket subprotocol {ev.PROTOCOL!r} (Sec-WebSocket-Protocol) beside any other",
+            "subprotocol-required",
+        )
     if not ws.can_prepare(request).ok:
         raise ApiError(
             400,

@@ -252,7 +252,7 @@ def _speech_ws_operation() -> dict[str, Any]:
         "externalDocs": {"description": "The WebSocket protocol", "url": WEBSOCKET_DOCS},
         "responses": {
             "101": {"description": "Switching Protocols: the WebSocket session begins."},
-            "400": _error("Not a WebSocket handshake (code websocket-required)."),
+            "400": _error("Not a WebSocket handshake (code websocket-required), or one offering only other subprotocols (code subprotocol-required)."),
         },
     }
 

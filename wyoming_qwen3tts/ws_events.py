@@ -98,6 +98,8 @@ def parse_client_event(message: str) -> ClientEvent:
     if not isinstance(data, dict):
         raise ProtocolError("invalid-json", "A message must be a JSON object with a 'type'")
     kind = data.get("type")
+    if kind is None:
+        raise ProtocolError("unknown-event", f"A message needs a 'type': one of {', '.join(CLIENT_EVENTS)}", "type")
     if kind not in CLIENT_EVENTS:
         raise ProtocolError(
             "unknown-event",
