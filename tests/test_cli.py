@@ -12,7 +12,8 @@ import pytest
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "wyoming_qwen3tts", "--no-zeroconf", "--http-port", "0", *args],
+        # Port 0 unless a test names one: the default 10200 may be taken (a real server on this machine).
+        [sys.executable, "-m", "wyoming_qwen3tts", "--no-zeroconf", "--http-port", "0", "--uri", "tcp://127.0.0.1:0", *args],
         capture_output=True, text=True, timeout=300, cwd=cwd,
     )
 
