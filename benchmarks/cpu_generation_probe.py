@@ -60,6 +60,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -343,6 +344,33 @@ def _texts(inputs: dict[str, Any], frames: int) -> list[np.ndarray]:
     return [trailing[i] if i < len(trailing) else pad for i in range(frames)]
 
 
+def _greedy_frames(
+    tables: _Tables, texts: list[np.ndarray], frames: int, step: Callable[[np.ndarray | None], tuple[Any, Any]],
+    predict: Callable[[Any, np.ndarray], np.ndarray], logits_to_numpy: Callable[[Any], np.ndarray] = np.asarray,
+) -> dict[str, Any]:
+    """``frames`` greedy frames after a prefill: ``step(None)`` gives the prefill's (hidden,
+    logits), ``step(embeds [1, 1, H] float32)`` runs one talker step (keeping its own KV);
+    ``predict(hidden, first code's embedding [1, 1, H])`` gives the 15 residual codes. Times
+    of frames 1.. in ms (frame 0 is the prefill's); codes int64 [frames, 16]."""
+    codes, talker_ms, predictor_ms, frame_ms = [], [], [], []
+    embeds: np.ndarray | None = None
+    for f in range(frames):
+        t0 = time.perf_counter()
+        hidden, logits = step(embeds)
+        t1 = time.perf_counter()
+        first = tables.pick_first(logits_to_numpy(logits))
+        rest = predict(hidden, tables.first[first][None, None])
+        t2 = time.perf_counter()
+        codes.append([first, *rest.tolist()])
+        embeds = tables.next_input(first, rest, texts[f])
+        if f > 0:
+            talker_ms.append(1000 * (t1 - t0))
+            predictor_ms.append(1000 * (t2 - t1))
+            frame_ms.append(1000 * (time.perf_counter() - t0))
+    return {"frame_ms": frame_ms, "talker_ms": talker_ms, "predictor_ms": predictor_ms,
+            "codes": np.array(codes, dtype=np.int64)}
+
+
 def lean_torch_run(talker_mod: Any, predictor_mod: Any, tables: _Tables, inputs: dict[str, Any], frames: int,
                    dtype: Any) -> dict[str, Any]:
     """Greedy frames with the (possibly quantized or cast) lean torch modules."""
@@ -351,32 +379,19 @@ def lean_torch_run(talker_mod: Any, predictor_mod: Any, tables: _Tables, inputs:
     layers = len(talker_mod.layers)
     kv = talker_mod.layers[0]
     empty = torch.zeros(1, kv.kv_heads, 0, kv.head_dim, dtype=dtype)
-    texts = _texts(inputs, frames)
-    codes, talker_ms, predictor_ms, frame_ms = [], [], [], []
-    embeds: np.ndarray = np.zeros(0, dtype=np.float32)
     with torch.inference_mode():
         out = talker_mod(inputs["inputs_embeds"].to(dtype), *([empty] * (2 * layers)))
-        for f in range(frames):
-            t0 = time.perf_counter()
-            if f > 0:
-                out = talker_mod(torch.from_numpy(embeds).to(dtype), *past)
-            t1 = time.perf_counter()
-            hidden, logits = out[0], out[1]
-            past: tuple[Any, ...] = out[2:]
-            first = tables.pick_first(logits.float().numpy())
-            rest = predictor_mod(hidden, torch.from_numpy(tables.first[first][None, None]).to(dtype)).numpy()
-            t2 = time.perf_counter()
-            codes.append([first, *rest.tolist()])
-            embeds = tables.next_input(first, rest, texts[f])
-            if f > 0:
-                talker_ms.append(1000 * (t1 - t0))
-                predictor_ms.append(1000 * (t2 - t1))
-                frame_ms.append(1000 * (time.perf_counter() - t0))
-    return {"frame_ms": frame_ms, "talker_ms": talker_ms, "predictor_ms": predictor_ms,
-            "codes": np.array(codes, dtype=np.int64)}
 
+        def step(embeds: np.ndarray | None) -> tuple[Any, Any]:
+            nonlocal out
+            if embeds is not None:
+                out = talker_mod(torch.from_numpy(embeds).to(dtype), *out[2:])
+            return out[0], out[1]
 
-# --- ONNX -------------------------------------------------------------------------------
+        def predict(hidden: Any, first_embed: np.ndarray) -> np.ndarray:
+            return predictor_mod(hidden, torch.from_numpy(first_embed).to(dtype)).numpy()
+
+        return _greedy_frames(tables, _texts(inputs, frames), frames, step, predict, lambda x: x.float().numpy())
 
 
 def _pretransposed(module: Any) -> Any:
@@ -516,29 +531,20 @@ class OrtGeneration:
         """Prefill ``inputs``, then ``frames`` greedy frames; times of frames 1.. (ms)."""
         import onnxruntime as ort
 
-        texts = _texts(inputs, frames)
         empty = ort.OrtValue.ortvalue_from_numpy(np.zeros(self.kv_shape, dtype=np.float32))
         hidden, logits, past = self._talker_step(inputs["inputs_embeds"].float().numpy(),
                                                  [empty] * len(self.past_names))
-        codes, talker_ms, predictor_ms, frame_ms = [], [], [], []
-        embeds: np.ndarray = np.zeros(0, dtype=np.float32)
-        for f in range(frames):
-            t0 = time.perf_counter()
-            if f > 0:
+
+        def step(embeds: np.ndarray | None) -> tuple[Any, Any]:
+            nonlocal hidden, logits, past
+            if embeds is not None:
                 hidden, logits, past = self._talker_step(embeds, past)
-            t1 = time.perf_counter()
-            first = tables.pick_first(logits)
-            rest = self.predictor.run(None, {"talker_hidden": hidden,
-                                             "first_embed": tables.first[first][None, None]})[0]
-            t2 = time.perf_counter()
-            codes.append([first, *rest.tolist()])
-            embeds = tables.next_input(first, rest, texts[f])
-            if f > 0:
-                talker_ms.append(1000 * (t1 - t0))
-                predictor_ms.append(1000 * (t2 - t1))
-                frame_ms.append(1000 * (time.perf_counter() - t0))
-        return {"frame_ms": frame_ms, "talker_ms": talker_ms, "predictor_ms": predictor_ms,
-                "codes": np.array(codes, dtype=np.int64)}
+            return hidden, logits
+
+        def predict(hidden: Any, first_embed: np.ndarray) -> np.ndarray:
+            return self.predictor.run(None, {"talker_hidden": hidden, "first_embed": first_embed})[0]
+
+        return _greedy_frames(tables, _texts(inputs, frames), frames, step, predict)
 
 
 # --- the worker and the driver ----------------------------------------------------------

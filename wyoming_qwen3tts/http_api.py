@@ -47,7 +47,7 @@ from .encoders import StreamEncoder, open_encoder
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
 from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from . import http_ws, openapi
-from .ws_events import KEY_PROTOCOL_PREFIX, PATH as WS_PATH, PROTOCOL
+from .ws_events import KEY_PROTOCOL_PREFIX, PATH as WS_PATH, PROTOCOL, offered_subprotocols
 from .http_common import ApiError, error_body, read_json, voice_json
 from .http_request import GENERIC_MODELS, HUB_MODEL, KIND_MODELS, SpeechParams, model_kind, parse_speech, pick_voice
 from .studio import add_routes, from_ingress, is_page  # the page is open, ingress is authenticated
@@ -409,11 +409,9 @@ def _key_subprotocol(request: web.Request) -> str | None:
     and the key; browsers cannot set the ``Authorization`` header), or None."""
     if request.path != WS_PATH:
         return None
-    for offered in request.headers.getall("Sec-WebSocket-Protocol", []):
-        for token in offered.split(","):
-            token = token.strip()
-            if token.startswith(KEY_PROTOCOL_PREFIX):
-                return token[len(KEY_PROTOCOL_PREFIX):]
+    for token in offered_subprotocols(request.headers.getall("Sec-WebSocket-Protocol", [])):
+        if token.startswith(KEY_PROTOCOL_PREFIX):
+            return token[len(KEY_PROTOCOL_PREFIX):]
     return None
 
 

@@ -550,7 +550,7 @@ async def speech_ws(request: web.Request) -> web.StreamResponse:
         max_msg_size=max(1 << 20, 8 * sessions.service.max_chars + (64 << 10)),  # as the HTTP body limit
         compress=False,
     )
-    offered = [t.strip() for h in request.headers.getall("Sec-WebSocket-Protocol", []) for t in h.split(",") if t.strip()]
+    offered = ev.offered_subprotocols(request.headers.getall("Sec-WebSocket-Protocol", []))
     if offered and ev.PROTOCOL not in offered and request.headers.get("Upgrade", "").lower() == "websocket":
         # Refused at the handshake: a browser fails a handshake whose answer selects none of
         # the subprotocols it offered, so it would never read the error event (and aiohttp

@@ -43,6 +43,12 @@ PROTOCOL = "nari.speech.v1"
 #: browsers), beside ``PROTOCOL``, which the server selects. "Insecure": the key is in the
 #: handshake as a header would be, and readable by the page's script.
 KEY_PROTOCOL_PREFIX = "openai-insecure-api-key."
+
+
+def offered_subprotocols(values: list[str]) -> list[str]:
+    """The subprotocols a handshake offers, in order: ``values`` are its
+    ``Sec-WebSocket-Protocol`` header values (each a comma-separated list, RFC 6455 4.1)."""
+    return [token.strip() for value in values for token in value.split(",") if token.strip()]
 #: Where the door listens, on the HTTP port (where the harness looks for it).
 PATH = "/v1/audio/speech/ws"
 #: The audio format of every binary message, as ``session.created`` and
