@@ -15,7 +15,8 @@ row records (``memory.json``, the GPU-memory issue's fields):
 - first audio (client side, ms) for: the default voice before its anchor exists
   (``preset_unrendered``), another preset (``preset``), a clone's first and second request
   (``clone_first``, ``clone``), a clip dropped into the library while the server runs, its
-  first request once the server says it prepared it (``clone_arrived_first``), CustomVoice (None: the defaults load no CustomVoice model);
+  first request once the server says it prepared it (``new_clip_first_ms``, in
+  memory-detail.json only), CustomVoice (None: the defaults load no CustomVoice model);
 - where the models take turns: swaps forced by alternating a design request (``instructions``,
   always the VoiceDesign model) and a clone, the server process's GPU memory (nvidia-smi)
   each time the Base model is back, ``leak_mb_per_swap`` (the slope), the streams at every
@@ -97,6 +98,7 @@ class Row:
     errors: list[str] = field(default_factory=list)
     note: str = ""
     anchors_seeded: int = 0
+    new_clip_first_ms: float | None = None
 
 
 #: ``memory.json``'s row fields, exactly as the GPU-memory issue specifies them.
@@ -246,22 +248,22 @@ async def _measure(
 ) -> None:
     fa = row.first_audio_ms
 
-    async def first(key: str, voice: str) -> None:
+    async def first(key: str, voice: str) -> float | None:
         got, _done, _audio, error = await _wyoming(port, TEXT, voice)
-        fa[key] = round(got * 1000, 1) if got is not None and error is None else None
+        ms = round(got * 1000, 1) if got is not None and error is None else None
         if error:
             row.errors.append(f"{key}: {error}"[:300])
+        return ms
 
-    await first("preset_unrendered", "aria")
-    await first("preset", "lena")
-    await first("clone_first", "clone")
-    await first("clone", "clone")
+    for key, voice in (("preset_unrendered", "aria"), ("preset", "lena"), ("clone_first", "clone"), ("clone", "clone")):
+        fa[key] = await first(key, voice)
+
     if voices is not None:
         # A clip that appears while the server runs (the Base model is home after the clone):
         # prepared on arrival, its first request must start like any other's.
         name = f"arrived-{row.free_gb:g}gb"
         await _arrive(voices, name, log, 150 + 10 * row.free_gb)
-        await first("clone_arrived_first", name)
+        row.new_clip_first_ms = await first("new clip", name)  # detail only: memory.json keeps the issue's fields
     fa["custom_voice"] = None  # the defaults load no CustomVoice model
     solo = [await _wyoming(port, TEXT, "clone") for _ in range(2)]
     row.speed_1 = _median_speed(solo)
@@ -387,7 +389,7 @@ def write(rows: list[Row], out: Path, gpu: str) -> None:
         cells = [
             f"{r.free_gb:g} GB", "yes" if r.started else "no", r.precision or "", ", ".join(r.resident),
             ", ".join(f"{k} {v}" for k, v in r.streams.items()), fa.get("preset_unrendered"), fa.get("preset"),
-            fa.get("clone_first"), fa.get("clone"), fa.get("clone_arrived_first"), r.swap_wait_max_ms, r.leak_mb_per_swap,
+            fa.get("clone_first"), fa.get("clone"), r.new_clip_first_ms, r.swap_wait_max_ms, r.leak_mb_per_swap,
             f"{r.speed_1} / {r.speed_4}" if r.speed_1 is not None else "", note[:400],
         ]
         lines.append("| " + " | ".join("" if c is None else str(c) for c in cells) + " |")
