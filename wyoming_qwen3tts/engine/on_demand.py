@@ -421,7 +421,11 @@ class OnDemandEngine(Engine):
         except Exception as err:  # noqa: BLE001 - what waits fails, the server goes on
             reason = _oom_hint(err)
             _LOGGER.error("%s model could not be loaded: %s", me, reason)
-            self._fail_waiting(source, RuntimeError(f"The {me} model could not be loaded: {reason}"))
+            # What waits now is taken before the failure is made known: a request that comes
+            # once the first of them failed (2-core CI: before this loop ended) gets the
+            # lasting reason below, not this try's.
+            waiting_now = self._take_waiting(source)
+            error = RuntimeError(f"The {me} model could not be loaded: {reason}")
             if isinstance(err, MemoryFitError) and not self.home:
                 # Not one stream beside its weights with the other models out: each try would
                 # send the model on the card out for nothing. Tried again after a restart
@@ -433,8 +437,10 @@ class OnDemandEngine(Engine):
                     "restarts, requests that need it fail at once and the other model stays on the GPU (free GPU "
                     "memory: another process holds it?)", me,
                 )
+                self._fail(waiting_now, error)
                 lease.release(me)
                 return False
+            self._fail(waiting_now, error)
             lease.release(me)
             deadline = time.monotonic() + RETRY_S  # before trying again: what holds the memory may let go
             while time.monotonic() < deadline and not source.closed():
@@ -455,12 +461,18 @@ class OnDemandEngine(Engine):
                 work.sink.failed(error)
 
     @staticmethod
-    def _fail_waiting(source: WorkSource, error: BaseException) -> None:
-        """Fail every segment queued now (the model they wait for could not be loaded)."""
-        while True:
-            work = source.take(wait=0)
-            if work is None:
-                return
+    def _take_waiting(source: WorkSource) -> list[Work]:
+        """Every segment queued now, taken off the queue (the model they wait for could not
+        be loaded); ``_fail`` then fails them."""
+        taken: list[Work] = []
+        while (work := source.take(wait=0)) is not None:
+            taken.append(work)
+        return taken
+
+    @staticmethod
+    def _fail(works: list[Work], error: BaseException) -> None:
+        """Fail each of ``works`` with ``error``."""
+        for work in works:
             work.sink.failed(error)
 
     def _come_back(self, work: Work) -> bool:
