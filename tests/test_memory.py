@@ -283,6 +283,35 @@ async def test_out_of_memory_fails_the_request_and_the_next_one_works(
         await asyncio.to_thread(service.stop)
 
 
+async def test_a_cublas_allocation_failure_building_a_prompt_is_named_as_out_of_memory(
+    design_engine: BatchedEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the H200 with 4 GB free, every request failed with "CUDA error:
+    CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`" from the prompt worker: an
+    out-of-memory (the driver had nothing left for the thread's cuBLAS handle) that the client
+    was not told was one, and that did not make an on-demand model reload smaller."""
+    real_build = design_engine.builder.build
+    calls = {"n": 0}
+
+    def build_once_without_cublas(segment: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+        return real_build(segment)
+
+    monkeypatch.setattr(design_engine.builder, "build", build_once_without_cublas)
+    before = design_engine.out_of_memory  # the engine is shared by this module's tests
+    service = TtsService(VoiceCatalog(None, {ModelKind.VOICE_DESIGN}), {ModelKind.VOICE_DESIGN: design_engine}, "aria", Metrics())
+    try:
+        with pytest.raises(GenerationError) as failed:
+            await _speak(service, "This sentence finds no memory for cuBLAS.")
+        assert "ran out of memory" in str(failed.value) and "another program" in str(failed.value)
+        assert design_engine.out_of_memory == before + 1
+        assert await _speak(service, "And this one is spoken.") > 0
+    finally:
+        await asyncio.to_thread(service.stop)
+
+
 async def test_an_on_demand_model_out_of_memory_while_serving_comes_back_and_serves_on(
     checkpoints: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -84,6 +84,45 @@ def test_defaults_speak_every_voice_kind_with_8gb_free_held_by_another_process(
         stop_server(server)
 
 
+def test_the_base_model_with_4gb_free_speaks_every_clip_of_a_library_of_thirteen(tmp_path: Path) -> None:
+    """4 GB free (another process holds the rest): the 1.7B Base model alone, one stream. At
+    stop 32 it prepared 13 clips at start (12 preset anchors and a clone), left the driver
+    nothing, and every request then failed in ``cublasCreate``. Now clips are prepared only
+    while ``PRIME_HEADROOM_BYTES`` stays free, the prompt worker's cuBLAS handle exists from the
+    warm-up on, and each of 13 clips is spoken."""
+    _need_full("base")
+    import soundfile as sf
+
+    from benchmarks.memory import hold_gpu
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    t = np.arange(3 * 24000) / 24000
+    for i in range(13):
+        tone = 0.2 * np.sin(2 * np.pi * (120 + 10 * i) * t) * (1 + 0.3 * np.sin(2 * np.pi * 3 * t))
+        sf.write(voices / f"clip{i}.wav", tone.astype(np.float32), 24000)
+        (voices / f"clip{i}.txt").write_text("This is a short reference recording for the test.")
+    holder, free = hold_gpu(4.0)
+    try:
+        assert 3.5 < free < 4.5
+        server = start_server(
+            FULL, voices, tmp_path / "server.log", device="cuda", timeout=400,
+            extra=["--no-zeroconf", "--custom-voice-model", "none", "--design-model", "none",
+                   "--voice", "clip0", "--fixed-frames", "12"],
+        )
+        try:
+            for i in range(13):
+                assert len(_speak(server, {"input": f"Clip {i} speaks.", "voice": f"clip{i}"})) == 12 * 1920 * 2
+            log = server.output()
+            assert "CUBLAS_STATUS_ALLOC_FAILED" not in log and "out of GPU memory" not in log, log[-3000:]
+            assert "Traceback" not in log and server.alive()
+        finally:
+            stop_server(server)
+    finally:
+        holder.kill()
+        holder.wait(10)
+
+
 def test_fifty_swaps_leave_gpu_memory_flat_and_the_streams_the_same(
     checkpoints: Path, voices_dir: Path, eight_gb_free: float
 ) -> None:

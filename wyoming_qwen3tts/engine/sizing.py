@@ -60,6 +60,13 @@ CONTEXT_GROWTH_BYTES = int(0.15 * GB)
 #: clip's preparation failed in ``cublasCreate`` and a preset request ran out of memory
 #: (15.5 MiB free).
 DRIVER_HEADROOM_BYTES = int(0.25 * GB)
+#: Device memory the driver must still show free for a clone clip to be prepared ahead of its
+#: first request (``BatchedEngine.prime``): what serving needs beyond the plan (a prompt
+#: worker's cuBLAS handle and 32 MiB workspace, a new clip's codec encoder run, a few MB of
+#: decoder state per clip). On the H200 with 4 GB free the Base model (one stream) prepared 13
+#: clips at start (12 preset anchors and a clone) and left none: every request then failed in
+#: ``cublasCreate``. A clip not prepared ahead is prepared by its first request.
+PRIME_HEADROOM_BYTES = int(0.25 * GB)
 
 
 def slot_positions(

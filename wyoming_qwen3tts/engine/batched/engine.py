@@ -61,12 +61,18 @@ from .prefill import Prefill
 from .prompt import Prompt, PromptBuilder
 from ..prompts import ClonePrompts
 from ..segment import Segment
+from ..sizing import PRIME_HEADROOM_BYTES
 from .stages.intake import Inline, PromptWorker, hold
 from .step import FrameStep, SlotState
 
 Intake = PromptWorker | Inline
 
 _LOGGER = logging.getLogger(__name__)
+
+#: Free device memory under which ``prime`` returns its stream's cached blocks to the driver
+#: (``empty_cache`` makes the running streams wait for a few ms; with more free it is not
+#: needed).
+_TIGHT_BYTES = 4 * PRIME_HEADROOM_BYTES
 
 
 @dataclass
@@ -165,6 +171,7 @@ class BatchedEngine(Engine):
         self.overlap = self.use_graphs and overlap_decode
         self._side = role_stream(self.device, f"{kind.value}-decode") if self.overlap else None
         self._prime_lock = threading.Lock()
+        self._prime_skipped = False  # said once: clips are no longer prepared ahead (memory)
         self._copied: torch.cuda.Event | None = None  # the last decode has taken its codes
         self._decoded: torch.cuda.Event | None = None  # the last decode has finished
         self._host: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -218,7 +225,10 @@ class BatchedEngine(Engine):
         speaker embedding and ICL codes (``ClonePrompts``, the codec encoder's first run
         included) and the codec decoder's state after those codes (``Prefill.prefix``). Runs
         on a CUDA stream of its own; safe while the engine serves. True if prepared (the Base
-        model only).
+        model only); False also where the driver shows less than
+        ``sizing.PRIME_HEADROOM_BYTES`` free (serving needs it; the clip's first request then
+        prepares it). What the preparation cached for its stream goes back to the driver
+        when less than ``_TIGHT_BYTES`` is left.
 
         Raises:
             ValueError / RuntimeError: a clip the model cannot encode.
@@ -230,11 +240,25 @@ class BatchedEngine(Engine):
             if self.device.type != "cuda":
                 self._build(segment)
                 return True
+            free = torch.cuda.mem_get_info(self.device)[0]
+            if free < PRIME_HEADROOM_BYTES:
+                if not self._prime_skipped:
+                    _LOGGER.warning(
+                        "%s model: clone clips are no longer prepared ahead (%d MB free on the GPU, %d MB kept for "
+                        "serving): each is prepared by its first request", self.kind.value, free >> 20,
+                        PRIME_HEADROOM_BYTES >> 20,
+                    )
+                self._prime_skipped = True
+                return False
             stream = role_stream(self.device, f"{self.kind.value}-prime")
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
                 self._build(segment)
             stream.synchronize()
+            if torch.cuda.mem_get_info(self.device)[0] < _TIGHT_BYTES:
+                # The codec encoder's activations stay cached for the prime stream alone, where
+                # no other stream (nor cuBLAS, which allocates outside the cache) can use them.
+                torch.cuda.empty_cache()
         return True
 
     def warmup(self, segment: Segment) -> None:
@@ -284,6 +308,36 @@ class BatchedEngine(Engine):
             raise sink.error
         if sink.samples == 0:
             raise RuntimeError("warm-up generation produced no audio")
+        if self.use_graphs:
+            self._warm_prompt_thread(segment)
+
+    def _warm_prompt_thread(self, segment: Segment) -> None:
+        """Build ``segment``'s prompt as ``serve``'s prompt worker will: on a thread other than
+        this one, on the prompts stream. That thread's cuBLAS handle (made outside PyTorch's
+        allocator) and its workspace for the stream are then made now, while an out-of-memory
+        still makes the loader retry with fewer streams; a handle goes back to PyTorch's pool
+        when its thread ends, and the prompt worker takes it from there. On the H200 with 4 GB
+        free the first prompt worker's ``cublasCreate`` failed every request.
+
+        Raises:
+            whatever building the prompt raised (an out-of-memory included).
+        """
+        stream = role_stream(self.device, f"{self.kind.value}-prompts")
+        errors: list[BaseException] = []
+
+        def build() -> None:
+            try:
+                with torch.cuda.stream(stream):
+                    self._build(segment)
+                stream.synchronize()
+            except BaseException as err:  # noqa: BLE001 - raised on the caller's thread
+                errors.append(err)
+
+        thread = threading.Thread(target=build, name=f"prompts-warm-{self.kind.value}", daemon=True)
+        thread.start()
+        thread.join()
+        if errors:
+            raise errors[0]
 
     def serve(self, source: WorkSource) -> None:
         """Generate until ``source`` closes; prompts are prepared by a ``PromptWorker``."""
