@@ -252,13 +252,16 @@ class BatchedEngine(Engine):
                 return False
             stream = role_stream(self.device, f"{self.kind.value}-prime")
             stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                self._build(segment)
-            stream.synchronize()
-            if torch.cuda.mem_get_info(self.device)[0] < _TIGHT_BYTES:
-                # The codec encoder's activations stay cached for the prime stream alone, where
-                # no other stream (nor cuBLAS, which allocates outside the cache) can use them.
-                torch.cuda.empty_cache()
+            try:
+                with torch.cuda.stream(stream):
+                    self._build(segment)
+                stream.synchronize()
+            finally:  # also after a failed preparation (an out-of-memory, say)
+                if torch.cuda.mem_get_info(self.device)[0] < _TIGHT_BYTES:
+                    # The codec encoder's activations stay cached for the prime stream alone, where
+                    # no other stream (nor cuBLAS, which allocates outside the cache) can use them.
+                    stream.synchronize()
+                    torch.cuda.empty_cache()
         return True
 
     def warmup(self, segment: Segment) -> None:
