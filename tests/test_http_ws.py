@@ -336,13 +336,32 @@ async def test_bad_input_gets_error_events_and_the_session_goes_on(ws_server: Se
     assert "Traceback" not in ws_server.output()
 
 
+async def test_a_refused_request_start_is_logged_as_refused_with_its_reason(ws_server: Server) -> None:
+    mark = len(ws_server.output())
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        session = await connect(http, ws_server)
+        await session.send({"type": "request.start", "voice": "no-such-voice"})
+        error = await session.until("error")
+        assert error["error"]["code"] == "unknown-voice"
+        await session.ws.close()
+    log = ws_server.output()[mark:]
+    assert f"WebSocket session refused: {error['error']['message']} (unknown-voice)" in log, log
+
+
 @pytest.mark.parametrize(
     ("deltas", "code", "close_code"),
-    [(["x" * (MAX_CHARS - 10), "y" * 20], "text-too-long", 1009), (["  ", "🎉"], "empty-text", 1008)],
+    [
+        (["x" * (MAX_CHARS - 10), "y" * 20], "text-too-long", 1009),
+        (["  ", "🎉"], "empty-text", 1008),
+    ],
 )
 async def test_text_the_request_cannot_take_ends_the_session(
     ws_server: Server, deltas: list[str], code: str, close_code: int
 ) -> None:
+    """The documented error event and close; the request is logged as refused with its
+    reason (not as cancelled) and counted once, as an error."""
+    cancelled = metric(await scrape(ws_server), "tts_requests_total", door="websocket", outcome="cancelled")
+    mark = len(ws_server.output())
     async with aiohttp.ClientSession(timeout=_GUARD) as http:
         session = await connect(http, ws_server)
         await session.send({"type": "request.start", "voice": "ryan"})
@@ -357,6 +376,10 @@ async def test_text_the_request_cannot_take_ends_the_session(
         other = await connect(http, ws_server)
         await speak(other, ["Still here."], voice="ryan")
         check_response(other, await other.rest())
+    log = ws_server.output()[mark:]
+    assert f"websocket request refused ({code}: {error['error']['message']}): voice ryan" in log, log
+    assert "websocket request cancelled" not in log
+    assert metric(await scrape(ws_server), "tts_requests_total", door="websocket", outcome="cancelled") == cancelled
 
 
 @pytest.mark.parametrize("size", [1_500_000, 5_000_000])
@@ -392,6 +415,7 @@ async def test_idle_session_is_closed_with_an_event(ws_server: Server) -> None:
         assert error["error"]["code"] == "idle-timeout" and "input_text.end" in error["error"]["message"]
         assert await session.rest() == 1008
     assert waited >= IDLE_S - 0.5  # not before its time (an ordering fact, not a speed one)
+    assert "websocket request refused (idle-timeout: No message for" in ws_server.output()
 
 
 async def test_disconnect_cancels_within_a_frame_and_the_server_serves_on(ws_server: Server) -> None:

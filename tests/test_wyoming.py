@@ -298,6 +298,7 @@ async def test_malformed_lines_and_unknown_events(server: Server) -> None:
 
 
 async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) -> None:
+    mark = len(server.output())
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
         await client.write_event(SynthesizeStart().event())
         await client.write_event(SynthesizeChunk(text="y" * 20_000).event())
@@ -308,6 +309,10 @@ async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) 
         events = await read_until(client, "synthesize-stopped")
         assert events[-1].type == "synthesize-stopped"
         assert (await describe(client)).tts
+    # Logged as refused, with the reason, not as cancelled.
+    log = server.output()[mark:]
+    assert "wyoming request refused (text-too-long: Text is longer than the limit" in log, log
+    assert "wyoming request cancelled" not in log
 
 
 async def test_first_audio_chunk_arrives_while_generation_goes_on(server: Server) -> None:

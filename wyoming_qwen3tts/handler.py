@@ -225,8 +225,8 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
                 raise TypeError("text must be a string")
             try:
                 self._stream.add_text(text)
-            except RequestError:
-                self._stream.cancel()
+            except RequestError as err:
+                self._stream.refuse(err)
                 self._stream, self._stream_refused = None, True
                 raise
         elif SynthesizeStop.is_type(event.type):

@@ -209,12 +209,12 @@ class SpeechSession:
         if self._finished:
             return
         self._finished = True
-        if self._stream is not None:
-            self._stream.cancel()
         err = TextTooLongError(
             f"A message over {self._ws.max_msg_size} bytes: the text is limited to "
             f"{self._service.max_chars} characters (--max-chars)"
         )
+        if self._stream is not None:
+            self._stream.refuse(err)
         with contextlib.suppress(ConnectionError, RuntimeError):
             await self._error(err)
 
@@ -284,8 +284,8 @@ class SpeechSession:
         assert self._stream is not None and self.request_id is not None
         try:
             self._stream.add_text(event.text)  # complete sentences start generating now
-        except TextTooLongError:
-            self._stream.cancel()
+        except TextTooLongError as err:
+            self._stream.refuse(err)
             raise
         self._text.append(event.text)
         self._sequence += 1
@@ -295,8 +295,9 @@ class SpeechSession:
         sequence = self._check_sequence(event)
         assert self._stream is not None and self.request_id is not None
         if not clean_text("".join(self._text)):
-            self._stream.cancel()
-            raise EmptyTextError("The text is empty or has nothing speakable")
+            err = EmptyTextError("The text is empty or has nothing speakable")
+            self._stream.refuse(err)
+            raise err
         self._ended = True
         self._sequence += 1
         self._stream.finish()
@@ -363,18 +364,23 @@ class SpeechSession:
         self._errors_in_a_row += 1
         await self._error(err)
         if self._errors_in_a_row >= MAX_ERRORS_IN_A_ROW:
-            _LOGGER.info(
-                "Closing a WebSocket session after %d refused events in a row", self._errors_in_a_row
-            )
+            why = f"Closing a WebSocket session after {self._errors_in_a_row} refused events in a row"
+            _LOGGER.info("%s", why)
+            if self._stream is not None:
+                self._stream.refuse(ev.ProtocolError("too-many-errors", why))
             await self._fail(None, WSCloseCode.POLICY_VIOLATION)
 
     async def _fail(self, err: RequestError | None, close_code: int, code: str | None = None) -> None:
-        """End the session: cancel its request, send ``err`` (if any) and close. Once."""
+        """End the session: end its request (refused with ``err``, or cancelled where the
+        server stops or ``err`` is None), send ``err`` (if any) and close. Once."""
         if self._finished:
             return
         self._finished = True
         if self._stream is not None:
-            self._stream.cancel()
+            if err is None or isinstance(err, ServerStoppingError):
+                self._stream.cancel()
+            else:  # (a stream that failed has ended already: this does nothing)
+                self._stream.refuse(err)
         with contextlib.suppress(ConnectionError, RuntimeError):
             if err is not None:
                 await self._error(err, code)
@@ -385,7 +391,8 @@ class SpeechSession:
         self._service.count_error(DOOR, _Counted(code))
         self._errors_logged += 1
         level = logging.INFO if self._errors_logged == 1 or code == "server-stopping" else logging.DEBUG
-        _LOGGER.log(level, "WebSocket %s: %s (%s)", self.request_id or "session", err, code)
+        what = {"server-stopping": "ended", "generation-failed": "failed"}.get(code, "refused")
+        _LOGGER.log(level, "WebSocket %s %s: %s (%s)", self.request_id or "session", what, err, code)
         await self._send_json(ev.error(self.request_id, str(err), code, getattr(err, "param", None)))
 
     async def _send_json(self, event: dict[str, Any]) -> None:

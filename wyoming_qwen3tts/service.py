@@ -501,6 +501,15 @@ class SpeechStream:
         self._job.cancel()
         self._record("cancelled")
 
+    def refuse(self, error: RequestError) -> None:
+        """Stop as ``cancel`` does, for a request its door refuses after it opened (its text
+        went over the limit or had nothing speakable, its client went idle): logged as
+        refused with ``error``'s code and reason, not as cancelled. Not counted in
+        ``tts_requests_total`` here: the door counts the refusal (``TtsService.count_error``).
+        Nothing happens when the stream has ended already."""
+        self._job.cancel()
+        self._record("refused", code=error.code, reason=str(error))
+
     def interrupt(self, error: RequestError) -> None:
         """Cancel on the server's behalf: iteration ends by raising ``error``."""
         self._interrupted = self._interrupted or error
@@ -532,24 +541,32 @@ class SpeechStream:
         if not self._job.cancelled.is_set():
             self._record("ok")
 
-    def _record(self, outcome: str, code: str | None = None) -> None:
+    def _record(self, outcome: str, code: str | None = None, reason: str | None = None) -> None:
+        """End the stream's accounting once: its admission slot, its metrics and the
+        request's summary log line. ``outcome``: "ok", "cancelled", "error" (counted here,
+        with ``code``) or "refused" (``refuse``: the door counts it; ``code`` and ``reason``
+        go into the log line)."""
         if self._outcome is not None:
             return
         self._outcome = outcome
         self._service._open.discard(self)
         m = self._service.metrics
-        m.requests.labels(self._door, outcome).inc()
-        if code:
-            m.errors.labels(self._door, code).inc()
+        if outcome != "refused":
+            m.requests.labels(self._door, outcome).inc()
+            if code:
+                m.errors.labels(self._door, code).inc()
         audio_s = self.samples / SAMPLE_RATE
         m.audio_seconds.labels(self._door).inc(audio_s)
         first = f"{self.first_audio_s * 1000:.0f} ms" if self.first_audio_s is not None else "none"
         points = self.timeline.describe()
         if points:  # where the milliseconds went: ms after the door had the request
             first += f" ({points})"
+        said = outcome
+        if outcome == "refused":
+            said = f"refused ({code}: {reason})"
         _LOGGER.info(
             "%s request %s: voice %s, %d chars, %d sentence(s), first audio %s, %.2f s of audio",
-            self._door, outcome, self.voice.name + (" (anchor)" if self.anchored else ""),
+            self._door, said, self.voice.name + (" (anchor)" if self.anchored else ""),
             self._chars, self._segments, first, audio_s,
         )
         if outcome == "ok" and audio_s > 0:

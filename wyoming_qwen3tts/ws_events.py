@@ -63,7 +63,8 @@ class ProtocolError(RequestError):
     """A client event this protocol does not allow now. ``code`` (kebab-case, like every
     error code of the server): ``invalid-json``, ``unknown-event``, ``invalid-event``,
     ``invalid-sequence``, ``not-configured``, ``already-configured``, ``input-ended``,
-    ``idle-timeout``, ``subprotocol-required``, ``unsupported-format``."""
+    ``idle-timeout``, ``subprotocol-required``, ``unsupported-format``; ``too-many-errors``
+    is only logged (the request of a session closed for it is logged as refused)."""
 
     def __init__(self, code: str, message: str, param: str | None = None) -> None:
         super().__init__(message)
