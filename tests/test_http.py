@@ -434,6 +434,8 @@ async def test_catalogue_models_and_probes(server: Server) -> None:
         ({"input": ""}, 400, "input", "empty-text"),
         ({"input": "  \n "}, 400, "input", "empty-text"),
         ({"input": "🎉🎉"}, 400, "input", "empty-text"),
+        ({"input": "..."}, 400, "input", "empty-text"),
+        ({"input": "?! -- **"}, 400, "input", "empty-text"),
         ({"input": 42}, 400, "input", "invalid-type"),
         ({"input": "x" * 10_001}, 413, "input", "text-too-long"),
         ({"input": TEXT, "response_format": "ogg"}, 400, "response_format", "invalid-value"),
@@ -480,6 +482,8 @@ async def test_bad_requests_get_openai_errors(
     assert set(error) == {"message", "type", "param", "code"}
     assert (error["param"], error["code"]) == (param, code)
     assert error["type"] == "invalid_request_error" and error["message"]
+    if code == "empty-text":
+        assert "nothing speakable" in error["message"]
 
 
 async def test_errors_are_counted_and_unknown_routes_are_json(server: Server) -> None:

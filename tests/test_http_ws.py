@@ -353,6 +353,7 @@ async def test_a_refused_request_start_is_logged_as_refused_with_its_reason(ws_s
     [
         (["x" * (MAX_CHARS - 10), "y" * 20], "text-too-long", 1009),
         (["  ", "🎉"], "empty-text", 1008),
+        (["..", ". ", "!?"], "empty-text", 1008),
     ],
 )
 async def test_text_the_request_cannot_take_ends_the_session(

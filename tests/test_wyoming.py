@@ -248,8 +248,8 @@ async def _expect_error(client: AsyncTcpClient, event: Event | Eventable, code: 
     [
         (Synthesize(text=""), "empty-text"),
         (Synthesize(text="   \n\t "), "empty-text"),
-        (Synthesize(text="🎉🎉"), "empty-text"),
         (Synthesize(text="x" * 20_000), "text-too-long"),
+        (Synthesize(text="...", voice=SynthesizeVoice(name="no-such-voice")), "unknown-voice"),
         (Synthesize(text="Hi.", voice=SynthesizeVoice(name="no-such-voice")), "unknown-voice"),
         (Event("synthesize", {"text": "Hi.", "voice": {"name": "aria", "language": "klingon"}}), "unsupported-language"),
         (SynthesizeChunk(text="orphan chunk"), "bad-request"),
@@ -295,6 +295,29 @@ async def test_malformed_lines_and_unknown_events(server: Server) -> None:
         assert server.output().count("INFO wyoming_qwen3tts.handler: Refused request: Malformed") == logged + 1
     finally:
         writer.close()
+
+
+@pytest.mark.parametrize("text", ["...", "🎉🎉", "?! -- **"])
+async def test_nothing_speakable_gets_empty_audio_on_both_paths(server: Server, text: str) -> None:
+    """Text with nothing to speak gets audio-start and audio-stop with no audio between, as
+    wyoming-piper answers it, never an error alone: Home Assistant reads a ``synthesize``
+    reply up to audio-stop with no timeout and skips error events there. The streamed text
+    ends the same way, then synthesize-stopped; both are logged as such. (A blank
+    ``synthesize`` is a bad request: ``test_bad_request_gets_error_and_connection_stays_usable``.)"""
+    mark = len(server.output())
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name="aria")).event())
+        events = await read_until(client, "audio-stop")
+        assert [e.type for e in events] == ["audio-start", "audio-stop"]
+        assert AudioStart.from_event(events[0]).rate == 24000
+        await client.write_event(SynthesizeStart(voice=SynthesizeVoice(name="aria")).event())
+        await client.write_event(SynthesizeChunk(text=text).event())
+        await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name="aria")).event())
+        await client.write_event(SynthesizeStop().event())
+        events = await read_until(client, "synthesize-stopped")
+        assert [e.type for e in events] == ["audio-start", "audio-stop", "synthesize-stopped"]
+    log = server.output()[mark:]
+    assert log.count("wyoming request ok (nothing speakable: no audio): voice aria") == 2, log
 
 
 async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) -> None:

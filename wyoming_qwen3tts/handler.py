@@ -3,8 +3,10 @@
 Handles ``describe`` -> ``info``; one-shot ``synthesize``; streamed text
 (``synthesize-start`` / ``synthesize-chunk`` / ``synthesize-stop`` -> ``synthesize-stopped``).
 Audio goes out as ``audio-start`` / ``audio-chunk`` / ``audio-stop`` in one format (24 kHz,
-16-bit, mono) while the model generates. Bad requests get an ``error`` event and the
-connection stays usable; unknown event types are ignored.
+16-bit, mono) while the model generates; a text with nothing speakable (but not blank)
+gets ``audio-start`` and ``audio-stop`` with no audio between, as wyoming-piper answers it.
+Bad requests get an ``error`` event and the connection stays usable; unknown event types
+are ignored.
 
 Limits (``WyomingLimits``), all enforced here, so no client can hold the server:
 
@@ -41,6 +43,7 @@ from . import __version__
 from .audio import PCM_WIDTH, SAMPLE_RATE, to_pcm16
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
 from .service import (
+    EmptyTextError,
     GenerationError,
     OverloadedError,
     RequestError,
@@ -250,11 +253,28 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         return SpeechRequest(voice=name or None, language=language or None)
 
     async def _synthesize(self, event: Event, arrived: float) -> None:
-        """``synthesize``: speak its text; ``arrived``: ``time.perf_counter()`` when it was handled."""
+        """``synthesize``: speak its text; ``arrived``: ``time.perf_counter()`` when it was handled.
+
+        A text with nothing speakable (only punctuation, emoji or markup: ``service.check_text``)
+        is answered as the streamed text's is and as wyoming-piper answers it: ``audio-start``
+        and ``audio-stop`` with no audio between, no ``error``. Home Assistant reads a
+        ``synthesize`` reply up to ``audio-stop`` with no timeout and skips ``error`` events
+        there, so an error alone would leave it waiting. A blank text (no text at all) is a bad
+        request: ``error`` ``empty-text``.
+        """
         text = event.data["text"]
         if not isinstance(text, str):
             raise TypeError("text must be a string")
-        self._speak(self._service.speak(self._request(event.data), text, arrived))
+        request = self._request(event.data)
+        try:
+            stream = self._service.speak(request, text, arrived)
+        except EmptyTextError:
+            if not text.strip():
+                raise
+            stream = self._service.open(request, streamed=False)  # the voice is still checked
+            stream.add_text(text, arrived)  # (no segment: nothing is generated)
+            stream.finish()
+        self._speak(stream)
 
     async def _start_stream(self, event: Event) -> None:
         if self._stream is not None:

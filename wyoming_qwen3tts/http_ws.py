@@ -50,9 +50,9 @@ from .service import (
     SpeechStream,
     TextTooLongError,
     TtsService,
+    check_text,
 )
 from .tempo import Tempo
-from .text import clean_text
 from .voices import ModelKind
 from . import ws_events as ev
 
@@ -294,10 +294,11 @@ class SpeechSession:
     async def _end_input(self, event: ev.ClientEvent) -> None:
         sequence = self._check_sequence(event)
         assert self._stream is not None and self.request_id is not None
-        if not clean_text("".join(self._text)):
-            err = EmptyTextError("The text is empty or has nothing speakable")
+        try:
+            check_text("".join(self._text), self._service.max_chars)  # the doors' one test of "speakable"
+        except EmptyTextError as err:
             self._stream.refuse(err)
-            raise err
+            raise
         self._ended = True
         self._sequence += 1
         self._stream.finish()

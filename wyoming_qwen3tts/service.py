@@ -564,6 +564,8 @@ class SpeechStream:
         said = outcome
         if outcome == "refused":
             said = f"refused ({code}: {reason})"
+        elif outcome == "ok" and self._segments == 0:
+            said = "ok (nothing speakable: no audio)"
         _LOGGER.info(
             "%s request %s: voice %s, %d chars, %d sentence(s), first audio %s, %.2f s of audio",
             self._door, said, self.voice.name + (" (anchor)" if self.anchored else ""),
