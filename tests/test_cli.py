@@ -83,3 +83,46 @@ def test_unwritable_folders_fail_before_loading(tmp_path: Path) -> None:
         assert result.returncode != 0
         assert f"{flag} {target}: cannot write there" in result.stderr, result.stderr[-2000:]
         assert "Loading" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_unknown_default_voice_exits_before_any_model_loads(
+    checkpoints: Path, voices_dir: Path, tmp_path: Path
+) -> None:
+    """``--voice nosuch`` without a CustomVoice model (whose speakers only its load tells):
+    clones and presets are known before loading, so start-up ends at once, in one line
+    naming a few valid voices."""
+    models = ["--clone-model", str(checkpoints / "base"), "--design-model", str(checkpoints / "voice_design")]
+    result = run_cli(
+        "--data-dir", str(tmp_path), "--voices-dir", str(voices_dir), *models,
+        "--custom-voice-model", "none", "--device", "cpu", "--engine", "reference", "--voice", "nosuch",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("--voice 'nosuch': neither a clone voice in ") and "valid voices: " in last, last
+    assert "aria" in last and "clone" in last  # a preset and a clone of the voices folder
+    assert "Loading" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_default_voice_check_knows_clones_presets_and_leaves_speakers_to_the_model(
+    voices_dir: Path, tmp_path: Path
+) -> None:
+    from wyoming_qwen3tts.startup import check_default_voice
+    from wyoming_qwen3tts.voices import ModelKind
+
+    base, design, custom = ModelKind.BASE, ModelKind.VOICE_DESIGN, ModelKind.CUSTOM_VOICE
+    for name, kinds in (
+        ("Clone", {base}),  # a clone, any case
+        ("aria", {design}),  # a shipped preset
+        ("ARIA", {base, design}),
+        ("ryan", {base, custom}),  # could be a CustomVoice speaker: the loaded model decides
+        ("nosuch", {custom}),
+        (None, {base}),  # no --voice: the server chooses
+    ):
+        check_default_voice(name, voices_dir, kinds)
+    (tmp_path / "presets.toml").write_text('[mine]\ninstruct = "A calm voice."\nlanguage = "en"\naliases = ["my-voice"]\n')
+    check_default_voice("my-voice", tmp_path, {design})  # a user preset's alias
+    with pytest.raises(SystemExit, match=r"the preset 'aria' needs the VoiceDesign model"):
+        check_default_voice("aria", voices_dir, {base})
+    with pytest.raises(SystemExit, match=r"neither a clone voice .* valid voices: clone, xvec"):
+        check_default_voice("nosuch", voices_dir, {base})

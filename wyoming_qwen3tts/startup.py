@@ -33,7 +33,7 @@ from .engine.sizing import (
     GB, TURNS_GRAPH_ROWS, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions, turns_fit,
 )
 from .metrics import Metrics
-from .voices import ModelKind, Reference
+from .voices import AUDIO_SUFFIXES, PRESETS_FILE, ModelKind, Reference, VoiceCatalog, VoiceSource, load_presets
 
 _LOGGER = logging.getLogger("wyoming_qwen3tts")
 
@@ -139,6 +139,8 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         sources = chosen
         args.cpu_speaker_default = sources[ModelKind.CUSTOM_VOICE].lower() != "none"
     args.model_sources = sources  # each model's hub id or folder: names the HTTP door accepts
+    voices_dir = Path(args.voices_dir) if args.voices_dir else Path(args.data_dir) / "voices"
+    check_default_voice(args.voice, voices_dir, {k for k, s in sources.items() if s and s.lower() != "none"})
     if pick_engine(args.engine, device) == "ggml":
         return await _load_ggml_engines(args, sources, models_dir, metrics)
     checkpoints: dict[ModelKind, Path] = {}
@@ -219,6 +221,61 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
     if lease is not None and plan is not None:
         _check_turns(engines, plan)
     return {kind: engines[kind] for kind in sorted(engines, key=list(sources).index)}
+
+
+def check_default_voice(name: str | None, voices_dir: Path, kinds: set[ModelKind]) -> None:
+    """Refuse an unknown ``--voice`` before any model loads, where that can be known.
+
+    Clone voices (audio files in ``voices_dir``, served by the Base model) and presets
+    (shipped, and the user's ``presets.toml``, served by the VoiceDesign model) are known
+    without a model; a CustomVoice speaker's name only from its loaded model, so with the
+    CustomVoice model enabled nothing is refused here (the catalogue checks the name after
+    loading). Names and aliases match case-insensitively, as ``VoiceCatalog.get``. A clone
+    file without a readable audio header is no voice here; one whose samples turn out unusable
+    (silent, cut) passes and is refused, with why, after loading.
+
+    Args:
+        name: the ``--voice`` given (None: the server chooses, nothing to check).
+        voices_dir: the clone library and user presets folder (it may not exist).
+        kinds: the model kinds enabled on the command line.
+
+    Raises:
+        SystemExit: one line naming the voice, why it cannot be served, and a few valid voices.
+    """
+    if not name or not kinds or ModelKind.CUSTOM_VOICE in kinds:
+        return
+    wanted = name.strip().casefold()
+    clones: list[str] = []
+    if ModelKind.BASE in kinds and voices_dir.is_dir():
+        clones = [
+            p.stem for p in voices_dir.iterdir()
+            if p.suffix.lower() in AUDIO_SUFFIXES and not p.name.startswith(".") and _audio_header(p)
+        ]
+    if wanted in {clone.casefold() for clone in clones}:
+        return
+    presets = dict(VoiceCatalog(None, {ModelKind.VOICE_DESIGN}).shipped)  # no folder read, no log line
+    presets.update(load_presets([voices_dir / PRESETS_FILE], VoiceSource.USER, presets))
+    preset = next((v for v in presets.values() if wanted in {n.casefold() for n in (v.name, *v.aliases)}), None)
+    if preset is not None and ModelKind.VOICE_DESIGN in kinds:
+        return
+    valid = sorted(set(clones) | ({v.name for v in presets.values()} if ModelKind.VOICE_DESIGN in kinds else set()), key=str.casefold)
+    shown = ", ".join(valid[:8]) + (f", ... ({len(valid)} in all)" if len(valid) > 8 else "") if valid else "none"
+    why = (
+        f"the preset {preset.name!r} needs the VoiceDesign model (--design-model)" if preset is not None
+        else f"neither a clone voice in {voices_dir} nor a preset (CustomVoice speakers need --custom-voice-model)"
+    )
+    raise SystemExit(f"--voice {name!r}: {why}; valid voices: {shown}")
+
+
+def _audio_header(path: Path) -> bool:
+    """True when ``path`` has a readable audio header (its clip is read when the catalogue loads)."""
+    import soundfile
+
+    try:
+        soundfile.info(str(path))
+    except Exception:  # noqa: BLE001 - any unreadable file is simply not offered
+        return False
+    return True
 
 
 def _check_turns(engines: dict[ModelKind, Engine], plan: Residency) -> None:
