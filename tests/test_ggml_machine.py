@@ -14,22 +14,38 @@ AVX2 = {"avx2", "fma", "f16c", "bmi2"}
 def test_two_cores_get_two_streams_of_two_threads_and_say_why() -> None:
     chosen = plan(2, AVX2, 16 * GB, int(1.4 * GB), "Q8_0")
     assert (chosen.streams, chosen.threads, chosen.quant, chosen.codec) == (2, 2, "Q8_0", "qwentts.cpp")
-    text = chosen.describe()
+    text = chosen.details()
     assert "1 generating, 1 decoding" in text and "second client" in text and "weights Q8_0" in text
+
+
+def test_the_info_line_is_short_and_plain() -> None:
+    """What a Home Assistant user reads at start-up: the choices in words, no jargon (the
+    reasons are ``details``, logged at DEBUG)."""
+    assert plan(4, AVX2, int(11.3 * GB), int(1.4 * GB), "Q8_0").describe() == (
+        "2 requests at once, 2 threads each, 8-bit weights (4 cores, 11.3 GB free)"
+    )
+    assert plan(8, AVX2, 4 * GB, int(1.4 * GB), "Q4_0").describe() == (
+        "1 request at once (as memory allows), 4 threads each, 4-bit weights (8 cores, 4.0 GB free)"
+    )
+    assert plan(2, AVX2, None, GB, "Q8_0", streams=3, threads=1).describe() == (
+        "3 requests at once (--ggml-streams), 1 thread each (--ggml-threads), 8-bit weights (2 cores)"
+    )
+    for line in (plan(n, AVX2 | {"avx512f"}, 16 * GB, GB, "Q8_0").describe() for n in (1, 2, 8, 64)):
+        assert len(line) < 90 and not any(word in line for word in ("Q8_0", "qwentts", "codec", "AVX", ";"))
 
 
 def test_more_cores_give_a_stream_more_threads_leaving_room_for_two_streams() -> None:
     cores = (1, 2, 4, 6, 8, 12, 16, 32, 64)
     assert [plan(n, AVX2, None, GB, "Q8_0").threads for n in cores] == [1, 2, 2, 2, 4, 6, 8, 8, 8]
     assert [plan(n, AVX2, None, GB, "Q8_0").streams for n in cores] == [2, 2, 2, 3, 2, 2, 2, 4, 4]
-    eight = plan(8, AVX2, None, GB, "Q8_0").describe()
+    eight = plan(8, AVX2, None, GB, "Q8_0").details()
     assert "4 thread(s) a stream (2 generating, 2 decoding audio" in eight and "one per 4 threads" in eight
 
 
 def test_memory_caps_the_streams_and_the_log_says_so() -> None:
     weights = int(1.4 * GB)  # 0.6B Q8_0: talker + codec files
     tight = plan(8, AVX2, 4 * GB, weights, "Q8_0")
-    assert tight.streams == 1 and "free holds 1" in tight.describe()
+    assert tight.streams == 1 and "free holds 1" in tight.details()
     assert plan(8, AVX2, 7 * GB, weights, "Q8_0").streams == 2  # 2.4 GB a context: its weights and KV cache
     assert plan(8, AVX2, 1 * GB, weights, "Q8_0").streams == 1  # never fewer than one
 
@@ -37,12 +53,12 @@ def test_memory_caps_the_streams_and_the_log_says_so() -> None:
 def test_options_override_each_choice() -> None:
     given = plan(2, AVX2, 1 * GB, GB, "Q4_0", streams=3, threads=1)
     assert (given.streams, given.threads, given.quant) == (3, 1, "Q4_0")
-    assert "(--ggml-streams)" in given.describe() and "(--ggml-threads)" in given.describe()
+    assert "(--ggml-streams)" in given.details() and "(--ggml-threads)" in given.details()
 
 
 def test_wider_isas_are_named_as_unused_by_the_avx2_build() -> None:
-    assert "AVX512F/AMX_TILE here unused" in plan(2, AVX2 | {"avx512f", "amx_tile"}, None, GB, "Q8_0").describe()
-    assert "unused" not in plan(2, AVX2, None, GB, "Q8_0").describe()
+    assert "AVX512F/AMX_TILE here unused" in plan(2, AVX2 | {"avx512f", "amx_tile"}, None, GB, "Q8_0").details()
+    assert "unused" not in plan(2, AVX2, None, GB, "Q8_0").details()
 
 
 def test_flags_and_memory_are_read_from_proc_files(tmp_path: Path) -> None:

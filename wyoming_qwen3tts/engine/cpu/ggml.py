@@ -265,7 +265,8 @@ class GgmlEngine(Engine):
             + ("" if kind is not ModelKind.BASE else ", clones in context (ICL)" if icl else ", clones by x-vector")
             + ")"
         )
-        _LOGGER.info("GGML %s model: %s", kind.value, self.plan.describe())
+        _LOGGER.info("CPU engine, %s model: %s", kind.value, self.plan.describe())
+        _LOGGER.debug("CPU engine (GGML), %s model, its choices: %s", kind.value, self.plan.details())
 
     def speakers(self) -> list[str]:
         return list(self._speakers) if self.kind is ModelKind.CUSTOM_VOICE else []

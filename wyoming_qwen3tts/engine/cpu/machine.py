@@ -1,5 +1,6 @@
 """The GGML engine's settings chosen from the machine: streams (native contexts), threads per
-stream, weight format and codec runtime, each with the reason the start-up log gives.
+stream, weight format and codec runtime. The start-up log says them in one short line at INFO
+(``CpuPlan.describe``) and each choice's reason at DEBUG (``CpuPlan.details``).
 
 What the choices rest on (``benchmarks/results/cpu-2core/limits.md``):
 
@@ -60,7 +61,11 @@ class CpuPlan:
         threads: CPU threads per stream (``ggml.thread_split`` divides them).
         quant: GGUF weight format of the generation (``Q8_0``/``Q4_0``...).
         codec: the codec runtime serving the streams.
-        reasons: one line per choice, for the start-up log.
+        reasons: one line per choice and why, for the debug log (``details``).
+        cores: CPUs usable when planned.
+        memory: bytes of memory available when planned (None: unknown).
+        given: the choices the user set (``--ggml-streams``: "streams", ``--ggml-threads``: "threads").
+        memory_bound: fewer streams than the cores allow, for lack of memory.
     """
 
     streams: int
@@ -68,9 +73,27 @@ class CpuPlan:
     quant: str
     codec: str
     reasons: list[str] = field(default_factory=list)
+    cores: int = 0
+    memory: int | None = None
+    given: frozenset[str] = frozenset()
+    memory_bound: bool = False
 
     def describe(self) -> str:
-        """One log line: the choices and why."""
+        """The choices in plain words, one short line for the start-up log, e.g. "2 requests at
+        once, 2 threads each, 8-bit weights (4 cores, 11.2 GB free)"; options the user set
+        are named."""
+        at_once = f"{self.streams} request{'s' if self.streams != 1 else ''} at once"
+        threads = f"{self.threads} thread{'s' if self.threads != 1 else ''} each"
+        at_once += " (--ggml-streams)" if "streams" in self.given else " (as memory allows)" if self.memory_bound else ""
+        threads += " (--ggml-threads)" if "threads" in self.given else ""
+        bits = {"Q8_0": "8-bit", "Q4_0": "4-bit", "F16": "16-bit"}.get(self.quant, self.quant)
+        machine = f"{self.cores} core{'s' if self.cores != 1 else ''}"
+        if self.memory is not None:
+            machine += f", {self.memory / 2**30:.1f} GB free"
+        return f"{at_once}, {threads}, {bits} weights ({machine})"
+
+    def details(self) -> str:
+        """Each choice and why, in one line (``reasons``), for the debug log."""
         return "; ".join(self.reasons)
 
 
@@ -131,9 +154,12 @@ def plan(
         streams, threads: the user's ``--ggml-streams``/``--ggml-threads`` (0: choose).
 
     Returns:
-        The plan, its ``reasons`` naming each choice and whether it was given or chosen.
+        The plan: its ``describe`` says the choices in plain words, its ``reasons`` each
+        choice and whether it was given or chosen.
     """
     reasons = []
+    given_streams, given_threads = streams, threads
+    memory_bound = False
     if threads:
         reasons.append(f"{threads} threads a stream (--ggml-threads)")
     else:
@@ -149,6 +175,7 @@ def plan(
         streams = int(min(wanted, fit))
         why = f"{cores} core(s): one per {threads} threads, at least {ROOM_FOR_STREAMS} so a second client is heard at once"
         if streams < wanted:
+            memory_bound = True
             why = f"{wanted} wanted ({why}) but {memory / 2**30:.1f} GB free holds {streams} of {per_context / 2**30:.1f} GB"  # type: ignore[operator]
         reasons.append(f"{streams} stream(s) ({why})")
     reasons.append(f"weights {quant}" + (" (8-bit: the default until 4-bit is shown to hold the voices)" if quant == "Q8_0" else ""))
@@ -158,4 +185,5 @@ def plan(
         "codec: qwentts.cpp's own (the wheel decodes inside generation)"
         + (f"; {'/'.join(unused)} here unused by the AVX2 build" if unused else "")
     )
-    return CpuPlan(streams=streams, threads=threads, quant=quant, codec=codec, reasons=reasons)
+    given = frozenset(k for k, v in (("streams", given_streams), ("threads", given_threads)) if v)
+    return CpuPlan(streams, threads, quant, codec, reasons, cores, memory, given, memory_bound)
