@@ -8,6 +8,8 @@ server's ``--seed`` the audio of a text is the same whichever door speaks it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import re
 import signal
@@ -476,6 +478,7 @@ async def test_api_key_and_handshake_errors(ws_server: Server) -> None:
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await http.ws_connect(f"{ws_server.http_url}{ev.PATH}", protocols=(ev.PROTOCOL,))
         assert refused.value.status == 401
+        assert refused.value.headers["WWW-Authenticate"] == "Bearer"  # no key: no error code (RFC 6750 3.1)
         async with http.get(f"{ws_server.http_url}{ev.PATH}", headers=AUTH) as plain:
             assert plain.status == 400 and (await plain.json())["error"]["code"] == "websocket-required"
         ws = await http.ws_connect(f"{ws_server.http_url}{ev.PATH}", headers=AUTH)  # no subprotocol offered
@@ -493,6 +496,7 @@ async def test_a_browser_offers_the_api_key_as_a_subprotocol(ws_server: Server) 
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await http.ws_connect(f"{ws_server.http_url}{ev.PATH}", protocols=(ev.PROTOCOL, ev.KEY_PROTOCOL_PREFIX + "wrong"))
         assert refused.value.status == 401
+        assert 'error="invalid_token"' in refused.value.headers["WWW-Authenticate"]
         # Only the key offered: refused at the handshake (a browser fails a handshake that
         # selects none of its subprotocols, so it never reads an error event), and the key
         # reaches no log line.
@@ -591,6 +595,18 @@ def test_readme_client_works_as_written(ws_server: Server) -> None:
     exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the README's own code
     pcm = scope["pcm"]
     assert isinstance(pcm, bytes) and len(pcm) > 0 and len(pcm) % (2 * SAMPLES_PER_FRAME) == 0
+    # The next block: a wrong key, and how the client reads why (what it prints is the
+    # README's comment; the log line the README quotes is the server's).
+    rest = section[section.index("\n```", section.index("```python\n")) + 4 :]
+    wrong = rest[rest.index("```python\n") + 10 : rest.index("\n```", rest.index("```python\n"))]
+    printed = io.StringIO()
+    mark = len(ws_server.output())
+    with contextlib.redirect_stdout(printed):
+        exec(compile(wrong, "README.md", "exec"), scope)  # noqa: S102 - the README's own code
+    said = wrong.splitlines()[-2].removeprefix("# ")
+    assert printed.getvalue().strip() == said == '401 Bearer error="invalid_token", error_description="Incorrect API key provided"'
+    quoted = re.search(r"\(`(HTTP GET [^`]+)`\)", section[: section.index(wrong)])
+    assert quoted is not None and quoted[1] in ws_server.output()[mark:]
 
 
 def test_first_audio_benchmark_runs_both_doors(ws_server: Server, tmp_path: Path) -> None:

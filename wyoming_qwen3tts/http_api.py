@@ -77,6 +77,8 @@ _KEYED = web.AppKey("keyed", bool)
 _BODY_LIMIT_KEY = web.AppKey("body_limit", int)
 _NAMES_KEY = web.AppKey("model_names", dict[str, ModelKind])  # http_request.loaded_model_names
 _CREATED = int(time.time())
+#: The refusal of a wrong API key (its ``WWW-Authenticate`` header says so too: RFC 6750 3.1).
+_WRONG_KEY = "Incorrect API key provided"
 
 
 def _as_api_error(err: RequestError) -> ApiError:
@@ -404,6 +406,16 @@ async def openapi_json(request: web.Request) -> web.Response:
 # --- application ------------------------------------------------------------------------
 
 
+def _www_authenticate(message: str) -> str:
+    """A 401's ``WWW-Authenticate`` header (RFC 6750 3.1): "Bearer" for a missing key (no error
+    code, as the RFC asks), with ``error="invalid_token"`` and ``message`` for a wrong one. A
+    client that cannot read a refused response's body (aiohttp's ``WSServerHandshakeError``
+    for a WebSocket handshake) reads the reason here."""
+    if message != _WRONG_KEY:
+        return "Bearer"
+    return f'Bearer error="invalid_token", error_description="{message}"'
+
+
 def _key_subprotocol(request: web.Request) -> str | None:
     """The API key a WebSocket handshake offers as a subprotocol (``ws_events.KEY_PROTOCOL_PREFIX``
     and the key; browsers cannot set the ``Authorization`` header), or None."""
@@ -445,7 +457,7 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
                         401, f"Missing API key: send 'Authorization: Bearer <key>'{browser}", "invalid_api_key",
                     )
                 if not hmac.compare_digest(given, expected):
-                    raise ApiError(401, "Incorrect API key provided", "invalid_api_key")
+                    raise ApiError(401, _WRONG_KEY, "invalid_api_key")
             return await handler(request)
         except RequestError as err:
             api = _as_api_error(err)
@@ -460,7 +472,7 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
                 api,
             )
             body = error_body(str(api), api.code, api.param, api.kind)
-            headers = {"WWW-Authenticate": "Bearer"} if api.status == 401 else {}
+            headers = {"WWW-Authenticate": _www_authenticate(str(api))} if api.status == 401 else {}
             if api.retry_after is not None:
                 headers["Retry-After"] = str(api.retry_after)
             return web.json_response(body, status=api.status, headers=headers)
