@@ -81,7 +81,7 @@ MIX = {
 }
 _BAD_WYOMING: list[tuple[bytes, str]] = [
     (b"not json at all\n", "malformed-event"),
-    (b'{"type": "synthesize", "data": {"text": ""}}\n', "empty-text"),
+    (b'{"type": "synthesize", "data": {"text": "' + b"x" * 20_000 + b'"}}\n', "text-too-long"),
     (b'{"type": "synthesize", "data": {"text": "Hi.", "voice": {"name": "nobody-here"}}}\n', "unknown-voice"),
     (b'{"type": "synthesize", "data": {"text": "Hi.", "voice": {"name": "aria", "language": "xx"}}}\n', "unsupported-language"),
     (b'{"type": "synthesize-chunk", "data": {"text": "orphan"}}\n', "bad-request"),

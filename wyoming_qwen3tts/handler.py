@@ -259,8 +259,8 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         is answered as the streamed text's is and as wyoming-piper answers it: ``audio-start``
         and ``audio-stop`` with no audio between, no ``error``. Home Assistant reads a
         ``synthesize`` reply up to ``audio-stop`` with no timeout and skips ``error`` events
-        there, so an error alone would leave it waiting. A blank text (no text at all) is a bad
-        request: ``error`` ``empty-text``.
+        there, so an error alone would leave it waiting. A blank text (no text at all) is
+        answered the same way.
         """
         text = event.data["text"]
         if not isinstance(text, str):
@@ -269,8 +269,6 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         try:
             stream = self._service.speak(request, text, arrived)
         except EmptyTextError:
-            if not text.strip():
-                raise
             stream = self._service.open(request, streamed=False)  # the voice is still checked
             stream.add_text(text, arrived)  # (no segment: nothing is generated)
             stream.finish()
