@@ -339,15 +339,24 @@ async def test_bad_input_gets_error_events_and_the_session_goes_on(ws_server: Se
 
 
 async def test_a_refused_request_start_is_logged_as_refused_with_its_reason(ws_server: Server) -> None:
+    """A refused ``request.start`` is logged at INFO and counted as an error even after an
+    ignored event (the new-user trial: junk first hid the refusal from the log, since only a
+    session's first error was logged); ignored events are not counted as failed requests."""
     mark = len(ws_server.output())
+    errors = metric(await scrape(ws_server), "tts_requests_total", door="websocket", outcome="error")
     async with aiohttp.ClientSession(timeout=_GUARD) as http:
         session = await connect(http, ws_server)
+        await session.ws.send_str("ping")  # not JSON: ignored, the session goes on
+        assert (await session.until("error"))["error"]["code"] == "invalid-json"
         await session.send({"type": "request.start", "voice": "no-such-voice"})
         error = await session.until("error")
         assert error["error"]["code"] == "unknown-voice"
         await session.ws.close()
     log = ws_server.output()[mark:]
+    assert "WebSocket session ignored an event: The message is not valid JSON" in log, log
     assert f"WebSocket session refused: {error['error']['message']} (unknown-voice)" in log, log
+    after = metric(await scrape(ws_server), "tts_requests_total", door="websocket", outcome="error")
+    assert after == errors + 1  # the refusal; not the ignored event
 
 
 @pytest.mark.parametrize(

@@ -95,7 +95,7 @@ class SpeechSession:
         self._samples_sent = 0  # samples in the binary messages so far (after the tempo change)
         self._finished = False  # the last event (response.done or a closing error) is sent or under way
         self._errors_in_a_row = 0
-        self._errors_logged = 0
+        self._ignored_logged = 0  # ignored events logged (the first at INFO)
         self._write_lock = asyncio.Lock()
         self._reader: asyncio.Task[Any] | None = None  # the task running ``run``: the one that reads
         self._close_wanted = asyncio.Event()  # another task asked the reader to close (``_close``)
@@ -216,7 +216,7 @@ class SpeechSession:
         if self._stream is not None:
             self._stream.refuse(err)
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await self._error(err)
+            await self._error(err, ending=True)
 
     async def _start(self, data: dict[str, Any]) -> None:
         """``request.start``: check it as ``POST /v1/audio/speech``'s body, open the stream."""
@@ -384,15 +384,28 @@ class SpeechSession:
                 self._stream.refuse(err)
         with contextlib.suppress(ConnectionError, RuntimeError):
             if err is not None:
-                await self._error(err, code)
+                await self._error(err, code, ending=True)
             await self._close(close_code)
 
-    async def _error(self, err: RequestError, code: str | None = None) -> None:
+    async def _error(self, err: RequestError, code: str | None = None, ending: bool = False) -> None:
+        """Send ``err`` as an ``error`` event, log it and count it.
+
+        An error that ends the session (``ending``) or refuses a request (``request.start``'s
+        unknown voice, format, language, a full queue) is logged at INFO every time and counted
+        in ``tts_requests_total`` as an error. An event the protocol ignores (``ProtocolError``:
+        not JSON, out of sequence, a second ``request.start``) is no request's outcome: logged as
+        ignored, at INFO for the session's first only (a client may send junk without end),
+        and not counted."""
         code = code or err.code
-        self._service.count_error(DOOR, _Counted(code))
-        self._errors_logged += 1
-        level = logging.INFO if self._errors_logged == 1 or code == "server-stopping" else logging.DEBUG
-        what = {"server-stopping": "ended", "generation-failed": "failed"}.get(code, "refused")
+        ignored = not ending and isinstance(err, ev.ProtocolError) and code != "unsupported-format"
+        if ignored:
+            self._ignored_logged += 1
+            level = logging.INFO if self._ignored_logged == 1 else logging.DEBUG
+            what = "ignored an event"
+        else:
+            self._service.count_error(DOOR, _Counted(code))
+            level = logging.INFO
+            what = {"server-stopping": "ended", "generation-failed": "failed"}.get(code, "refused")
         _LOGGER.log(level, "WebSocket %s %s: %s (%s)", self.request_id or "session", what, err, code)
         await self._send_json(ev.error(self.request_id, str(err), code, getattr(err, "param", None)))
 
