@@ -126,3 +126,33 @@ def test_default_voice_check_knows_clones_presets_and_leaves_speakers_to_the_mod
         check_default_voice("aria", voices_dir, {base})
     with pytest.raises(SystemExit, match=r"neither a clone voice .* valid voices: clone, xvec"):
         check_default_voice("nosuch", voices_dir, {base})
+    with pytest.raises(SystemExit, match=r"\(no such folder\)"):
+        check_default_voice("nosuch", tmp_path / "typo", {base})
+
+
+def test_default_voice_check_reads_custom_voice_speakers_from_the_checkpoint(
+    checkpoints: Path, voices_dir: Path, tmp_path: Path
+) -> None:
+    """The new-user trial: with a CustomVoice model enabled, ``--voice nosuch`` was found only
+    after every model loaded. Its speakers are in the checkpoint's config.json."""
+    from wyoming_qwen3tts.startup import check_default_voice, known_speakers
+    from wyoming_qwen3tts.voices import ModelKind
+
+    speakers = known_speakers(str(checkpoints / "custom_voice"), tmp_path)
+    assert speakers is not None and "ryan" in speakers and len(speakers) >= 2
+    assert known_speakers("Qwen/not-downloaded-here", tmp_path) is None  # the loaded model says
+    kinds = {ModelKind.BASE, ModelKind.CUSTOM_VOICE}
+    check_default_voice("Ryan", voices_dir, kinds, speakers)
+    check_default_voice("clone", voices_dir, kinds, speakers)
+    with pytest.raises(SystemExit, match=r"a preset nor a CustomVoice speaker; valid voices: .*ryan"):
+        check_default_voice("nosuch", voices_dir, kinds, speakers)
+    models = ["--clone-model", str(checkpoints / "base"), "--design-model", "none",
+              "--custom-voice-model", str(checkpoints / "custom_voice")]
+    result = run_cli(
+        "--data-dir", str(tmp_path), "--voices-dir", str(voices_dir), *models,
+        "--device", "cpu", "--engine", "reference", "--voice", "nosuch", cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("--voice 'nosuch': neither a clone voice in ") and "ryan" in last, last
+    assert "Loading" not in result.stderr and "Traceback" not in result.stderr

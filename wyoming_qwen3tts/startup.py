@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import functools
 import gc
+import json
 import logging
 from pathlib import Path
 
@@ -140,7 +141,9 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         args.cpu_speaker_default = sources[ModelKind.CUSTOM_VOICE].lower() != "none"
     args.model_sources = sources  # each model's hub id or folder: names the HTTP door accepts
     voices_dir = Path(args.voices_dir) if args.voices_dir else Path(args.data_dir) / "voices"
-    check_default_voice(args.voice, voices_dir, {k for k, s in sources.items() if s and s.lower() != "none"})
+    kinds = {k for k, s in sources.items() if s and s.lower() != "none"}
+    speakers = known_speakers(sources[ModelKind.CUSTOM_VOICE], models_dir) if ModelKind.CUSTOM_VOICE in kinds else None
+    check_default_voice(args.voice, voices_dir, kinds, speakers)
     if pick_engine(args.engine, device) == "ggml":
         return await _load_ggml_engines(args, sources, models_dir, metrics)
     checkpoints: dict[ModelKind, Path] = {}
@@ -223,13 +226,38 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
     return {kind: engines[kind] for kind in sorted(engines, key=list(sources).index)}
 
 
-def check_default_voice(name: str | None, voices_dir: Path, kinds: set[ModelKind]) -> None:
+def known_speakers(source: str, models_dir: Path) -> set[str] | None:
+    """A CustomVoice checkpoint's speaker names (casefolded) from its ``config.json``
+    (``talker_config.spk_id``), without loading it: ``source`` a folder, or a hub id already
+    downloaded into ``models_dir``. None where they cannot be read so (not downloaded yet, no
+    such field): the loaded model then says."""
+    path = Path(source).expanduser()
+    config: Path | None = path / "config.json" if path.is_dir() else None
+    if config is None:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(source, "config.json", cache_dir=str(models_dir))
+        except Exception:  # noqa: BLE001 - not a hub id either: the loader says why
+            return None
+        config = Path(found) if isinstance(found, str) else None
+    try:
+        names = json.loads(config.read_text())["talker_config"]["spk_id"] if config is not None else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {str(n).casefold() for n in names} if isinstance(names, dict) and names else None
+
+
+def check_default_voice(
+    name: str | None, voices_dir: Path, kinds: set[ModelKind], speakers: set[str] | None = None
+) -> None:
     """Refuse an unknown ``--voice`` before any model loads, where that can be known.
 
     Clone voices (audio files in ``voices_dir``, served by the Base model) and presets
     (shipped, and the user's ``presets.toml``, served by the VoiceDesign model) are known
-    without a model; a CustomVoice speaker's name only from its loaded model, so with the
-    CustomVoice model enabled nothing is refused here (the catalogue checks the name after
+    without a model; a CustomVoice speaker's name from the checkpoint's config
+    (``known_speakers``), or else only from the loaded model: with the CustomVoice model
+    enabled and ``speakers`` None nothing is refused here (the catalogue checks the name after
     loading). Names and aliases match case-insensitively, as ``VoiceCatalog.get``. A clone
     file without a readable audio header is no voice here; one whose samples turn out unusable
     (silent, cut) passes and is refused, with why, after loading.
@@ -238,13 +266,17 @@ def check_default_voice(name: str | None, voices_dir: Path, kinds: set[ModelKind
         name: the ``--voice`` given (None: the server chooses, nothing to check).
         voices_dir: the clone library and user presets folder (it may not exist).
         kinds: the model kinds enabled on the command line.
+        speakers: the CustomVoice model's speakers, casefolded (``known_speakers``), or None.
 
     Raises:
         SystemExit: one line naming the voice, why it cannot be served, and a few valid voices.
     """
-    if not name or not kinds or ModelKind.CUSTOM_VOICE in kinds:
+    custom = ModelKind.CUSTOM_VOICE in kinds
+    if not name or not kinds or (custom and speakers is None):
         return
     wanted = name.strip().casefold()
+    if custom and speakers is not None and wanted in speakers:
+        return
     clones: list[str] = []
     if ModelKind.BASE in kinds and voices_dir.is_dir():
         clones = [
@@ -258,11 +290,16 @@ def check_default_voice(name: str | None, voices_dir: Path, kinds: set[ModelKind
     preset = next((v for v in presets.values() if wanted in {n.casefold() for n in (v.name, *v.aliases)}), None)
     if preset is not None and ModelKind.VOICE_DESIGN in kinds:
         return
-    valid = sorted(set(clones) | ({v.name for v in presets.values()} if ModelKind.VOICE_DESIGN in kinds else set()), key=str.casefold)
+    valid = sorted(
+        set(clones) | ({v.name for v in presets.values()} if ModelKind.VOICE_DESIGN in kinds else set())
+        | (speakers if custom and speakers else set()),
+        key=str.casefold,
+    )
     shown = ", ".join(valid[:8]) + (f", ... ({len(valid)} in all)" if len(valid) > 8 else "") if valid else "none"
     why = (
         f"the preset {preset.name!r} needs the VoiceDesign model (--design-model)" if preset is not None
-        else f"neither a clone voice in {voices_dir} nor a preset (CustomVoice speakers need --custom-voice-model)"
+        else f"neither a clone voice in {voices_dir}{'' if voices_dir.is_dir() else ' (no such folder)'}, a preset nor a "
+        f"{'CustomVoice speaker' if custom else 'CustomVoice speaker (they need --custom-voice-model)'}"
     )
     raise SystemExit(f"--voice {name!r}: {why}; valid voices: {shown}")
 
