@@ -3,10 +3,10 @@
 Handles ``describe`` -> ``info``; one-shot ``synthesize``; streamed text
 (``synthesize-start`` / ``synthesize-chunk`` / ``synthesize-stop`` -> ``synthesize-stopped``).
 Audio goes out as ``audio-start`` / ``audio-chunk`` / ``audio-stop`` in one format (24 kHz,
-16-bit, mono) while the model generates; a text with nothing speakable (but not blank)
-gets ``audio-start`` and ``audio-stop`` with no audio between, as wyoming-piper answers it.
-Bad requests get an ``error`` event and the connection stays usable; unknown event types
-are ignored.
+16-bit, mono) while the model generates; a text with nothing speakable (blank, or only
+punctuation, emoji or markup) gets ``audio-start`` and ``audio-stop`` with no audio between,
+as wyoming-piper answers it. Bad requests get an ``error`` event and the connection stays
+usable; unknown event types are ignored.
 
 Limits (``WyomingLimits``), all enforced here, so no client can hold the server:
 
