@@ -48,7 +48,7 @@ from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buff
 from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from . import http_ws, openapi
 from .ws_events import KEY_PROTOCOL_PREFIX, PATH as WS_PATH, PROTOCOL, offered_subprotocols
-from .http_common import ApiError, error_body, read_json, voice_json
+from .http_common import ApiError, error_body, error_param, read_json, voice_json
 from .http_request import GENERIC_MODELS, HUB_MODEL, KIND_MODELS, SpeechParams, model_kind, parse_speech, pick_voice
 from .studio import add_routes, from_ingress, is_page  # the page is open, ingress is authenticated
 from .service import (
@@ -86,13 +86,13 @@ def _as_api_error(err: RequestError) -> ApiError:
     if isinstance(err, ApiError):
         return err
     if isinstance(err, TextTooLongError):
-        return ApiError(413, str(err), err.code, "input")
+        return ApiError(413, str(err), err.code, error_param(err))
     if isinstance(err, EmptyTextError):
-        return ApiError(400, str(err), err.code, "input")
+        return ApiError(400, str(err), err.code, error_param(err))
     if isinstance(err, VoiceNotFoundError):
-        return ApiError(404, str(err), err.code, "voice")
+        return ApiError(404, str(err), err.code, error_param(err))
     if isinstance(err, LanguageError):
-        return ApiError(400, str(err), err.code, "language")
+        return ApiError(400, str(err), err.code, error_param(err))
     if isinstance(err, OverloadedError):
         return ApiError(
             429, str(err), err.code, kind="rate_limit_error", retry_after=err.retry_after_s

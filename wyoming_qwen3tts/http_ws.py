@@ -38,7 +38,7 @@ from typing import Any
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from .audio import to_pcm16
-from .http_common import ApiError
+from .http_common import ApiError, error_param
 from .http_request import parse_speech, pick_voice
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
 from .service import (
@@ -407,7 +407,7 @@ class SpeechSession:
             level = logging.INFO
             what = {"server-stopping": "ended", "generation-failed": "failed"}.get(code, "refused")
         _LOGGER.log(level, "WebSocket %s %s: %s (%s)", self.request_id or "session", what, err, code)
-        await self._send_json(ev.error(self.request_id, str(err), code, getattr(err, "param", None)))
+        await self._send_json(ev.error(self.request_id, str(err), code, error_param(err)))
 
     async def _send_json(self, event: dict[str, Any]) -> None:
         await self._send(event)
