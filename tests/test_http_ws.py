@@ -483,11 +483,18 @@ async def test_response_cancel_ends_the_response_cancelled(ws_server: Server) ->
 
 
 async def test_api_key_and_handshake_errors(ws_server: Server) -> None:
+    """A handshake without the key gets 401, counted as this door's error (its metrics
+    label, ``door="websocket"``), not as the HTTP door's."""
+    before = await scrape(ws_server)
     async with aiohttp.ClientSession(timeout=_GUARD) as http:
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await http.ws_connect(f"{ws_server.http_url}{ev.PATH}", protocols=(ev.PROTOCOL,))
         assert refused.value.status == 401
         assert refused.value.headers["WWW-Authenticate"] == "Bearer"  # no key: no error code (RFC 6750 3.1)
+        after = await scrape(ws_server)
+        for door, more in (("websocket", 1), ("http", 0)):
+            labels = {"door": door, "code": "invalid_api_key"}
+            assert metric(after, "tts_errors_total", **labels) == metric(before, "tts_errors_total", **labels) + more
         async with http.get(f"{ws_server.http_url}{ev.PATH}", headers=AUTH) as plain:
             assert plain.status == 400 and (await plain.json())["error"]["code"] == "websocket-required"
         ws = await http.ws_connect(f"{ws_server.http_url}{ev.PATH}", headers=AUTH)  # no subprotocol offered
