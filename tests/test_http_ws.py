@@ -383,6 +383,14 @@ async def test_text_the_request_cannot_take_ends_the_session(
         await session.send({"type": "input_text.end", "sequence": len(deltas)})
         error = await session.until("error")
         assert error["error"]["code"] == code and error["request_id"].startswith("ws-")
+        assert error["error"]["param"] == "input", error  # as POST /v1/audio/speech names it
+        if code == "empty-text":  # every input_text event is acknowledged, then the refusal
+            acks = [e for e in session.events if e["type"] == "input_text.ack"]
+            assert acks[-1] == {
+                "type": "input_text.ack", "event": "input_text.end", "sequence": len(deltas),
+                "request_id": error["request_id"],
+            }, session.types()
+            assert session.types()[-2:] == ["input_text.ack", "error"], session.types()
         assert await session.rest() == close_code
         # The server serves on.
         other = await connect(http, ws_server)

@@ -292,15 +292,25 @@ class SpeechSession:
         await self._send_json(ev.ack(ev.APPEND, sequence, self.request_id))
 
     async def _end_input(self, event: ev.ClientEvent) -> None:
+        """``input_text.end``: acknowledged as every text event is, then the text is
+        complete; a text with nothing speakable is refused after the ack (``empty-text``).
+
+        Raises:
+            ProtocolError: out of sequence, before ``request.start`` or after the end.
+            EmptyTextError: nothing speakable in the whole text (the request is refused).
+        """
         sequence = self._check_sequence(event)
         assert self._stream is not None and self.request_id is not None
+        self._ended = True
+        self._sequence += 1
         try:
             check_text("".join(self._text), self._service.max_chars)  # the doors' one test of "speakable"
         except EmptyTextError as err:
+            await self._send_json(ev.ack(ev.END, sequence, self.request_id))
+            # Refused only now, with no await before ``_fail`` marks the session finished:
+            # else the speaker would see its stream end and answer response.done.
             self._stream.refuse(err)
             raise
-        self._ended = True
-        self._sequence += 1
         self._stream.finish()
         await self._send_json(ev.ack(ev.END, sequence, self.request_id))
 
