@@ -354,7 +354,10 @@ async def test_a_refused_request_start_is_logged_as_refused_with_its_reason(ws_s
         await session.ws.close()
     log = ws_server.output()[mark:]
     assert "WebSocket session ignored an event: The message is not valid JSON" in log, log
-    assert f"WebSocket session refused: {error['error']['message']} (unknown-voice)" in log, log
+    # The refusal names the id the server gave this request.start, as an accepted one's
+    # request.configured would have; the log line names the same id.
+    assert error["request_id"].startswith("ws-"), error
+    assert f"WebSocket {error['request_id']} refused: {error['error']['message']} (unknown-voice)" in log, log
     after = metric(await scrape(ws_server), "tts_requests_total", door="websocket", outcome="error")
     assert after == errors + 1  # the refusal; not the ignored event
 
@@ -383,6 +386,14 @@ async def test_text_the_request_cannot_take_ends_the_session(
         await session.send({"type": "input_text.end", "sequence": len(deltas)})
         error = await session.until("error")
         assert error["error"]["code"] == code and error["request_id"].startswith("ws-")
+        assert error["error"]["param"] == "input", error  # as POST /v1/audio/speech names it
+        if code == "empty-text":  # every input_text event is acknowledged, then the refusal
+            acks = [e for e in session.events if e["type"] == "input_text.ack"]
+            assert acks[-1] == {
+                "type": "input_text.ack", "event": "input_text.end", "sequence": len(deltas),
+                "request_id": error["request_id"],
+            }, session.types()
+            assert session.types()[-2:] == ["input_text.ack", "error"], session.types()
         assert await session.rest() == close_code
         # The server serves on.
         other = await connect(http, ws_server)
@@ -390,6 +401,7 @@ async def test_text_the_request_cannot_take_ends_the_session(
         check_response(other, await other.rest())
     log = ws_server.output()[mark:]
     assert f"websocket request refused ({code}: {error['error']['message']}): voice ryan" in log, log
+    assert log.count(error["error"]["message"]) == 1, log  # logged once, not by the door too
     assert "websocket request cancelled" not in log
     assert metric(await scrape(ws_server), "tts_requests_total", door="websocket", outcome="cancelled") == cancelled
 
@@ -408,15 +420,18 @@ async def test_message_over_the_size_limit_gets_text_too_long(ws_server: Server,
         error = await session.until("error")
         assert error["error"]["code"] == "text-too-long" and error["request_id"].startswith("ws-")
         assert f"{MAX_CHARS} characters" in error["error"]["message"]
+        assert error["error"]["param"] == "input", error
         assert await session.rest() == 1009
         other = await connect(http, ws_server)  # the server serves on
         await speak(other, ["Still here."], voice="ryan")
         check_response(other, await other.rest())
     log = ws_server.output()[mark:]
-    assert "(text-too-long)" in log and "Traceback" not in log
+    assert f"websocket request refused (text-too-long: {error['error']['message']})" in log, log
+    assert log.count(error["error"]["message"]) == 1 and "Traceback" not in log, log
 
 
 async def test_idle_session_is_closed_with_an_event(ws_server: Server) -> None:
+    mark = len(ws_server.output())
     async with aiohttp.ClientSession(timeout=_GUARD) as http:
         session = await connect(http, ws_server)
         await session.send({"type": "request.start", "voice": "ryan"})
@@ -427,7 +442,9 @@ async def test_idle_session_is_closed_with_an_event(ws_server: Server) -> None:
         assert error["error"]["code"] == "idle-timeout" and "input_text.end" in error["error"]["message"]
         assert await session.rest() == 1008
     assert waited >= IDLE_S - 0.5  # not before its time (an ordering fact, not a speed one)
-    assert "websocket request refused (idle-timeout: No message for" in ws_server.output()
+    log = ws_server.output()[mark:]
+    assert f"websocket request refused (idle-timeout: {error['error']['message']})" in log, log
+    assert log.count(error["error"]["message"]) == 1, log  # once: by the request's own line
 
 
 async def test_disconnect_cancels_within_a_frame_and_the_server_serves_on(ws_server: Server) -> None:
@@ -483,11 +500,18 @@ async def test_response_cancel_ends_the_response_cancelled(ws_server: Server) ->
 
 
 async def test_api_key_and_handshake_errors(ws_server: Server) -> None:
+    """A handshake without the key gets 401, counted as this door's error (its metrics
+    label, ``door="websocket"``), not as the HTTP door's."""
+    before = await scrape(ws_server)
     async with aiohttp.ClientSession(timeout=_GUARD) as http:
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await http.ws_connect(f"{ws_server.http_url}{ev.PATH}", protocols=(ev.PROTOCOL,))
         assert refused.value.status == 401
         assert refused.value.headers["WWW-Authenticate"] == "Bearer"  # no key: no error code (RFC 6750 3.1)
+        after = await scrape(ws_server)
+        for door, more in (("websocket", 1), ("http", 0)):
+            labels = {"door": door, "code": "invalid_api_key"}
+            assert metric(after, "tts_errors_total", **labels) == metric(before, "tts_errors_total", **labels) + more
         async with http.get(f"{ws_server.http_url}{ev.PATH}", headers=AUTH) as plain:
             assert plain.status == 400 and (await plain.json())["error"]["code"] == "websocket-required"
         ws = await http.ws_connect(f"{ws_server.http_url}{ev.PATH}", headers=AUTH)  # no subprotocol offered

@@ -318,12 +318,19 @@ async def test_nothing_speakable_gets_empty_audio_on_both_paths(server: Server, 
 
 
 async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) -> None:
+    """Past --max-chars the streamed text is refused as a one-shot ``synthesize`` of the same
+    text is: the same code and the same words."""
     mark = len(server.output())
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        await client.write_event(Synthesize(text="y" * 20_000).event())
+        one_shot = Error.from_event((await read_until(client, "error"))[-1])
+        assert one_shot.code == "text-too-long"
         await client.write_event(SynthesizeStart().event())
         await client.write_event(SynthesizeChunk(text="y" * 20_000).event())
         events = await read_until(client, "error")
         assert Error.from_event(events[-1]).code == "text-too-long"
+        assert Error.from_event(events[-1]).text == one_shot.text
+        assert "20000 characters" in one_shot.text and "--max-chars" in one_shot.text, one_shot.text
         await client.write_event(SynthesizeChunk(text="more text").event())  # dropped quietly
         await client.write_event(SynthesizeStop().event())
         events = await read_until(client, "synthesize-stopped")
@@ -331,7 +338,7 @@ async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) 
         assert (await describe(client)).tts
     # Logged as refused, with the reason, not as cancelled.
     log = server.output()[mark:]
-    assert "wyoming request refused (text-too-long: Text is longer than the limit" in log, log
+    assert f"wyoming request refused (text-too-long: {one_shot.text})" in log, log
     assert "wyoming request cancelled" not in log
 
 

@@ -48,7 +48,7 @@ from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buff
 from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from . import http_ws, openapi
 from .ws_events import KEY_PROTOCOL_PREFIX, PATH as WS_PATH, PROTOCOL, offered_subprotocols
-from .http_common import ApiError, error_body, read_json, voice_json
+from .http_common import ApiError, error_body, error_param, read_json, voice_json
 from .http_request import GENERIC_MODELS, HUB_MODEL, KIND_MODELS, SpeechParams, model_kind, parse_speech, pick_voice
 from .studio import add_routes, from_ingress, is_page  # the page is open, ingress is authenticated
 from .service import (
@@ -86,13 +86,13 @@ def _as_api_error(err: RequestError) -> ApiError:
     if isinstance(err, ApiError):
         return err
     if isinstance(err, TextTooLongError):
-        return ApiError(413, str(err), err.code, "input")
+        return ApiError(413, str(err), err.code, error_param(err))
     if isinstance(err, EmptyTextError):
-        return ApiError(400, str(err), err.code, "input")
+        return ApiError(400, str(err), err.code, error_param(err))
     if isinstance(err, VoiceNotFoundError):
-        return ApiError(404, str(err), err.code, "voice")
+        return ApiError(404, str(err), err.code, error_param(err))
     if isinstance(err, LanguageError):
-        return ApiError(400, str(err), err.code, "language")
+        return ApiError(400, str(err), err.code, error_param(err))
     if isinstance(err, OverloadedError):
         return ApiError(
             429, str(err), err.code, kind="rate_limit_error", retry_after=err.retry_after_s
@@ -435,6 +435,7 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         counted = request.path.startswith("/v1/")
+        door = http_ws.DOOR if request.path == WS_PATH else "http"  # the metrics' door label
         try:
             if (
                 expected is not None
@@ -462,7 +463,7 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
         except RequestError as err:
             api = _as_api_error(err)
             if counted:
-                service.count_error("http", api)
+                service.count_error(door, api)
             _LOGGER.info(
                 "HTTP %s %s refused (%d %s): %s",
                 request.method,
@@ -485,7 +486,7 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
                 limit = request.app[_BODY_LIMIT_KEY]
                 message = f"The request body is over the server's limit of {limit} bytes ({limit / (1 << 20):.1f} MiB)"
             if counted:
-                service.count_error("http", ApiError(err.status, message, code))
+                service.count_error(door, ApiError(err.status, message, code))
             keep = {k: v for k, v in err.headers.items() if k in ("Allow",)}  # 405 names methods
             return web.json_response(error_body(message, code), status=err.status, headers=keep)
         except HttpProcessingError as err:
@@ -495,7 +496,7 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
             _LOGGER.info("HTTP %s %s refused (400 invalid-body): %s", request.method, request.path, reason)
             body = error_body(f"The request body is malformed: {reason}", "invalid-body")
             if counted:
-                service.count_error("http", ApiError(400, reason, "invalid-body"))
+                service.count_error(door, ApiError(400, reason, "invalid-body"))
             return web.json_response(body, status=400)
         except ConnectionError:
             raise
@@ -503,7 +504,7 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
             _LOGGER.exception("HTTP %s %s failed", request.method, request.path)
             body = error_body("Internal server error (logged)", "internal-error", kind="server_error")
             if counted:
-                service.count_error("http", ApiError(500, "internal error", "internal-error"))
+                service.count_error(door, ApiError(500, "internal error", "internal-error"))
             return web.json_response(body, status=500)
 
     return handle

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .service import RequestError
+from .service import EmptyTextError, LanguageError, RequestError, TextTooLongError, VoiceNotFoundError
 from .voices import ModelKind, Voice
 
 #: The model name that speaks each kind (``GET /v1/models``, a voice's ``model``).
@@ -55,6 +55,23 @@ def error_body(
 ) -> dict[str, Any]:
     """OpenAI's error object."""
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_param(err: RequestError) -> str | None:
+    """The request field a refusal names (OpenAI's error ``param``), the same on every door
+    that speaks OpenAI's errors: an ``ApiError``'s own; ``input`` for the text (empty,
+    nothing speakable, over ``--max-chars``: on the WebSocket the text of the
+    ``input_text.append`` events), ``voice`` for an unknown voice, ``language`` for an
+    unsupported language; None for the others."""
+    if isinstance(err, ApiError):
+        return err.param
+    if isinstance(err, (TextTooLongError, EmptyTextError)):
+        return "input"
+    if isinstance(err, VoiceNotFoundError):
+        return "voice"
+    if isinstance(err, LanguageError):
+        return "language"
+    return getattr(err, "param", None)
 
 
 def voice_json(voice: Voice) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from typing import Any
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from .audio import to_pcm16
-from .http_common import ApiError
+from .http_common import ApiError, error_param
 from .http_request import parse_speech, pick_voice
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
 from .service import (
@@ -185,10 +185,12 @@ class SpeechSession:
             self._close_wanted.set()
 
     async def _handle(self, data: str) -> None:
+        request_id = None  # a request.start's: the id its request has, or would have had
         try:
             event = ev.parse_client_event(data)
             if event.type == ev.START:
-                await self._start(event.data)
+                request_id = self.request_id or f"ws-{uuid.uuid4().hex}"
+                await self._start(event.data, request_id)
             elif event.type == ev.APPEND:
                 await self._append(event)
             elif event.type == ev.END:
@@ -201,7 +203,7 @@ class SpeechSession:
         except EmptyTextError as err:
             await self._fail(err, WSCloseCode.POLICY_VIOLATION)
         except RequestError as err:
-            await self._refuse(err)
+            await self._refuse(err, request_id)
 
     async def message_too_big(self) -> None:
         """aiohttp read a message over ``max_msg_size`` and is about to close (1009): send
@@ -218,8 +220,13 @@ class SpeechSession:
         with contextlib.suppress(ConnectionError, RuntimeError):
             await self._error(err, ending=True)
 
-    async def _start(self, data: dict[str, Any]) -> None:
-        """``request.start``: check it as ``POST /v1/audio/speech``'s body, open the stream."""
+    async def _start(self, data: dict[str, Any], request_id: str) -> None:
+        """``request.start``: check it as ``POST /v1/audio/speech``'s body, open the stream
+        as the request ``request_id``; its refusal carries that id too (the door's ``_handle``).
+
+        Raises:
+            RequestError: the start is refused (``ProtocolError``, ``ApiError``, the service's).
+        """
         if self.request_id is not None:
             raise ev.ProtocolError(
                 "already-configured", "This session has its request: open a new WebSocket for another"
@@ -254,7 +261,7 @@ class SpeechSession:
         request = SpeechRequest(name, params.language, params.instructions, params.seed, door=DOOR)
         self._stream = self._service.open(request)
         self._tempo = Tempo(params.speed)
-        self.request_id = f"ws-{uuid.uuid4().hex}"
+        self.request_id = request_id
         self._speaker = asyncio.create_task(
             self._speak(self._stream), name=f"websocket speaker {self.request_id}"
         )
@@ -292,15 +299,25 @@ class SpeechSession:
         await self._send_json(ev.ack(ev.APPEND, sequence, self.request_id))
 
     async def _end_input(self, event: ev.ClientEvent) -> None:
+        """``input_text.end``: acknowledged as every text event is, then the text is
+        complete; a text with nothing speakable is refused after the ack (``empty-text``).
+
+        Raises:
+            ProtocolError: out of sequence, before ``request.start`` or after the end.
+            EmptyTextError: nothing speakable in the whole text (the request is refused).
+        """
         sequence = self._check_sequence(event)
         assert self._stream is not None and self.request_id is not None
+        self._ended = True
+        self._sequence += 1
         try:
             check_text("".join(self._text), self._service.max_chars)  # the doors' one test of "speakable"
         except EmptyTextError as err:
+            await self._send_json(ev.ack(ev.END, sequence, self.request_id))
+            # Refused only now, with no await before ``_fail`` marks the session finished:
+            # else the speaker would see its stream end and answer response.done.
             self._stream.refuse(err)
             raise
-        self._ended = True
-        self._sequence += 1
         self._stream.finish()
         await self._send_json(ev.ack(ev.END, sequence, self.request_id))
 
@@ -360,15 +377,17 @@ class SpeechSession:
             assert self.request_id is not None
             await self._send_json(ev.response_started(self.request_id))
 
-    async def _refuse(self, err: RequestError) -> None:
-        """An ``error`` event; the session goes on (closed after too many in a row)."""
+    async def _refuse(self, err: RequestError, request_id: str | None = None) -> None:
+        """An ``error`` event; the session goes on (closed after too many in a row).
+        ``request_id``: a refused ``request.start``'s own id (else the session's request's)."""
         self._errors_in_a_row += 1
-        await self._error(err)
+        await self._error(err, request_id=request_id)
         if self._errors_in_a_row >= MAX_ERRORS_IN_A_ROW:
             why = f"Closing a WebSocket session after {self._errors_in_a_row} refused events in a row"
-            _LOGGER.info("%s", why)
-            if self._stream is not None:
-                self._stream.refuse(ev.ProtocolError("too-many-errors", why))
+            if self._stream is not None and not self._cancelled:
+                self._stream.refuse(ev.ProtocolError("too-many-errors", why))  # logged there, once
+            else:
+                _LOGGER.info("%s", why)
             await self._fail(None, WSCloseCode.POLICY_VIOLATION)
 
     async def _fail(self, err: RequestError | None, close_code: int, code: str | None = None) -> None:
@@ -387,15 +406,21 @@ class SpeechSession:
                 await self._error(err, code, ending=True)
             await self._close(close_code)
 
-    async def _error(self, err: RequestError, code: str | None = None, ending: bool = False) -> None:
-        """Send ``err`` as an ``error`` event, log it and count it.
+    async def _error(
+        self, err: RequestError, code: str | None = None, ending: bool = False, request_id: str | None = None
+    ) -> None:
+        """Send ``err`` as an ``error`` event, log it and count it. The event and the log line
+        name ``request_id`` (a refused ``request.start``'s, which the server gave it as it
+        gives an accepted one its id), else the session's request's, else none.
 
         An error that ends the session (``ending``) or refuses a request (``request.start``'s
-        unknown voice, format, language, a full queue) is logged at INFO every time and counted
-        in ``tts_requests_total`` as an error. An event the protocol ignores (``ProtocolError``:
-        not JSON, out of sequence, a second ``request.start``) is no request's outcome: logged as
-        ignored, at INFO for the session's first only (a client may send junk without end),
-        and not counted."""
+        unknown voice, format, language, a full queue) is logged at INFO once and counted in
+        ``tts_requests_total`` as an error. The refusal of an open request (its text too long
+        or with nothing speakable, an idle client) is logged by the request's own summary line
+        (``SpeechStream.refuse``, with the code and reason), so here only at DEBUG. An event
+        the protocol ignores (``ProtocolError``: not JSON, out of sequence, a second
+        ``request.start``) is no request's outcome: logged as ignored, at INFO for the
+        session's first only (a client may send junk without end), and not counted."""
         code = code or err.code
         ignored = not ending and isinstance(err, ev.ProtocolError) and code != "unsupported-format"
         if ignored:
@@ -404,10 +429,13 @@ class SpeechSession:
             what = "ignored an event"
         else:
             self._service.count_error(DOOR, _Counted(code))
-            level = logging.INFO
             what = {"server-stopping": "ended", "generation-failed": "failed"}.get(code, "refused")
-        _LOGGER.log(level, "WebSocket %s %s: %s (%s)", self.request_id or "session", what, err, code)
-        await self._send_json(ev.error(self.request_id, str(err), code, getattr(err, "param", None)))
+            # The stream's refuse logged it (unless the request had ended: cancelled).
+            refused_stream = ending and what == "refused" and self._stream is not None and not self._cancelled
+            level = logging.DEBUG if refused_stream else logging.INFO
+        request_id = request_id or self.request_id
+        _LOGGER.log(level, "WebSocket %s %s: %s (%s)", request_id or "session", what, err, code)
+        await self._send_json(ev.error(request_id, str(err), code, error_param(err)))
 
     async def _send_json(self, event: dict[str, Any]) -> None:
         await self._send(event)

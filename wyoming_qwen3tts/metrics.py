@@ -1,4 +1,4 @@
-"""Prometheus metrics, labelled by front door ("wyoming" or "http"), via prometheus-client."""
+"""Prometheus metrics, labelled by front door ("wyoming", "http" or "websocket"), via prometheus-client."""
 
 from __future__ import annotations
 

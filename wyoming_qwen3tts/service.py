@@ -61,6 +61,13 @@ class TextTooLongError(RequestError):
     code = "text-too-long"
 
 
+def text_too_long(chars: int, max_chars: int) -> TextTooLongError:
+    """The refusal of a text of ``chars`` characters (a streamed text: so far, with the delta
+    that passed the limit) over ``max_chars`` (``--max-chars``), in the same words on every
+    door and path: a whole text (``check_text``) and a streamed one (``SpeechStream.add_text``)."""
+    return TextTooLongError(f"Text is {chars} characters, over the limit of {max_chars} (--max-chars)")
+
+
 class VoiceNotFoundError(RequestError):
     """No available voice of that name."""
 
@@ -453,9 +460,7 @@ class SpeechStream:
             TextTooLongError: the stream's text passed the limit; nothing of this delta is kept.
         """
         if self._chars + len(delta) > self._service.max_chars:
-            raise TextTooLongError(
-                f"Text is longer than the limit of {self._service.max_chars} characters"
-            )
+            raise text_too_long(self._chars + len(delta), self._service.max_chars)
         self._chars += len(delta)
         if delta:
             self.timeline.mark("arrived", arrived)
@@ -608,7 +613,7 @@ def check_text(text: str, max_chars: int) -> str:
         TextTooLongError: longer than ``max_chars``.
     """
     if len(text) > max_chars:
-        raise TextTooLongError(f"Text is {len(text)} characters; the limit is {max_chars}")
+        raise text_too_long(len(text), max_chars)
     if not clean_text(text):
         raise EmptyTextError("Text is empty or has nothing speakable")
     return text

@@ -166,7 +166,8 @@ def error(
     request_id: str | None, message: str, code: str, param: str | None = None, kind: str | None = None
 ) -> dict[str, Any]:
     """An ``error`` event: OpenAI's error object (``http_common.error_body``) with the
-    request's id (None before ``request.start`` was accepted). ``kind`` defaults to
+    request's id (a refused ``request.start``'s own; None for an event before any
+    ``request.start``). ``kind`` defaults to
     ``server_error`` for the server's own failures and ``invalid_request_error`` else."""
     server_side = code in (
         "server-stopping",
