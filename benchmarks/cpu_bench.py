@@ -125,7 +125,7 @@ def run_row(
         load = os.getloadavg()[0]
         rounds = [asyncio.run(_round(port, text, clients)) for _ in range(REQUESTS)]
         results = [r for one in rounds for r in one]
-        streams = next((l for l in log.read_text(errors="replace").splitlines() if "model: " in l and "stream(s)" in l), "")
+        streams = next((l for l in log.read_text(errors="replace").splitlines() if "CPU engine, " in l and "model: " in l), "")  # ggml.py's start-up line
         rss, peak, anon = (_status_gb(proc.pid, key) for key in ("VmRSS", "VmHWM", "RssAnon"))
     finally:
         proc.terminate()
