@@ -487,6 +487,7 @@ async def test_bad_requests_get_openai_errors(
 
 
 async def test_errors_are_counted_and_unknown_routes_are_json(server: Server) -> None:
+    mark = len(server.output())
     before = metric(await scrape(server), "tts_errors_total", door="http", code="empty-text")
     assert (await post(server, {"input": ""}))[0] == 400
     assert (
@@ -505,6 +506,11 @@ async def test_errors_are_counted_and_unknown_routes_are_json(server: Server) ->
     error = json.loads(data)["error"]
     assert status == 413 and error["code"] == "body-too-large" and "limit of" in error["message"]
     assert metric(await scrape(server), "tts_errors_total", door="http", code="body-too-large") == too_big + 1
+    # ... and logged as every refusal is (the new-user trial: counted, never logged).
+    log = server.output()[mark:]
+    for line in ("GET /v1/nothing refused (404 not-found)", "GET /v1/audio/speech refused (405 method-not-allowed)",
+                 "POST /v1/audio/speech refused (413 body-too-large)"):
+        assert line in log, log
 
 
 def test_openai_client_raises_typed_errors(server: Server) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import io
 import json
+import os
 import re
 import signal
 import time
@@ -25,6 +26,7 @@ from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop, Synthe
 
 from wyoming_qwen3tts import ws_events as ev
 from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
+from wyoming_qwen3tts.http_ws import MAX_ERRORS_IN_A_ROW
 from wyoming_qwen3tts.text import frame_budget
 
 from .conftest import Server, start_server, stop_server
@@ -360,6 +362,57 @@ async def test_a_refused_request_start_is_logged_as_refused_with_its_reason(ws_s
     assert f"WebSocket {error['request_id']} refused: {error['error']['message']} (unknown-voice)" in log, log
     after = metric(await scrape(ws_server), "tts_requests_total", door="websocket", outcome="error")
     assert after == errors + 1  # the refusal; not the ignored event
+
+
+async def test_a_request_start_the_protocol_refuses_is_a_refusal_not_an_ignored_event(ws_server: Server) -> None:
+    """A ``request.start`` with ``input`` opens no request: it is refused (logged as refused
+    at INFO, counted), as one with an unknown voice is, even after an ignored event (the
+    new-user trial: it was logged as "ignored an event" and not counted)."""
+    mark = len(ws_server.output())
+    errors = metric(await scrape(ws_server), "tts_requests_total", door="websocket", outcome="error")
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        session = await connect(http, ws_server)
+        await session.send({"type": "session.update"})  # ignored
+        assert (await session.until("error"))["error"]["code"] == "unknown-event"
+        await session.send({"type": "request.start", "voice": "ryan", "input": "Hi."})
+        error = await session.until("error")
+        assert error["error"]["code"] == "invalid-event" and error["request_id"].startswith("ws-"), error
+        await session.ws.close()
+    log = ws_server.output()[mark:]
+    assert f"WebSocket {error['request_id']} refused: {error['error']['message']} (invalid-event)" in log, log
+    after = metric(await scrape(ws_server), "tts_requests_total", door="websocket", outcome="error")
+    assert after == errors + 1
+
+
+async def test_too_many_errors_in_a_row_end_the_session_with_an_error_saying_so(ws_server: Server) -> None:
+    """After ``MAX_ERRORS_IN_A_ROW`` refused events the session ends with ``error``
+    ``too-many-errors`` before the close (1008), counted once and logged once (the new-user
+    trial: the close came with no error event)."""
+    mark = len(ws_server.output())
+    errors = metric(await scrape(ws_server), "tts_errors_total", door="websocket", code="too-many-errors")
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        session = await connect(http, ws_server)
+        await session.send({"type": "request.start", "voice": "ryan"})
+        await session.until("request.configured")
+        for _ in range(MAX_ERRORS_IN_A_ROW):
+            await session.send({"type": "bogus"})
+        close_code = await session.rest()
+    codes = [e["error"]["code"] for e in session.events if e["type"] == "error"]
+    assert codes == ["unknown-event"] * MAX_ERRORS_IN_A_ROW + ["too-many-errors"], codes
+    assert close_code == 1008
+    log = ws_server.output()[mark:]
+    if "QWEN3TTS_TEST_DEBUG" not in os.environ:  # --debug would add the DEBUG line
+        assert log.count(f"after {MAX_ERRORS_IN_A_ROW} refused events in a row") == 1, log
+    after = metric(await scrape(ws_server), "tts_errors_total", door="websocket", code="too-many-errors")
+    assert after == errors + 1
+
+
+def test_overloaded_has_the_http_doors_error_type() -> None:
+    """``overloaded`` is a ``rate_limit_error`` on the WebSocket as in HTTP's 429 (the
+    new-user trial: it was a ``server_error`` here)."""
+    assert ev.error("ws-1", "busy", "overloaded")["error"]["type"] == "rate_limit_error"
+    assert ev.error("ws-1", "stopping", "server-stopping")["error"]["type"] == "server_error"
+    assert ev.error(None, "no", "unknown-voice")["error"]["type"] == "invalid_request_error"
 
 
 @pytest.mark.parametrize(

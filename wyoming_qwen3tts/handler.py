@@ -229,9 +229,11 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             try:
                 self._stream.add_text(text)
             except RequestError as err:
-                self._stream.refuse(err)
+                self._stream.refuse(err)  # the request's summary line logs it, with its reason
                 self._stream, self._stream_refused = None, True
-                raise
+                self._service.count_error("wyoming", err)
+                await self._error(str(err), err.code, logging.DEBUG)
+                return
         elif SynthesizeStop.is_type(event.type):
             await self._stop_stream()
         elif Synthesize.is_type(event.type):

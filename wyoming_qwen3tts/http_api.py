@@ -487,6 +487,8 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
                 message = f"The request body is over the server's limit of {limit} bytes ({limit / (1 << 20):.1f} MiB)"
             if counted:
                 service.count_error(door, ApiError(err.status, message, code))
+                # logged as the other refusals are (the new-user trial: counted, never logged)
+                _LOGGER.info("HTTP %s %s refused (%d %s): %s", request.method, request.path, err.status, code, message)
             keep = {k: v for k, v in err.headers.items() if k in ("Allow",)}  # 405 names methods
             return web.json_response(error_body(message, code), status=err.status, headers=keep)
         except HttpProcessingError as err:

@@ -203,7 +203,9 @@ class SpeechSession:
         except EmptyTextError as err:
             await self._fail(err, WSCloseCode.POLICY_VIOLATION)
         except RequestError as err:
-            await self._refuse(err, request_id)
+            # A request.start that opened no request is refused, whatever the reason (a
+            # missing field included); one after the session's request is an ignored event.
+            await self._refuse(err, request_id, start=request_id is not None and self.request_id is None)
 
     async def message_too_big(self) -> None:
         """aiohttp read a message over ``max_msg_size`` and is about to close (1009): send
@@ -377,18 +379,17 @@ class SpeechSession:
             assert self.request_id is not None
             await self._send_json(ev.response_started(self.request_id))
 
-    async def _refuse(self, err: RequestError, request_id: str | None = None) -> None:
-        """An ``error`` event; the session goes on (closed after too many in a row).
-        ``request_id``: a refused ``request.start``'s own id (else the session's request's)."""
+    async def _refuse(self, err: RequestError, request_id: str | None = None, start: bool = False) -> None:
+        """An ``error`` event; the session goes on. After ``MAX_ERRORS_IN_A_ROW`` in a row it
+        ends: ``error`` ``too-many-errors`` (the request refused with it), then close 1008.
+        ``request_id``: a refused ``request.start``'s own id (else the session's request's);
+        ``start``: ``err`` refused a ``request.start`` that opened no request (a refusal, never
+        an ignored event)."""
         self._errors_in_a_row += 1
-        await self._error(err, request_id=request_id)
+        await self._error(err, request_id=request_id, refused_start=start)
         if self._errors_in_a_row >= MAX_ERRORS_IN_A_ROW:
-            why = f"Closing a WebSocket session after {self._errors_in_a_row} refused events in a row"
-            if self._stream is not None and not self._cancelled:
-                self._stream.refuse(ev.ProtocolError("too-many-errors", why))  # logged there, once
-            else:
-                _LOGGER.info("%s", why)
-            await self._fail(None, WSCloseCode.POLICY_VIOLATION)
+            why = f"Closing the WebSocket session after {self._errors_in_a_row} refused events in a row"
+            await self._fail(ev.ProtocolError("too-many-errors", why), WSCloseCode.POLICY_VIOLATION)
 
     async def _fail(self, err: RequestError | None, close_code: int, code: str | None = None) -> None:
         """End the session: end its request (refused with ``err``, or cancelled where the
@@ -407,7 +408,12 @@ class SpeechSession:
             await self._close(close_code)
 
     async def _error(
-        self, err: RequestError, code: str | None = None, ending: bool = False, request_id: str | None = None
+        self,
+        err: RequestError,
+        code: str | None = None,
+        ending: bool = False,
+        request_id: str | None = None,
+        refused_start: bool = False,
     ) -> None:
         """Send ``err`` as an ``error`` event, log it and count it. The event and the log line
         name ``request_id`` (a refused ``request.start``'s, which the server gave it as it
@@ -420,9 +426,11 @@ class SpeechSession:
         (``SpeechStream.refuse``, with the code and reason), so here only at DEBUG. An event
         the protocol ignores (``ProtocolError``: not JSON, out of sequence, a second
         ``request.start``) is no request's outcome: logged as ignored, at INFO for the
-        session's first only (a client may send junk without end), and not counted."""
+        session's first only (a client may send junk without end), and not counted; a
+        ``request.start`` that opened no request (``refused_start``) is refused, whatever the
+        error."""
         code = code or err.code
-        ignored = not ending and isinstance(err, ev.ProtocolError) and code != "unsupported-format"
+        ignored = not ending and not refused_start and isinstance(err, ev.ProtocolError) and code != "unsupported-format"
         if ignored:
             self._ignored_logged += 1
             level = logging.INFO if self._ignored_logged == 1 else logging.DEBUG

@@ -167,14 +167,15 @@ def error(
 ) -> dict[str, Any]:
     """An ``error`` event: OpenAI's error object (``http_common.error_body``) with the
     request's id (a refused ``request.start``'s own; None for an event before any
-    ``request.start``). ``kind`` defaults to
-    ``server_error`` for the server's own failures and ``invalid_request_error`` else."""
+    ``request.start``). ``kind`` defaults to the type the HTTP door gives the same code:
+    ``rate_limit_error`` for ``overloaded`` (HTTP's 429), ``server_error`` for the server's
+    own failures and ``invalid_request_error`` else."""
     server_side = code in (
         "server-stopping",
         "generation-failed",
         "internal-error",
         "not-ready",
-        "overloaded",
     )
-    kind = kind or ("server_error" if server_side else "invalid_request_error")
+    default = "rate_limit_error" if code == "overloaded" else "server_error" if server_side else "invalid_request_error"
+    kind = kind or default
     return {"type": "error", "request_id": request_id, **error_body(message, code, param, kind)}
