@@ -654,6 +654,8 @@ async def test_sigterm_ends_each_session_with_an_error_event(
         ('{"type": "input_text.append", "sequence": -1, "text": "a"}', "invalid-event"),
         ('{"type": "input_text.append", "sequence": true, "text": "a"}', "invalid-event"),
         ('{"type": "input_text.append", "text": null}', "invalid-event"),
+        # text in the end would be lost quietly (the new-user trial): refused, the session goes on
+        ('{"type": "input_text.end", "text": "Hello there."}', "invalid-event"),
     ],
 )
 def test_parse_refuses_with_a_code(message: str, code: str) -> None:

@@ -96,7 +96,8 @@ def parse_client_event(message: str) -> ClientEvent:
     Raises:
         ProtocolError: ``invalid-json`` (not JSON, or not an object), ``unknown-event``
             (a ``type`` this protocol does not have), ``invalid-event`` (a field of the
-            wrong type: ``sequence`` must be a non-negative integer, ``text`` a string).
+            wrong type: ``sequence`` must be a non-negative integer, ``text`` a string; or
+            text in ``input_text.end``, which carries none).
     """
     try:
         data = json.loads(message)
@@ -119,6 +120,10 @@ def parse_client_event(message: str) -> ClientEvent:
     text = data.get("text", "") if kind == APPEND else ""
     if kind == APPEND and not isinstance(text, str):
         raise ProtocolError("invalid-event", "'text' must be a string", "text")
+    if kind == END and data.get("text"):  # else the client's last words would be lost quietly
+        raise ProtocolError(
+            "invalid-event", f"{END} carries no text: send it in {APPEND} first, then {END}", "text"
+        )
     return ClientEvent(kind, data, sequence if kind in (APPEND, END) else None, text)
 
 
