@@ -11,7 +11,7 @@ Each point is milliseconds after the door had the request (``timeline.Timeline``
 point each one is). For the ``ok`` requests of one door whose line was written in the window
 (``--since`` / ``--until``, the log's own clock; ``--last N`` keeps the last N of them), it gives
 p50 and p99 of each point (ms after arrival) and of each phase (ms since the point before it),
-and of the server's own first audio (stream opened to first chunk). With ``--client`` (a
+and of the server's own first audio (arrival to first chunk). With ``--client`` (a
 ``benchmarks/poisson.py`` ``poisson.json`` of the same run) it adds first audio at the client,
 from its row of that door.
 
@@ -137,7 +137,7 @@ def table(summary: dict[str, Any]) -> str:
     for name, s in summary["points"].items():
         lines.append(f"| {name} | {cell(s['at_p50_ms'])} | {cell(s['at_p99_ms'])} | "
                      f"{cell(s['phase_p50_ms'])} | {cell(s['phase_p99_ms'])} |")
-    for key, label in (("server_first_audio", "first audio, server (opened to first chunk)"),
+    for key, label in (("server_first_audio", "first audio, server (arrival to first chunk)"),
                        ("client_first_audio", "first audio, client (sent to first audio)")):
         if key in summary:
             s = summary[key]

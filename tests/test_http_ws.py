@@ -407,6 +407,26 @@ async def test_too_many_errors_in_a_row_end_the_session_with_an_error_saying_so(
     assert after == errors + 1
 
 
+
+async def test_first_audio_counts_from_the_first_text_not_from_request_start(ws_server: Server) -> None:
+    """A client that opens its request and sends its first words later (a voice agent
+    waiting for its LLM) is not charged that wait: the log line's first audio and the
+    ``delivered`` point are measured from the same arrival, the first text (the new-user
+    trial: first audio 2212 ms after a 2 s wait, its points ending at 159.7 ms)."""
+    mark = len(ws_server.output())
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        session = await connect(http, ws_server)
+        await session.send({"type": "request.start", "voice": "ryan"})
+        configured = await session.until("request.configured")
+        await asyncio.sleep(2.0)  # the LLM thinks
+        await session.send({"type": "input_text.append", "sequence": 0, "text": "Hello there."})
+        await session.send({"type": "input_text.end", "sequence": 1})
+        assert await session.rest() == 1000
+    line = next(l for l in ws_server.output()[mark:].splitlines() if "websocket request ok" in l)
+    first = re.search(r"first audio (\d+) ms \(.*delivered ([\d.]+)", line)
+    assert first is not None and configured["request_id"], line
+    assert abs(float(first.group(1)) - float(first.group(2))) <= 1.0, line
+
 def test_overloaded_has_the_http_doors_error_type() -> None:
     """``overloaded`` is a ``rate_limit_error`` on the WebSocket as in HTTP's 429 (the
     new-user trial: it was a ``server_error`` here)."""

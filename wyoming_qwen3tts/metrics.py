@@ -26,7 +26,7 @@ class Metrics:
             registry=self.registry,
         )
         self.first_audio = Histogram(
-            "tts_first_audio_seconds", "Time from request to first audio chunk (TTFA)", ["door"],
+            "tts_first_audio_seconds", "Time from the request's first text to its first audio chunk (TTFA)", ["door"],
             buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
         self.real_time_factor = Histogram(

@@ -411,7 +411,10 @@ class SpeechStream:
         voice: the resolved voice.
         language: the Qwen3-TTS language used.
         anchored: True when a preset is spoken by the Base model from its anchor.
-        first_audio_s: seconds from open to the first chunk, once it came.
+        first_audio_s: seconds from the request's arrival (its first text: ``timeline.arrived``;
+            the stream's opening where no text came) to its first chunk, once it came. A
+            streamed text's client may open the request long before its first words (a voice
+            agent waiting for its LLM): that wait is not the server's.
         samples: samples delivered so far (24 kHz).
         timeline: when the request passed each point to its first audio (``timeline``); the
             door marks ``written`` through ``wrote``.
@@ -442,6 +445,7 @@ class SpeechStream:
         self._chars = 0
         self._segments = 0
         self._opened = time.monotonic()
+        self._opened_at = time.perf_counter()  # the timeline's clock
         self.first_audio_s: float | None = None
         self.samples = 0
         self._outcome: str | None = None
@@ -531,7 +535,8 @@ class SpeechStream:
             async for chunk in self._job:
                 if self.first_audio_s is None:
                     self.timeline.mark("delivered")
-                    self.first_audio_s = time.monotonic() - self._opened
+                    arrived = self.timeline.arrived if self.timeline.arrived is not None else self._opened_at
+                    self.first_audio_s = max(0.0, (self.timeline.delivered or time.perf_counter()) - arrived)
                     self._service.metrics.first_audio.labels(self._door).observe(self.first_audio_s)
                 self.samples += len(chunk)
                 yield chunk

@@ -47,7 +47,7 @@ class Timeline:
         decoded: the PCM of that frame is on the host: on CUDA when the engine's wait for that
             step's delivery returned (an existing synchronization), on the CPU after the decode.
         delivered: the service's stream got the first chunk in the event loop (what the
-            log's "first audio" measures, from the stream's opening).
+            log's "first audio" and ``tts_first_audio_seconds`` measure, from ``arrived``).
         written: the door wrote the first audio bytes (its write returned).
     """
 
