@@ -444,8 +444,7 @@ class SpeechStream:
         self._segmenter = Segmenter(streamed=streamed)
         self._chars = 0
         self._segments = 0
-        self._opened = time.monotonic()
-        self._opened_at = time.perf_counter()  # the timeline's clock
+        self._opened = time.perf_counter()  # the timeline's clock
         self.first_audio_s: float | None = None
         self.samples = 0
         self._outcome: str | None = None
@@ -534,9 +533,10 @@ class SpeechStream:
         try:
             async for chunk in self._job:
                 if self.first_audio_s is None:
-                    self.timeline.mark("delivered")
-                    arrived = self.timeline.arrived if self.timeline.arrived is not None else self._opened_at
-                    self.first_audio_s = max(0.0, (self.timeline.delivered or time.perf_counter()) - arrived)
+                    delivered = time.perf_counter()
+                    self.timeline.mark("delivered", delivered)
+                    arrived = self.timeline.arrived if self.timeline.arrived is not None else self._opened
+                    self.first_audio_s = max(0.0, delivered - arrived)
                     self._service.metrics.first_audio.labels(self._door).observe(self.first_audio_s)
                 self.samples += len(chunk)
                 yield chunk
@@ -582,7 +582,7 @@ class SpeechStream:
             self._chars, self._segments, first, audio_s,
         )
         if outcome == "ok" and audio_s > 0:
-            m.real_time_factor.labels(self._door).observe((time.monotonic() - self._opened) / audio_s)
+            m.real_time_factor.labels(self._door).observe((time.perf_counter() - self._opened) / audio_s)
         for wait in self._job.queue_waits:
             m.queue_wait.labels(self._door).observe(wait)
 
