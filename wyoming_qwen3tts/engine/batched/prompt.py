@@ -306,7 +306,7 @@ class PromptBuilder:
         parts += [self._use(role), self._use(prefix)]
         if clone is not None and clone.codec is not None:
             assert clone.ref_ids is not None
-            text = torch.cat([self._project(torch.cat([clone.ref_ids, ids[:, 3:-5]], dim=-1)), eos], dim=1)
+            text = torch.cat([self._project(torch.cat([self._use(clone.ref_ids), ids[:, 3:-5]], dim=-1)), eos], dim=1)
             parts += [text + codec_pad, self._use(clone.codec)]
         else:
             text = torch.cat((self._project(ids[:, 3:-5]), eos), dim=1)
