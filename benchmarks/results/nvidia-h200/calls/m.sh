@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Stop 35's device calls (issue 27: prompts built from cached pieces), chained within 30 s
+# of each other on one H200, `.whl` carried:
+#   1: the full-size checkpoints; every GPU test but the memory ones (the prompt builder's
+#      CUDA variant among them); the lone-request breakdown, 200 requests at 1 req/s
+#   2: the Wyoming door's Poisson rows, every voice kind, 1-40 req/s
+#   3: the HTTP door's Poisson rows, every voice kind, 1-40 req/s
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+[ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export WHEELS_DONE=1 PYTHONUNBUFFERED=1
+RATES="--rates 1,10,20,30,40 --seconds 20 --warmup-s 1 --pause-s 0.5"
+case "${1:-1}" in
+  1) s=$(date +%s); CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckpt > /dev/null; echo "ckpt $(( $(date +%s) - s )) s"
+     TESTS_S=210 TESTS="--ignore=tests/test_memory_gpu.py" bash benchmarks/gpu.sh tests | tail -12
+     OUT=/tmp/res-b BREAKDOWN_S=240 bash benchmarks/gpu.sh breakdown
+     tar czf "$OUT/b.tgz" -C /tmp/res-b . ;;
+  2) OUT=/tmp/res-w POISSON_S=480 POISSON_ARGS="$RATES --doors wyoming --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson
+     tar czf "$OUT/w.tgz" -C /tmp/res-w . ;;
+  3) OUT=/tmp/res-h POISSON_S=480 POISSON_ARGS="$RATES --doors http --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson
+     tar czf "$OUT/h.tgz" -C /tmp/res-h . ;;
+esac
