@@ -97,6 +97,10 @@ def build_info(voices: list[Voice], backend: str) -> Info:
 DEFAULT_MAX_CONNECTIONS = 64
 #: Malformed events in a row after which a connection is closed (junk is not a client).
 MAX_MALFORMED_IN_A_ROW = 16
+#: A refused connection is read (and what it sends discarded) for at most this long, in s,
+#: or this many bytes, before it is closed (``Qwen3TtsEventHandler._close_refused``).
+REFUSED_LINGER_S = 2.0
+REFUSED_READ_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         if refusal is not None:
             await self._error(refusal.args[0], refusal.code)
             self._service.count_error("wyoming", refusal)
-            self.writer.close()
+            await self._close_refused()
             return
         malformed = 0
         try:
@@ -176,6 +180,26 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             self._connections.remove(self)
             await self.disconnect()
             self.writer.close()
+
+    async def _close_refused(self) -> None:
+        """Close a refused connection gracefully: end our side after the error (the client
+        reads it, then EOF), read and discard what the client sends until its EOF (at most
+        ``REFUSED_READ_BYTES`` / ``REFUSED_LINGER_S``), then close. Closing at once, with the
+        client's request unread or still on its way, resets the connection: the client's
+        write fails with a broken pipe, or its read with a reset, and the error is lost
+        (at 40 req/s on the H200, 5 of 153 refusals)."""
+        with contextlib.suppress(ConnectionError, OSError, RuntimeError, asyncio.TimeoutError):
+            if self.writer.can_write_eof():
+                self.writer.write_eof()
+            deadline = asyncio.get_running_loop().time() + REFUSED_LINGER_S
+            read = 0
+            while read < REFUSED_READ_BYTES:
+                left = deadline - asyncio.get_running_loop().time()
+                data = await asyncio.wait_for(self.reader.read(64 << 10), max(left, 0.0))
+                if not data:
+                    break
+                read += len(data)
+        self.writer.close()
 
     async def _malformed(self, err: MalformedEventError) -> None:
         """Answer a malformed event with ``error``. The first of a connection is logged at
