@@ -343,3 +343,46 @@ def test_joins_and_compaction_while_streaming_keep_every_streams_audio(
     for segment, sink, pcm in zip(segments, sinks, alone, strict=True):
         assert sink.error is None and sink.frames == segment.max_new_tokens
         np.testing.assert_allclose(sink.pcm, pcm, atol=1e-4)
+
+
+def test_a_prompt_being_built_is_waited_for_until_the_hold_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``take(..., building=True)`` (the engine's, while streams run) waits for a prompt whose
+    building is under way, up to ``BUILD_HOLD_S`` after it began; without ``building`` it
+    returns at once. So a prompt ready before the next step is prefilled before it."""
+    import torch
+
+    from wyoming_qwen3tts.engine.batched.stages import intake
+
+    building, release = threading.Event(), threading.Event()
+
+    def build(segment: Segment) -> Prompt:
+        building.set()
+        release.wait(30)
+        return Prompt(torch.zeros(1), torch.zeros(1))
+
+    source = Source()
+    worker = PromptWorker(source, build, torch.device("cpu"))
+    worker.set_free(4)
+    worker.start()
+    try:
+        # A hold longer than the build: the take returns with the prompt once it is built.
+        monkeypatch.setattr(intake, "BUILD_HOLD_S", 60.0)
+        source.items.put(Work(seg("first"), Collect()))
+        assert building.wait(10)
+        assert worker.take(4, wait=0) == []  # not while streams are idle-polled
+        threading.Timer(0.2, release.set).start()
+        got = worker.take(4, wait=0, building=True)
+        assert [p.work.segment.text for p in got] == ["first"]
+        # A hold that runs out first: the take gives up, the prompt comes at a later take.
+        building.clear()
+        release.clear()
+        monkeypatch.setattr(intake, "BUILD_HOLD_S", 0.05)
+        source.items.put(Work(seg("second"), Collect()))
+        assert building.wait(10)
+        assert worker.take(4, wait=0, building=True) == []
+        release.set()
+        assert [p.work.segment.text for p in worker.take(4, wait=10)] == ["second"]
+    finally:
+        release.set()
+        source.stop.set()
+        worker.stop()

@@ -5,7 +5,10 @@ One thread per model runs this loop:
 0. **Prepare** (``stages.intake.PromptWorker``, a thread of its own, on CUDA a stream of its
    own): while the engine steps, waiting segments are taken from the source (as many as there
    are free slots) and their prompts built: tokens, embeddings, a clone reference's codes and
-   the codec decoder's state after them. The engine thread never waits for that host work.
+   the codec decoder's state after them. The engine thread waits for that host work only
+   briefly, while the GPU runs the step in flight: a prompt whose building began less than
+   ``stages.intake.BUILD_HOLD_S`` ago is waited for, so that it is prefilled before the next
+   step is launched rather than behind it.
 1. **Admit.** The planner (``planner.Planner``) says how many prepared segments to take
    (round-robin between clients) before this step: everything that fits when nothing runs,
    else at most one prefill's worth (``prefill.MAX_JOIN`` rows), held back a step or two
@@ -439,7 +442,9 @@ class BatchedEngine(Engine):
     def _admit_some(self, intake: Intake, block: bool, most: int) -> int:
         """Take up to ``most`` prepared segments and prefill them in one replay; returns how
         many it took (started, failed or cancelled)."""
-        items = intake.take(min(most, self.pool.free), wait=None if block else 0)
+        # While streams run, a prompt being built now is waited for (briefly): prefilled before
+        # the next step rather than behind it (``PromptWorker.take``).
+        items = intake.take(min(most, self.pool.free), wait=None if block else 0, building=bool(self._rows))
         batch: list[tuple[Work, Prompt]] = []
         for item in items:
             sink = item.work.sink
