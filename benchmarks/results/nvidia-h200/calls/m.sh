@@ -7,6 +7,8 @@
 #   3: the HTTP door's Poisson rows, every voice kind, 1-30 req/s (the machine was taken back
 #      during the first try, which had 40 too; a fresh one had less time left). Not run:
 #      no machine for 10 min, and 4 measured the next change instead
+#   5: (4 had no machine either: 336 s left) the same change, CustomVoice alone on a server
+#      of its own (the breakdown stage's), Wyoming, 1, 10 and 20 req/s
 #   4: after the engine began to wait for a prompt being built (stages.intake.BUILD_HOLD_S):
 #      the Wyoming door's Poisson rows, clone and CustomVoice, 1-30 req/s
 set -uo pipefail
@@ -23,6 +25,8 @@ case "${1:-1}" in
      tar czf "$OUT/w.tgz" -C /tmp/res-w . ;;
   4) OUT=/tmp/res-w2 POISSON_S=330 POISSON_ARGS="--rates 1,10,20,30 --seconds 20 --warmup-s 1 --pause-s 0.5 --doors wyoming --voices clone,custom_voice" bash benchmarks/gpu.sh poisson
      tar czf "$OUT/w2.tgz" -C /tmp/res-w2 . ;;
+  5) OUT=/tmp/res-b2 BREAKDOWN_S=150 BREAKDOWN_ARGS="--rates 1,10,20 --seconds 20 --warmup-s 1 --pause-s 0.5" bash benchmarks/gpu.sh breakdown
+     tar czf "$OUT/b2.tgz" -C /tmp/res-b2 . ;;
   3) OUT=/tmp/res-h POISSON_S=300 POISSON_ARGS="${RATES/,40/} --doors http --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson
      tar czf "$OUT/h.tgz" -C /tmp/res-h . ;;
 esac
