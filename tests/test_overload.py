@@ -24,6 +24,8 @@ from wyoming.error import Error
 from wyoming.event import Event
 from wyoming.tts import Synthesize, SynthesizeVoice
 
+from wyoming_qwen3tts.handler import UNSPOKEN_GRACE_S
+
 from .conftest import Server, start_server, stop_server
 from .test_wyoming import check_audio_events, describe, expected_frames, read_until
 
@@ -117,6 +119,7 @@ async def test_idle_connections_and_requests_past_the_cap(limited: Server) -> No
     on."""
     idle = [await asyncio.open_connection("127.0.0.1", limited.port) for _ in range(200)]
     idle += [await asyncio.open_connection("127.0.0.1", limited.http_port) for _ in range(20)]
+    await asyncio.sleep(UNSPOKEN_GRACE_S + 0.2)  # silent past the grace a new connection has
     try:
         hold = asyncio.Barrier(7)  # no admitted request ends before all 7 have asked
         results = await asyncio.gather(
@@ -137,11 +140,13 @@ async def test_idle_connections_and_requests_past_the_cap(limited: Server) -> No
                 assert str(detail["headers"]["Retry-After"]).isdigit()  # type: ignore[index]
                 body = detail["body"]["error"]  # type: ignore[index]
                 assert set(body) == {"message", "type", "param", "code"} and body["code"] == "overloaded"
-        # Every idle connection is closed by the server: EOF, no reply.
+        # Every idle connection is closed by the server: EOF, with no reply, or with the
+        # ``overloaded`` error when it came while the others were all new (within the grace).
         closed = await asyncio.gather(
             *(asyncio.wait_for(reader.read(), _GUARD_S) for reader, _ in idle)
         )
-        assert closed == [b""] * len(idle)
+        for data in closed:
+            assert data == b"" or (b'"code": "overloaded"' in data and data.count(b"\n") == 1), data
     finally:
         for _, writer in idle:
             writer.close()
@@ -154,12 +159,13 @@ async def test_idle_connections_and_requests_past_the_cap(limited: Server) -> No
 
 
 async def test_connections_past_the_limit_evict_the_longest_idle(limited: Server) -> None:
-    """With --max-connections 32 open and idle, a new client is served at once, and the
-    oldest idle connection is the one closed."""
+    """With --max-connections 32 open and idle (silent past the grace a new connection
+    has), a new client is served at once, and the oldest idle connection is the one closed."""
     idle = []
     for _ in range(MAX_CONNECTIONS):
         idle.append(await asyncio.open_connection("127.0.0.1", limited.port))
         await asyncio.sleep(0.01)  # distinct idle times
+    await asyncio.sleep(UNSPOKEN_GRACE_S + 0.2)  # silent past the grace a new connection has
     try:
         async with AsyncTcpClient("127.0.0.1", limited.port) as client:
             assert (await describe(client)).tts
@@ -338,5 +344,48 @@ async def test_a_connection_refused_for_the_limit_gets_its_error_not_a_reset() -
                 assert (await read_until(busy, "audio-stop"))[-1].type == "audio-stop"
         finally:
             gate.set()
+            server.close()
+            await server.wait_closed()
+
+
+async def test_a_burst_past_the_limit_never_evicts_a_connection_that_has_not_spoken() -> None:
+    """Three clients connect at once to a door with room for two, each sending a request: a
+    connection accepted a moment ago has not had its request read yet, so it is not idle and
+    is not closed to make room (closing it with its request unread reset it: 2 of 15 clients
+    in the new-user trial). Each client gets its audio or an ``overloaded`` error, then EOF."""
+    import threading
+
+    from wyoming.event import async_read_event, async_write_event
+
+    from wyoming_qwen3tts.handler import Connections, WyomingLimits
+
+    from .stub_service import stub_service
+
+    async with stub_service(gate=threading.Event()) as service:  # the engine holds: audio never ends
+        connections = Connections(service, WyomingLimits(max_connections=2))
+        server = await asyncio.start_server(lambda r, w: connections(r, w).run(), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        opened = []
+        try:
+            for _ in range(5):
+                pairs = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port) for _ in range(3)))
+                opened += pairs
+                for i, (_reader, writer) in enumerate(pairs):
+                    await async_write_event(Synthesize(text=f"Client {i}.").event(), writer)
+                firsts = [await asyncio.wait_for(async_read_event(reader), _GUARD_S) for reader, _ in pairs]
+                assert all(event is not None for event in firsts), firsts
+                refused = [e for e in firsts if e is not None and Error.is_type(e.type)]
+                assert [Error.from_event(e).code for e in refused] == ["overloaded"], firsts
+                for (reader, writer), first in zip(pairs, firsts, strict=True):
+                    if first in refused:
+                        assert await asyncio.wait_for(reader.read(), _GUARD_S) == b""
+                    writer.close()
+                deadline = time.monotonic() + _GUARD_S
+                while len(connections):
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.01)
+        finally:
+            for _reader, writer in opened:
+                writer.close()
             server.close()
             await server.wait_closed()

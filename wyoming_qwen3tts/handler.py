@@ -101,6 +101,9 @@ MAX_MALFORMED_IN_A_ROW = 16
 #: or this many bytes, before it is closed (``Qwen3TtsEventHandler._close_refused``).
 REFUSED_LINGER_S = 2.0
 REFUSED_READ_BYTES = 1 << 20
+#: A connection that has sent nothing yet is not closed to make room for a new one until it
+#: is this old, in s: its request may be on its way, and closing it unread resets it.
+UNSPOKEN_GRACE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,13 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         self._malformed_seen = 0  # malformed events on this connection (only the first is logged at INFO)
         #: ``time.monotonic()`` of the last event read or write completed.
         self.last_active = time.monotonic()
+        self._opened = self.last_active
+        self._spoken = False  # an event has been read from the client
+
+    def evictable(self, now: float) -> bool:
+        """Whether this connection may be closed to make room for a new one: it owes no
+        audio, and it has sent an event or is older than ``UNSPOKEN_GRACE_S``."""
+        return not self.busy() and (self._spoken or now - self._opened > UNSPOKEN_GRACE_S)
 
     async def run(self) -> None:
         """Read events until EOF, a fatal malformed event, or ``close``. Never raises:
@@ -170,6 +180,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
                 if event is None:
                     break
                 malformed = 0
+                self._spoken = True
                 self.last_active = time.monotonic()
                 await self.handle_event(event)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -440,7 +451,8 @@ class Connections:
         if not self._accepting:
             return ServerStoppingError("The server is shutting down")
         if len(self._handlers) >= self.limits.max_connections:
-            idle = [h for h in self._handlers if not h.busy()]
+            now = time.monotonic()
+            idle = [h for h in self._handlers if h.evictable(now)]
             if not idle:
                 return OverloadedError(
                     f"Too many connections ({len(self._handlers)}, all busy); retry in a few seconds"
