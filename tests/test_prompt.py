@@ -6,6 +6,7 @@ are built on one thread's stream and read on another's."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,7 +166,7 @@ def test_threads_building_at_once_get_the_librarys_prompts(engines: dict[ModelKi
     def build(n: int) -> None:
         try:
             stream = torch.cuda.Stream() if device == "cuda" else None
-            with torch.cuda.stream(stream) if stream is not None else _nothing():
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 results[n] = [engine.builder.build(s) for s in segments]
             if stream is not None:
                 stream.synchronize()
@@ -182,10 +183,3 @@ def test_threads_building_at_once_get_the_librarys_prompts(engines: dict[ModelKi
         for ours, theirs in zip(results[n], expected, strict=True):
             same(ours, theirs)
 
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
