@@ -6,6 +6,8 @@
 #            CKPT_KINDS="voice_design base custom_voice" adds CustomVoice, as poisson needs)
 #   ckptbg   the same in the background (later stages wait on the builder's lock)
 #   profile  python -m benchmarks.profile_step
+#   linear   python -m benchmarks.linear_sweep: the step's products, cuBLAS against fused_linear
+#            tiles (LINEAR_ARGS: its flags, e.g. --tiles)
 #   bench    python -m benchmarks.bench
 #   int8     python -m benchmarks.int8_parity: int8 against bf16 weights (codes, speed, memory) on
 #            the full-size Base, VoiceDesign and CustomVoice checkpoints (builds missing ones)
@@ -42,6 +44,7 @@ for stage in "$@"; do
       for kind in ${CKPT_KINDS:-voice_design base}; do
         nohup python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > "/tmp/ckpt-$kind.log" 2>&1 &
       done ;;
+    linear) timeout "${LINEAR_S:-200}" python3 -m benchmarks.linear_sweep --out "$OUT/linear" ${LINEAR_ARGS:-} 2>&1 | tee "$OUT/linear.log" | tail -80 ;;
     profile) timeout "${PROFILE_S:-240}" python3 -m benchmarks.profile_step --out "$OUT" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile.log" | tail -45 ;;
     bench) timeout "${BENCH_S:-560}" python3 -m benchmarks.bench --out "$OUT/results" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
     int8)

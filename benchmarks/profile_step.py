@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     tts = FasterQwen3TTS.from_pretrained(str(path), device="cuda", dtype=torch.bfloat16, max_seq_len=MAX_SEQ_LEN)
     report: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     report["kernels"] = os.environ.get("QWEN3TTS_KERNELS", "triton")
+    report["matmul"] = os.environ.get("QWEN3TTS_MATMUL", "fused")
     if not args.no_bare:
         tts.warmup()
         report["bare_engine"] = bare_engine(tts, args.frames)

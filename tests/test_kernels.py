@@ -25,7 +25,8 @@ if not torch.cuda.is_available():  # conftest.py sets it; this covers running th
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from wyoming_qwen3tts.engine import Segment  # noqa: E402
-from wyoming_qwen3tts.engine.batched.kernels import attention, int8_matmul, noise, rmsnorm, rope, sampler, silu_mul  # noqa: E402
+from wyoming_qwen3tts.engine.batched.kernels import attention, int8_matmul, linear, noise, rmsnorm, rope, sampler, silu_mul  # noqa: E402
+from wyoming_qwen3tts.engine.batched.layers import FusedLayer, attention_mask, write_rows  # noqa: E402
 from wyoming_qwen3tts.engine.batched.quant import dequant_linear, quantize_rows  # noqa: E402
 from wyoming_qwen3tts.engine.batched.sampling import RowParams, effective, gumbel  # noqa: E402
 from wyoming_qwen3tts.voices import ModelKind  # noqa: E402
@@ -205,6 +206,96 @@ def test_int8_linear_is_the_dequantized_weight_matmul(device: str, dtype: torch.
         close(dequant_linear(x, q, scale, bias), exact, dtype)  # the eager form
 
 
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_fused_linear_is_the_eager_composition(device: str, dtype: torch.dtype) -> None:
+    """Every prologue/epilogue combination, plain and int8 weights, on both tile kinds
+    (broadcast up to 4 rows, ``tl.dot`` from 5), with masked rows, outputs and inputs."""
+    gen = torch.Generator().manual_seed(11)
+    k, n = (48, 40) if device == "cpu" else (1000, 1030)
+    rows = (1, 3, 6, 20) if device == "cpu" else (1, 2, 4, 8, 32, 64)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    checked = 0
+    for m in rows:
+        for norm, act, res, bias, int8 in [(1, 0, 0, 0, 0), (1, 1, 0, 0, 0), (0, 0, 1, 0, 0), (0, 0, 0, 1, 0),
+                                           (0, 0, 1, 1, 1), (1, 1, 0, 1, 1), (0, 0, 0, 0, 1)]:
+            x = rand(m, k, device=device, dtype=dtype, gen=gen)
+            w = torch.randn(n, k, generator=gen) / k**0.5
+            b = rand(n, device=device, dtype=dtype, gen=gen) if bias else None
+            if int8:
+                q, scale = quantize_rows(w)
+                weight = linear.Weight(q.to(device), scale.to(device), b)
+            else:
+                weight = linear.Weight(w.to(device=device, dtype=dtype), None, b)
+            norm_w = (rand(k, device=device, dtype=dtype, gen=gen), 1e-6) if norm else None
+            out = n // 2 if act else n
+            r = rand(m, out, device=device, dtype=dtype, gen=gen) if res else None
+            y = linear.fused_linear(x, weight, norm=norm_w, silu=bool(act), residual=r)
+            ref = linear.fused_linear_eager(x.float(), linear.Weight(weight.dense(torch.float32), None,
+                                            b.float() if b is not None else None),
+                                            norm=(norm_w[0].float(), 1e-6) if norm_w else None, silu=bool(act),
+                                            residual=r.float() if r is not None else None)
+            assert y.shape == (m, out) and y.dtype == dtype
+            torch.testing.assert_close(y.float(), ref, atol=tol * 4, rtol=tol)
+            checked += 1
+    assert checked == len(rows) * 7
+    with pytest.raises(ValueError, match="silu and residual"):
+        linear.fused_linear(x, weight, silu=True, residual=x)
+
+
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_lean_layer_is_the_eager_layer(device: str, dtype: torch.dtype) -> None:
+    """A code predictor layer (q/k norm, SiLU MLP) in six kernels (``FusedLayer._lean``)
+    computes what the eager layer computes, each row at its own cache position, and writes
+    the same keys and values into the cache; the deferred-add path agrees too."""
+    from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSTalkerCodePredictorConfig
+    from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSDecoderLayer
+
+    torch.manual_seed(5)
+    if device == "cpu":
+        dims = {"hidden_size": 48, "intermediate_size": 40, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 8}
+    else:
+        dims = {"hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16,
+                "num_key_value_heads": 8, "head_dim": 128}
+    config = Qwen3TTSTalkerCodePredictorConfig(**dims, num_hidden_layers=1)
+    config._attn_implementation = "sdpa"
+    module = Qwen3TTSDecoderLayer(config, 0)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * (0.05 if p.dim() > 1 else 1.0) + (1.0 if p.dim() == 1 else 0.0))
+    module = module.to(device=device, dtype=dtype).eval()
+    layer = FusedLayer(module)
+    assert layer.lean is not None
+    b, length, hd = 3, 17, dims["head_dim"]
+    gen = torch.Generator().manual_seed(6)
+    hidden = rand(b, 1, dims["hidden_size"], device=device, dtype=dtype, gen=gen)
+    cos, sin = rand(b, 1, hd, device=device, dtype=dtype, gen=gen), rand(b, 1, hd, device=device, dtype=dtype, gen=gen)
+    position = torch.tensor([0, 7, 16], device=device)
+    past_k = rand(b, dims["num_key_value_heads"], length, hd, device=device, dtype=dtype, gen=gen)
+    past_v = rand(b, dims["num_key_value_heads"], length, hd, device=device, dtype=dtype, gen=gen)
+    keys, values = past_k.clone(), past_v.clone()
+    with torch.no_grad():
+        lean, rest = layer._lean(hidden, cos, sin, position[:, None], keys, values, 1)
+        assert rest is None
+        k_ref, v_ref = past_k.clone(), past_v.clone()
+
+        def kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            write_rows(k_ref, k, position)
+            write_rows(v_ref, v, position)
+            return k_ref, v_ref
+
+        allowed = (torch.arange(length, device=device)[None, :] <= position[:, None])[:, None, :]
+        ref = layer(hidden, cos, sin, kv, attention_mask(allowed, layer.group, dtype))
+        close(lean, ref, dtype)
+        close(keys, k_ref, dtype)
+        close(values, v_ref, dtype)
+        layer.lean = None  # the nine-kernel path with the add deferred
+        keys, values = past_k.clone(), past_v.clone()
+        h, branch = layer.fast(hidden, None, cos, sin, position[:, None], keys, values)
+        assert branch is not None
+        close(h + branch, ref, dtype)
+
+
 def test_int8_rows_are_within_half_a_step() -> None:
     """Per-row symmetric int8: every weight within scale / 2 of its quantized value; an all-zero
     row stays zero (scale 1, no division by zero)."""
@@ -219,12 +310,14 @@ def test_int8_rows_are_within_half_a_step() -> None:
 @pytest.mark.gpu
 def test_fused_step_samples_the_eager_steps_codes(checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA, float32, sampled with the default settings: the engine with the Triton kernels
-    gives every row the codes the eager step gives it, for the same seeds."""
+    (matrix products fused with their neighbours, or cuBLAS products) gives every row the
+    codes the eager step gives it, for the same seeds."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     results = []
-    for fused in (True, False):
+    for fused, matmul in ((True, "fused"), (True, "cublas"), (False, "fused")):
         monkeypatch.setenv("QWEN3TTS_KERNELS", "triton" if fused else "eager")
+        monkeypatch.setenv("QWEN3TTS_MATMUL", matmul)
         engine = load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN, slots=3, device="cuda")
         assert engine.step.fused is fused
         sinks = [Collect() for _ in range(3)]
@@ -234,6 +327,7 @@ def test_fused_step_samples_the_eager_steps_codes(checkpoints: Path, monkeypatch
         codes = run(engine, schedule, record_codes=True)
         results.append({row: np.stack(c) for row, c in codes.items()})
         assert all(s.frames is not None for s in sinks)
-    assert results[0].keys() == results[1].keys()
-    for row in results[0]:
-        np.testing.assert_array_equal(results[0][row], results[1][row])
+    for other in results[1:]:
+        assert results[0].keys() == other.keys()
+        for row in results[0]:
+            np.testing.assert_array_equal(results[0][row], other[row])

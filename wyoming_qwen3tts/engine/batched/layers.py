@@ -23,7 +23,10 @@ position.
 ``FusedLayer.fast`` is the same layer in Triton kernels (``kernels``), for CUDA: the residual
 add folded into the next RMSNorm, q/k norm + rotary + cache write in one kernel, attention
 over each row's own filled positions only, and SiLU-multiply in one kernel: nine kernels a
-layer (four of them the matrix products).
+layer (four of them the matrix products). A SiLU layer without layer scales (the talker's and
+the code predictor's) goes further (``FusedLayer._lean``, ``kernels.linear``): each matrix
+product carries its neighbours (the RMSNorm before it, the SiLU-multiply or residual add
+after it), six kernels a layer.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kernels.weight import Weight
+
 #: ``kv(k, v) -> (keys, values)``: store this step's keys/values ([B, kv_heads, n, head_dim])
 #: and return everything to attend over ([B, kv_heads, L, head_dim]).
 KvStore = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -44,16 +49,18 @@ KvStore = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tenso
 Projection = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _fuse(linears: list[nn.Module]) -> Projection:
+def _fuse(linears: list[nn.Module]) -> tuple[Projection, Weight]:
     """Lay the linears' weights (and biases) out as one block; rebind each module's
-    parameters to views into it. Returns the projection onto their outputs side by side.
+    parameters to views into it. Returns the projection onto their outputs side by side, and
+    that block as a ``Weight`` (for ``kernels.linear``).
 
     ``quant.Int8Linear`` modules (``--weight-quant int8``) are fused the same way, int8
     weights and scales side by side (per-output-channel scales concatenate)."""
     from .quant import Int8Linear, fuse_int8
 
     if all(isinstance(lin, Int8Linear) for lin in linears):
-        return fuse_int8(linears)  # type: ignore[arg-type]
+        fused = fuse_int8(linears)  # type: ignore[arg-type]
+        return fused, Weight(fused.qweight, fused.scale, fused.bias)
     plain: list[nn.Linear] = linears  # type: ignore[assignment]
     weight = torch.cat([lin.weight.data for lin in plain])
     bias = None
@@ -66,7 +73,17 @@ def _fuse(linears: list[nn.Module]) -> Projection:
         if bias is not None:
             lin.bias = nn.Parameter(bias[start:end], requires_grad=False)
         start = end
-    return lambda x: F.linear(x, weight, bias)
+    return (lambda x: F.linear(x, weight, bias)), Weight(weight, None, bias)
+
+
+def _is_silu(act: nn.Module) -> bool:
+    """Whether ``act`` is SiLU: ``nn.SiLU``, or transformers' ``SiLUActivation`` (what
+    ``ACT2FN["silu"]`` gives from transformers 5; the same ``F.silu``)."""
+    try:
+        from transformers.activations import SiLUActivation
+    except ImportError:  # older transformers map "silu" to nn.SiLU
+        return isinstance(act, nn.SiLU)
+    return isinstance(act, (nn.SiLU, SiLUActivation))
 
 
 def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,8 +122,8 @@ class FusedLayer:
         self.kv_heads = attn.k_proj.out_features // hd
         self.group = self.heads // self.kv_heads
         self.scale = float(attn.scaling)
-        self.qkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.gate_up = _fuse([mlp.gate_proj, mlp.up_proj])
+        self.qkv, self.qkv_weight = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.gate_up, self.gate_up_weight = _fuse([mlp.gate_proj, mlp.up_proj])
         self.intermediate = mlp.gate_proj.out_features
         self.act = mlp.act_fn
         self.o_proj, self.down = attn.o_proj, mlp.down_proj
@@ -122,7 +139,13 @@ class FusedLayer:
         scale_mlp = getattr(layer, "mlp_layer_scale", None)
         self.scale_attn = scale_attn.scale if scale_attn is not None else None
         self.scale_mlp = scale_mlp.scale if scale_mlp is not None else None
-        self.silu = isinstance(self.act, nn.SiLU)
+        self.silu = _is_silu(self.act)
+        o_weight, down_weight = Weight.of(self.o_proj), Weight.of(self.down)
+        #: The layer as six kernels with the matrix products' neighbours folded in
+        #: (``kernels.linear``): a SiLU MLP, no layer scales, plain or int8 projections.
+        self.lean: tuple[Weight, Weight] | None = None
+        if self.silu and self.scale_attn is None and self.scale_mlp is None and o_weight and down_weight:
+            self.lean = (o_weight, down_weight)
 
     def __call__(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KvStore, mask: torch.Tensor
@@ -162,15 +185,17 @@ class FusedLayer:
     def fast(
         self, hidden: torch.Tensor, branch: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
         positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, splits: int = 1,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer in Triton kernels (CUDA; see ``kernels``), the residual add deferred.
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One layer in Triton kernels (CUDA; see ``kernels``).
 
-        The layer's MLP output is returned, not added: the next layer's (or the final) RMSNorm
-        adds it (``kernels.rmsnorm.add_rms_norm``), saving a kernel per layer.
+        A ``lean`` layer runs as six kernels (``_lean``) and returns (residual stream, None).
+        Otherwise the residual add is deferred: the layer's MLP output is returned, not added,
+        and the next layer's (or the final) RMSNorm adds it (``kernels.rmsnorm.add_rms_norm``).
 
         Args:
             hidden: the residual stream, [B, n, hidden] in the model's dtype.
-            branch: the previous layer's unadded MLP output [B, n, hidden], or None.
+            branch: the previous layer's unadded MLP output [B, n, hidden], or None (callers
+                pass on what the previous layer returned).
             cos, sin: ``rope_tables`` output, [B or 1, n, head_dim].
             positions: int64 [B or 1, n], each token's cache position; it attends to its
                 row's keys ``0..position``.
@@ -178,14 +203,18 @@ class FusedLayer:
             splits: programs per head along the cache (``kernels.attention``).
 
         Returns:
-            (the residual stream after attention [B, n, hidden], the MLP output [B, n, hidden]).
+            (the residual stream [B, n, hidden], the MLP output still to add [B, n, hidden] or
+            None when the stream already holds it).
         """
+        from .kernels import fused_matmul
         from .kernels.attention import decode_attention
         from .kernels.rmsnorm import add_rms_norm
         from .kernels.rope import qk_rope_kv
         from .kernels.silu_mul import silu_mul
 
         b, n, _ = hidden.shape
+        if self.lean is not None and fused_matmul(hidden):
+            return self._lean(hidden if branch is None else hidden + branch, cos, sin, positions, keys, values, splits)
         hidden, x = add_rms_norm(hidden, branch, *self.norm1)
         qkv = self.qkv(x).view(b, n, self.heads + 2 * self.kv_heads, self.head_dim)
         q = qk_rope_kv(qkv, self.qk_norm, cos, sin, positions, keys, values, self.heads)
@@ -200,6 +229,27 @@ class FusedLayer:
             act = self.act(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :]
         out = self.down(act)
         return hidden, (out * self.scale_mlp if self.scale_mlp is not None else out)
+
+    def _lean(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+        keys: torch.Tensor, values: torch.Tensor, splits: int,
+    ) -> tuple[torch.Tensor, None]:
+        """``fast`` in six kernels (``self.lean``): RMSNorm + q/k/v product; q/k norm + rotary
+        + cache write; attention; output product + residual add; RMSNorm + gate/up product +
+        SiLU-multiply; down product + residual add. Returns (the residual stream after the
+        layer, None): nothing is left to add."""
+        from .kernels.attention import decode_attention
+        from .kernels.linear import fused_linear
+        from .kernels.rope import qk_rope_kv
+
+        assert self.lean is not None
+        o_weight, down_weight = self.lean
+        b, n, _ = hidden.shape
+        qkv = fused_linear(hidden, self.qkv_weight, norm=self.norm1).view(b, n, self.heads + 2 * self.kv_heads, self.head_dim)
+        q = qk_rope_kv(qkv, self.qk_norm, cos, sin, positions, keys, values, self.heads)
+        hidden = fused_linear(decode_attention(q, keys, values, positions, self.scale, splits), o_weight, residual=hidden)
+        act = fused_linear(hidden, self.gate_up_weight, norm=self.norm2, silu=True)
+        return fused_linear(act, down_weight, residual=hidden), None
 
 
 def write_rows(store: torch.Tensor, new: torch.Tensor, positions: torch.Tensor) -> None:

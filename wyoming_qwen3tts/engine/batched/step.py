@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernels
+from .kernels.weight import Weight
 from .layers import FusedLayer, attention_mask, rope_tables, write_rows
 from .sampling import RowParams, effective, gumbel, penalise, sample
 
@@ -163,6 +164,10 @@ class FrameStep:
         self.code_table = stacked
         self.code_offsets = torch.arange(len(tables), device=device) * self.code_vocab
         self.lm_heads = [head.weight for head in predictor.lm_head]
+        #: The same heads, and the talker-to-predictor projection (None: an identity), for
+        #: ``kernels.linear``.
+        self.lm_head_weights = [Weight(w) for w in self.lm_heads]
+        self.projection = Weight.of(predictor.small_to_mtp_projection)
         pred_cfg = predictor.model.config
         dtype = state.keys[0].dtype
         self.pred_keys = [
@@ -246,6 +251,7 @@ class FrameStep:
 
     def _predict_fast(self, past_hidden: torch.Tensor, first: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """``_predict`` in Triton kernels (``FusedLayer.fast``, one sampler kernel a codebook)."""
+        from .kernels.linear import fused_linear
         from .kernels.rmsnorm import add_rms_norm
         from .kernels.sampler import sample_fused
 
@@ -255,18 +261,30 @@ class FrameStep:
         params = s.predictor_params(b)
         codes = torch.empty(b, self.groups - 1, dtype=torch.int64, device=first.device)
         first_embed = self.talker.get_input_embeddings()(first)
-        h = pred.small_to_mtp_projection(torch.stack([past_hidden, first_embed], dim=1))
+        h = self._project(torch.stack([past_hidden, first_embed], dim=1))
         for step, (_start, _n, cos, sin, _mask) in enumerate(self.pred_steps):
             positions = self.pred_positions[step]
             branch = None
             for i, layer in enumerate(self.pred_layers):
                 h, branch = layer.fast(h, branch, cos, sin, positions, self.pred_keys[i][:b], self.pred_values[i][:b])
-            assert branch is not None
-            _, last = add_rms_norm(h[:, -1], branch[:, -1], *norm)
-            sample_fused(F.linear(last, self.lm_heads[step]), params, noise[:, step], codes[:, step])
+            if branch is None:  # lean layers: the head's product normalises its input itself
+                logits = fused_linear(h[:, -1], self.lm_head_weights[step], norm=norm)
+            else:
+                logits = F.linear(add_rms_norm(h[:, -1], branch[:, -1], *norm)[1], self.lm_heads[step])
+            sample_fused(logits, params, noise[:, step], codes[:, step])
             if step + 1 < len(self.pred_steps):
-                h = pred.small_to_mtp_projection(self.code_table[codes[:, step] + step * self.code_vocab])[:, None]
+                h = self._project(self.code_table[codes[:, step] + step * self.code_vocab])[:, None]
         return codes
+
+    def _project(self, h: torch.Tensor) -> torch.Tensor:
+        """The talker-to-predictor projection of [..., talker hidden] (one kernel on CUDA)."""
+        from .kernels import fused_matmul
+
+        if self.projection is not None and fused_matmul(h):
+            from .kernels.linear import fused_linear
+
+            return fused_linear(h, self.projection)
+        return self.predictor.small_to_mtp_projection(h)
 
     def _talker_rope(self, h: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``rope_tables`` for one talker position per row: [B, 1, head_dim] each."""
@@ -290,8 +308,8 @@ class FrameStep:
         branch = None
         for i, layer in enumerate(self.talker_layers):
             h, branch = layer.fast(h, branch, cos, sin, position[:, None], s.keys[i][:b], s.values[i][:b], splits)
-        assert branch is not None
-        return add_rms_norm(h[:, 0], branch[:, 0], model.norm.weight, float(model.norm.variance_epsilon))[1]
+        rest = branch[:, 0] if branch is not None else None
+        return add_rms_norm(h[:, 0], rest, model.norm.weight, float(model.norm.variance_epsilon))[1]
 
     def _talker(self, embeds: torch.Tensor, length: int) -> torch.Tensor:
         """One talker position for rows [0, B): [B, hidden] in, last hidden [B, hidden] out."""

@@ -43,6 +43,14 @@ def enabled(t: torch.Tensor) -> bool:
     )
 
 
+def fused_matmul(t: torch.Tensor) -> bool:
+    """Whether the frame step's matrix products run as ``linear.fused_linear`` (with the norms,
+    SiLU-multiply and residual adds around them folded in) for activations like ``t``:
+    ``enabled(t)``, unless ``QWEN3TTS_MATMUL=cublas`` keeps them cuBLAS products with the
+    neighbouring kernels separate (the layout of stop 35, for comparison)."""
+    return enabled(t) and os.environ.get("QWEN3TTS_MATMUL", "fused").lower() != "cublas"
+
+
 def launcher(kernel: Any, t: torch.Tensor) -> Any:
     """``kernel``, checked to be runnable on ``t``'s device.
 
