@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Stop 36's device calls (issue 27: a cheaper frame), chained within 30 s of each other on
+# one H200, `.whl` carried:
+#   1: the kernel tests (pytest -m gpu tests/test_kernels.py); the frame profile at batch 1
+#      and 32 with the fused matrix products; the products' sweep (cuBLAS against
+#      fused_linear tiles, GPU time from graphs); the same profile with QWEN3TTS_MATMUL=cublas
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+[ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export WHEELS_DONE=1 PYTHONUNBUFFERED=1
+case "${1:-1}" in
+  1) CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
+     TESTS_S=100 TESTS="tests/test_kernels.py" bash benchmarks/gpu.sh tests | tail -8
+     OUT=/tmp/res-p PROFILE_S=150 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | tail -30
+     OUT=/tmp/res-l LINEAR_S=140 LINEAR_ARGS="--tiles" bash benchmarks/gpu.sh linear | tail -75
+     mkdir -p /tmp/res-pc; QWEN3TTS_MATMUL=cublas OUT=/tmp/res-pc PROFILE_S=110 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | tail -16
+     tar czf "$OUT/n1.tgz" -C /tmp res-p res-l res-pc ;;
+esac
