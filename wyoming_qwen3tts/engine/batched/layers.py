@@ -24,9 +24,9 @@ position.
 add folded into the next RMSNorm, q/k norm + rotary + cache write in one kernel, attention
 over each row's own filled positions only, and SiLU-multiply in one kernel: nine kernels a
 layer (four of them the matrix products). A SiLU layer without layer scales (the talker's and
-the code predictor's) goes further (``FusedLayer._lean``, ``kernels.linear``): each matrix
-product carries its neighbours (the RMSNorm before it, the SiLU-multiply or residual add
-after it), six kernels a layer.
+the code predictor's) goes further for a lone token (``FusedLayer._lean``,
+``kernels.linear``): each matrix product carries its neighbours (the RMSNorm before it, the
+SiLU-multiply or residual add after it), six kernels a layer.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels.weight import Weight
+from .kernels.weight import Weight, use_fused
 
 #: ``kv(k, v) -> (keys, values)``: store this step's keys/values ([B, kv_heads, n, head_dim])
 #: and return everything to attend over ([B, kv_heads, L, head_dim]).
@@ -213,7 +213,7 @@ class FusedLayer:
         from .kernels.silu_mul import silu_mul
 
         b, n, _ = hidden.shape
-        if self.lean is not None and fused_matmul(hidden):
+        if self.lean is not None and b * n == 1 and fused_matmul(hidden):
             return self._lean(hidden if branch is None else hidden + branch, cos, sin, positions, keys, values, splits)
         hidden, x = add_rms_norm(hidden, branch, *self.norm1)
         qkv = self.qkv(x).view(b, n, self.heads + 2 * self.kv_heads, self.head_dim)
@@ -234,22 +234,46 @@ class FusedLayer:
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
         keys: torch.Tensor, values: torch.Tensor, splits: int,
     ) -> tuple[torch.Tensor, None]:
-        """``fast`` in six kernels (``self.lean``): RMSNorm + q/k/v product; q/k norm + rotary
-        + cache write; attention; output product + residual add; RMSNorm + gate/up product +
-        SiLU-multiply; down product + residual add. Returns (the residual stream after the
-        layer, None): nothing is left to add."""
+        """``fast`` for a lone token (``self.lean``), in six kernels: RMSNorm + q/k/v product;
+        q/k norm + rotary + cache write; attention; output product + residual add; RMSNorm +
+        gate/up product + SiLU-multiply; down product + residual add (each product as
+        ``kernels.linear.fused_linear`` where ``use_fused`` says it is faster, else cuBLAS with
+        its neighbours as kernels of their own). Returns (the residual stream after the layer,
+        None): nothing is left to add."""
         from .kernels.attention import decode_attention
-        from .kernels.linear import fused_linear
         from .kernels.rope import qk_rope_kv
 
         assert self.lean is not None
         o_weight, down_weight = self.lean
         b, n, _ = hidden.shape
-        qkv = fused_linear(hidden, self.qkv_weight, norm=self.norm1).view(b, n, self.heads + 2 * self.kv_heads, self.head_dim)
+        qkv = self._product(hidden, self.qkv_weight, self.qkv, norm=self.norm1)
+        qkv = qkv.view(b, n, self.heads + 2 * self.kv_heads, self.head_dim)
         q = qk_rope_kv(qkv, self.qk_norm, cos, sin, positions, keys, values, self.heads)
-        hidden = fused_linear(decode_attention(q, keys, values, positions, self.scale, splits), o_weight, residual=hidden)
-        act = fused_linear(hidden, self.gate_up_weight, norm=self.norm2, silu=True)
-        return fused_linear(act, down_weight, residual=hidden), None
+        attention = decode_attention(q, keys, values, positions, self.scale, splits)
+        hidden = self._product(attention, o_weight, self.o_proj, residual=hidden)
+        act = self._product(hidden, self.gate_up_weight, self.gate_up, norm=self.norm2, silu=True)
+        return self._product(act, down_weight, self.down, residual=hidden), None
+
+    @staticmethod
+    def _product(
+        x: torch.Tensor, weight: Weight, projection: Projection, norm: tuple[torch.Tensor, float] | None = None,
+        silu: bool = False, residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``kernels.linear.fused_linear(x, weight, ...)``, or the same as cuBLAS
+        (``projection``) with the norm, SiLU-multiply and residual add as kernels of their own
+        where ``use_fused`` prefers that."""
+        from .kernels.linear import fused_linear
+        from .kernels.rmsnorm import add_rms_norm
+        from .kernels.silu_mul import silu_mul
+
+        if use_fused(x.numel() // x.shape[-1], x.shape[-1]):
+            return fused_linear(x, weight, norm=norm, silu=silu, residual=residual)
+        if norm is not None:
+            x = add_rms_norm(x, None, *norm)[1]
+        y = projection(x)
+        if silu:
+            y = silu_mul(y)
+        return y if residual is None else residual + y
 
 
 def write_rows(store: torch.Tensor, new: torch.Tensor, positions: torch.Tensor) -> None:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernels
-from .kernels.weight import Weight
+from .kernels.weight import Weight, use_fused
 from .layers import FusedLayer, attention_mask, rope_tables, write_rows
 from .sampling import RowParams, effective, gumbel, penalise, sample
 
@@ -280,7 +280,7 @@ class FrameStep:
         """The talker-to-predictor projection of [..., talker hidden] (one kernel on CUDA)."""
         from .kernels import fused_matmul
 
-        if self.projection is not None and fused_matmul(h):
+        if self.projection is not None and fused_matmul(h) and use_fused(h.numel() // h.shape[-1], h.shape[-1]):
             from .kernels.linear import fused_linear
 
             return fused_linear(h, self.projection)

@@ -54,12 +54,20 @@ def tiles_for(m: int, n: int, k: int, element: int) -> Tiles:
     """The tiles for ``m`` rows, ``n`` outputs (per half of a gate/up pair) and ``k`` inputs
     of ``element``-byte activations.
 
-    Up to 4 rows: broadcast products, 8 outputs a program (a 1,024-output product on 128
-    programs), the K tile shrinking as rows grow so that the [m, 8, K] product stays in
-    registers. From 5 rows: ``tl.dot`` tiles of 16 or 32 rows and 16 outputs. float32 halves
-    K (shared memory of the pipelined tiles).
+    One row (what ``use_fused`` serves), from ``benchmarks/results/linear`` (GPU time of
+    each tile on an H200, 1.7B shapes): a ``tl.dot`` tile of 16 rows x 32 outputs x 256
+    inputs for products of 3,072+ outputs (6.0 us for the predictor's q/k/v, 7.0 for its
+    gate/up, 16.1 for the talker's gate/up), and a broadcast tile of 4 outputs x 512 inputs
+    for narrower ones (128+ programs: 5.7 us for the predictor's 2,048 -> 1,024 ``o_proj``,
+    against cuBLAS's 11.8). More rows: broadcast tiles up to 4 rows, ``tl.dot`` tiles of 16
+    or 32 rows and 16 outputs from 5 (correct, but slower than cuBLAS there). float32 halves
+    K (shared memory and registers).
     """
     shrink = 2 if element >= 4 else 1
+    if m == 1:
+        if n >= 3072:
+            return Tiles(16, 32, 256 // shrink, warps=4, dot=True)
+        return Tiles(1, 4, 512 // shrink, warps=4)
     if m <= 4:
         bm = next_pow2(m)
         return Tiles(bm, 8, max(64, 512 // bm // shrink), warps=4)

@@ -1,5 +1,5 @@
-"""A projection's stored weight as the fused matrix kernels read it (no triton import, so
-the layers can hold one on any machine)."""
+"""A projection's stored weight as the fused matrix kernels read it, and which products they
+serve (no triton import, so the layers can hold one on any machine)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,19 @@ from typing import Any
 
 import torch
 from torch import nn
+
+
+#: Inputs up to which a one-row product runs as ``linear.fused_linear``: the talker's
+#: 6,144 -> 2,048 ``down`` took 15.5 us there against 13.5 for cuBLAS and its residual add
+#: (``benchmarks/results/linear``, H200); every narrower one-row product was faster fused.
+FUSED_MAX_K = 4096
+
+
+def use_fused(m: int, k: int) -> bool:
+    """Whether a product of ``m`` rows and ``k`` inputs runs as ``linear.fused_linear``: one
+    row only (a lone stream's step). With more rows cuBLAS and separate neighbour kernels
+    were faster at every measured shape (2-64 rows, ``benchmarks/results/linear``)."""
+    return m == 1 and k <= FUSED_MAX_K
 
 
 @dataclass(frozen=True)
