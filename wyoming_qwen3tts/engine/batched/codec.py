@@ -11,6 +11,14 @@ long the stream, and equals decoding the whole sequence at once (``tests/test_co
 This module walks the loaded decoder's own modules and calls their own layers and weights;
 only the bookkeeping of the past is ours. State lives in static buffers with one row per
 slot, so a step over rows ``[0, B)`` can be captured in a CUDA graph.
+
+On CUDA (``kernels.enabled``; ``QWEN3TTS_KERNELS=eager`` switches it off) the decoder blocks
+run leaner, same arithmetic: each SnakeBeta is one Triton kernel (``kernels.snake``; its
+per-channel factors taken once, here, instead of at every call: seven elementwise kernels
+become one), and a residual unit's 1x1 convolution is a matrix product on [B, C, T] (no
+cuDNN layout conversions), its bias and the unit's residual add left to the SnakeBeta that
+always follows a unit, which adds them in the same kernel. On the CPU the library's modules
+run as they are.
 """
 
 from __future__ import annotations
@@ -33,8 +41,18 @@ from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (
 from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (
     Qwen3TTSTokenizerV2DecoderDecoderResidualUnit as ResidualUnit,
 )
+from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import SnakeBeta
 
+from . import kernels
 from .layers import FusedLayer, attention_mask, rope_tables
+
+
+def _settle(h: torch.Tensor, branch: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """``h`` [B, C, T] plus a residual unit's unadded output ``branch`` [B, C, T] and its
+    ``bias`` [C] (each None: nothing to add)."""
+    if branch is None:
+        return h
+    return h + (branch if bias is None else branch + bias[:, None])
 
 
 class StreamingDecoder:
@@ -43,16 +61,21 @@ class StreamingDecoder:
     Args:
         decoder: the loaded ``Qwen3TTSTokenizerV2Decoder`` (``model.speech_tokenizer.model.decoder``).
         slots: rows of state kept (one per stream).
+        fused: run the decoder blocks on the Triton kernels (see the module docstring); None:
+            where ``kernels.enabled`` says so (CUDA). True on the CPU runs them in Triton's
+            interpreter (tests only: ``TRITON_INTERPRET=1`` set before triton is imported).
 
     Attributes:
         samples_per_frame: PCM samples per codec frame (the decoder's total upsampling, 1920).
+        fused: whether the decoder blocks run on the kernels.
     """
 
-    def __init__(self, decoder: Any, slots: int) -> None:
+    def __init__(self, decoder: Any, slots: int, fused: bool | None = None) -> None:
         self.decoder = decoder
         self.slots = slots
         param = next(decoder.parameters())
         self.device, self.dtype = param.device, param.dtype
+        self.fused = kernels.enabled(param) if fused is None else fused
         self.samples_per_frame = int(decoder.total_upsample)
         #: Ids per codebook (2048): codes must be below it.
         self.codebook_size = int(decoder.config.codebook_size)
@@ -70,6 +93,12 @@ class StreamingDecoder:
         self._key_pos = torch.full((slots, self.window), -1, dtype=torch.int64, device=self.device)
         #: Frames decoded so far by each row, int64 [slots].
         self._frames = torch.zeros(slots, dtype=torch.int64, device=self.device)
+        #: The fused path's tables (empty unless ``fused``): each SnakeBeta's factors
+        #: (``snake_factors``), each residual unit's 1x1 convolution as (weight [out, in], bias).
+        self._snake: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._pointwise: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        if self.fused:
+            self._build_fused()
 
     # --- state ------------------------------------------------------------------------------
 
@@ -91,6 +120,20 @@ class StreamingDecoder:
                 self._conv_state[id(module)] = torch.zeros(
                     self.slots, channels, context, dtype=self.dtype, device=self.device
                 )
+
+    def _build_fused(self) -> None:
+        """The kernels' tables, taken once from the weights as loaded (views of the 1x1 weights)."""
+        from .kernels.snake import snake_factors
+
+        with torch.no_grad():
+            for module in self.decoder.decoder.modules():
+                if isinstance(module, SnakeBeta):
+                    self._snake[id(module)] = snake_factors(module)
+                elif isinstance(module, ResidualUnit):
+                    conv = module.conv2.conv
+                    if conv.kernel_size == (1,) and conv.stride == (1,) and conv.groups == 1 and conv.padding == (0,):
+                        bias = None if conv.bias is None else conv.bias.detach()
+                        self._pointwise[id(module.conv2)] = (conv.weight.detach()[:, :, 0], bias)
 
     def state(self) -> list[torch.Tensor]:
         """Every state buffer (each with the slot as its first dimension)."""
@@ -139,6 +182,40 @@ class StreamingDecoder:
     def _residual_unit(self, unit: Any, x: torch.Tensor) -> torch.Tensor:
         h = self._conv(unit.conv1, unit.act1(x))
         return x + self._conv(unit.conv2, unit.act2(h))
+
+    def _residual_unit_fused(
+        self, unit: Any, x: torch.Tensor, branch: torch.Tensor | None, bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """A residual unit on the kernels, its input ``x`` plus the previous unit's unadded
+        ``branch`` (+ ``bias``). Returns (its residual stream, its own unadded output, that
+        output's bias): all [B, C, T] but the bias ([C] or None)."""
+        from .kernels.snake import snake
+
+        x, a = snake(x, *self._snake[id(unit.act1)], branch, bias)
+        _, a = snake(self._conv(unit.conv1, a), *self._snake[id(unit.act2)])
+        pointwise = self._pointwise.get(id(unit.conv2))
+        if pointwise is None:
+            return x, self._conv(unit.conv2, a), None
+        weight, conv_bias = pointwise
+        return x, torch.matmul(weight, a), conv_bias
+
+    def _decoder_fused(self, h: torch.Tensor) -> torch.Tensor:
+        """The decoder blocks (``decoder.decoder``) on the kernels: [B, latent, n] -> [B, 1, samples]."""
+        from .kernels.snake import snake
+
+        branch: torch.Tensor | None = None  # a residual unit's output, not yet added
+        bias: torch.Tensor | None = None
+        for module in self.decoder.decoder:
+            for inner in module.block if isinstance(module, DecoderBlock) else [module]:
+                if isinstance(inner, ResidualUnit):
+                    h, branch, bias = self._residual_unit_fused(inner, h, branch, bias)
+                    continue
+                if isinstance(inner, SnakeBeta):
+                    h = snake(h, *self._snake[id(inner)], branch, bias)[1]
+                else:  # (in the library's decoder no convolution follows a unit)
+                    h = self._stage(inner, _settle(h, branch, bias))
+                branch = bias = None
+        return _settle(h, branch, bias)
 
     def _stage(self, module: Any, x: torch.Tensor) -> torch.Tensor:
         if isinstance(module, CausalConv):
@@ -199,8 +276,11 @@ class StreamingDecoder:
         for blocks in d.upsample:
             for block in blocks:
                 h = self._stage(block, h)
-        for block in d.decoder:
-            h = self._stage(block, h)
+        if self.fused:
+            h = self._decoder_fused(h)
+        else:
+            for block in d.decoder:
+                h = self._stage(block, h)
         return h.clamp(min=-1, max=1)[:, 0]
 
     def copy_row(self, source: StreamingDecoder, source_row: int, row: int) -> None:

@@ -1,0 +1,197 @@
+"""The codec decoder's kernels (``kernels.snake``, the 1x1 convolutions as matrix products)
+against their eager forms, the library's ``SnakeBeta``, and the eager decoder.
+
+On the CPU the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set by
+``conftest.py`` before anything imports triton; float32, small shapes). Under ``pytest -m gpu``
+it runs compiled on CUDA, in float32 and bfloat16.
+
+The tiny checkpoint's SnakeBeta parameters are zeros and its biases zeros (as the library
+initialises them), which would hide a wrong channel or a dropped bias, so the decoder tests
+draw them at random first.
+
+Tolerances:
+
+* The kernel against its eager form and the library's ``SnakeBeta`` (run in float32 on the
+  same input): float32 agrees to a few float32 ulps of the terms (sine implementations
+  differ in the last bit), so 1e-5. bfloat16 stores 8 significant bits: the kernel computes in
+  float32 and rounds once, so it is within one bf16 step of the float32 value (relative
+  2**-7), plus 1e-4 absolute where the two terms nearly cancel. The residual stream ``h``
+  is one float32 sum rounded once in both forms: compared exactly.
+* The decoder with the kernels against the eager decoder, float32 (TF32 off): the same
+  arithmetic in another order (matrix product instead of cuDNN's 1x1 convolution, float32
+  snake), 2e-5 at most under the interpreter: 5e-5 there (as tests/test_codec.py allows
+  between the incremental and whole decodes), 1e-4 on CUDA, absolute on PCM of RMS ~0.1.
+* bfloat16 decoder: each path rounds every activation to 8 bits through some 30 stages, so
+  each is ~10 % RMS off the float32 decode of the same weights, and the two differ from each
+  other by about as much (0.10 relative RMS, measured with the kernel's arithmetic in
+  PyTorch on the CPU): compared at 0.25 relative RMS. The sharper check is that the
+  kernels' decode is no further from the float32 decode than the eager one (it rounds less
+  often): within 1.25 times the eager error. A dropped bias, for one, doubles it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # conftest.py sets it; this covers running the file alone
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (  # noqa: E402
+    Qwen3TTSTokenizerV2DecoderDecoderResidualUnit as ResidualUnit,
+)
+from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import SnakeBeta  # noqa: E402
+
+from wyoming_qwen3tts.engine.batched.codec import StreamingDecoder  # noqa: E402
+from wyoming_qwen3tts.engine.batched.kernels import snake  # noqa: E402
+
+CASES = [
+    pytest.param("cpu", torch.float32, id="interpreter-f32"),
+    pytest.param("cuda", torch.float32, marks=pytest.mark.gpu, id="cuda-f32"),
+    pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu, id="cuda-bf16"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _device_ready(request: pytest.FixtureRequest) -> None:
+    params = getattr(request.node, "callspec", None)
+    device = params.params.get("device") if params is not None else None
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if device == "cpu" and torch.cuda.is_available():
+        pytest.skip("the interpreter runs where no CUDA device is")
+
+
+def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    atol, rtol = (1e-5, 1e-5) if dtype == torch.float32 else (1e-4, 2**-7)
+    torch.testing.assert_close(a.float(), b.float(), atol=atol, rtol=rtol)
+
+
+def _snake_module(channels: int, dtype: torch.dtype, gen: torch.Generator) -> SnakeBeta:
+    """A float32 ``SnakeBeta`` whose parameters are exact in ``dtype`` (log scale ~N(0, 0.5))."""
+    module = SnakeBeta(channels)
+    with torch.no_grad():
+        module.alpha.copy_((torch.randn(channels, generator=gen) * 0.5).to(dtype))
+        module.beta.copy_((torch.randn(channels, generator=gen) * 0.5).to(dtype))
+    return module
+
+
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_snake_kernel_is_the_eager_form_and_the_librarys_snake(device: str, dtype: torch.dtype) -> None:
+    """``snake`` against ``snake_eager`` and the library's module, for the activation alone
+    (on a contiguous tensor, a slice along T read in place, and a transposed one copied) and
+    with a residual unit's branch added first (with and without its bias)."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(2, 3, 37), (3, 5, 4)] if device == "cpu" else [(4, 96, 1920), (3, 1536, 4), (2, 192, 645)]
+    for b, c, t in shapes:
+        ref = _snake_module(c, dtype, gen)
+        alpha, inv_beta = snake.snake_factors(copy.deepcopy(ref).to(device=device, dtype=dtype))
+        assert alpha.dtype == inv_beta.dtype == torch.float32 and alpha.shape == (c,)
+        wide = (torch.randn(b, c, t + 9, generator=gen) * 3).to(device=device, dtype=dtype)
+        inputs = [
+            wide[..., :t].contiguous(),
+            wide[..., 4 : 4 + t],  # a trimmed transposed convolution's output
+            wide[..., :t].transpose(1, 2).contiguous().transpose(1, 2),  # T not contiguous
+        ]
+        for x in inputs:
+            h, y = snake.snake(x, alpha, inv_beta)
+            assert h is x or torch.equal(h, x)
+            assert y.shape == x.shape and y.dtype == dtype and y.is_contiguous()
+            close(y, snake.snake_eager(x, alpha, inv_beta)[1], dtype)
+            with torch.no_grad():
+                close(y, ref.to(device)(x.float()), dtype)
+        branch = (torch.randn(b, c, t, generator=gen)).to(device=device, dtype=dtype)
+        bias = (torch.randn(c, generator=gen)).to(device=device, dtype=dtype)
+        for x in inputs[:2]:
+            for bias_ in (None, bias):
+                h, y = snake.snake(x, alpha, inv_beta, branch, bias_)
+                h_ref, y_ref = snake.snake_eager(x, alpha, inv_beta, branch, bias_)
+                assert torch.equal(h, h_ref)  # one rounding of the same float32 sum
+                close(y, y_ref, dtype)
+                with torch.no_grad():
+                    close(y, ref.to(device)(h.float()), dtype)
+                plain = x.float() + branch.float() + (0 if bias_ is None else bias_.float()[:, None])
+                close(h, plain, dtype)
+
+
+def _load(checkpoints: Path, device: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The tiny base checkpoint's decoder with random SnakeBeta parameters and 1x1 biases."""
+    from qwen_tts import Qwen3TTSModel
+
+    qwen = Qwen3TTSModel.from_pretrained(str(checkpoints / "base"), device_map="cpu", dtype=torch.float32)
+    decoder = qwen.model.speech_tokenizer.model.decoder
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for module in decoder.modules():
+            if isinstance(module, SnakeBeta):
+                module.alpha.copy_(torch.randn(module.alpha.shape, generator=gen) * 0.3)
+                module.beta.copy_(torch.randn(module.beta.shape, generator=gen) * 0.3)
+            elif isinstance(module, ResidualUnit):
+                bias = module.conv2.conv.bias
+                bias.copy_(torch.randn(bias.shape, generator=gen) * 0.1)
+    return decoder.to(device=device, dtype=dtype)
+
+
+def _decode(decoder: StreamingDecoder, codes: torch.Tensor, chunks: list[int]) -> torch.Tensor:
+    """Decode ``codes`` [B, 16, sum(chunks)] ``chunks`` frames at a time: PCM float32 [B, samples]."""
+    parts, t = [], 0
+    with torch.inference_mode():
+        for n in chunks:
+            parts.append(decoder.step(codes[:, :, t : t + n]).float())
+            t += n
+    return torch.cat(parts, dim=-1)
+
+
+def test_fused_decoder_under_the_interpreter_is_the_eager_decoder(checkpoints: Path) -> None:
+    """On the CPU, ``fused=True`` (kernel in the interpreter, 1x1 convolutions as matrix
+    products, residual adds folded) gives the eager decoder's PCM across step boundaries."""
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter runs where no CUDA device is")
+    torch.set_num_threads(1)
+    decoder = _load(checkpoints, "cpu", torch.float32)
+    codes = torch.randint(0, 2048, (2, 16, 4), generator=torch.Generator().manual_seed(3))
+    fused, eager = StreamingDecoder(decoder, 2, fused=True), StreamingDecoder(decoder, 2)
+    assert fused.fused and not eager.fused  # the CPU default is the library's modules
+    pcm = _decode(fused, codes, [1, 3])
+    torch.testing.assert_close(pcm, _decode(eager, codes, [1, 3]), atol=5e-5, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_decoder_kernels_on_cuda_decode_the_eager_pcm(
+    checkpoints: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """On CUDA, the decoder with the kernels (the default) and with ``QWEN3TTS_KERNELS=eager``
+    decode the same codes of three rows, over several steps, to the same PCM (tolerances in
+    the module docstring)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        decoder = _load(checkpoints, "cuda", dtype)
+        codes = torch.randint(0, 2048, (3, 16, 8), generator=torch.Generator().manual_seed(5)).cuda()
+        chunks = [1, 2, 1, 3, 1]
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            monkeypatch.delenv("QWEN3TTS_KERNELS", raising=False)
+            fused = StreamingDecoder(decoder, 3)
+            monkeypatch.setenv("QWEN3TTS_KERNELS", "eager")
+            eager = StreamingDecoder(decoder, 3)
+            assert fused.fused and not eager.fused
+            pcm, pcm_eager = _decode(fused, codes, chunks), _decode(eager, codes, chunks)
+            if dtype == torch.float32:
+                torch.testing.assert_close(pcm, pcm_eager, atol=1e-4, rtol=0)
+                return
+            exact = _decode(StreamingDecoder(copy.deepcopy(decoder).float(), 3), codes, chunks)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+    def error(p: torch.Tensor, ref: torch.Tensor) -> float:
+        return float((p - ref).norm() / ref.norm())
+
+    assert error(pcm, pcm_eager) < 0.25
+    assert error(pcm, exact) <= 1.25 * error(pcm_eager, exact) + 1e-3, (error(pcm, exact), error(pcm_eager, exact))
