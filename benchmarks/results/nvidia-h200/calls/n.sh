@@ -4,6 +4,8 @@
 #   1: the kernel tests (pytest -m gpu tests/test_kernels.py); the frame profile at batch 1
 #      and 32 with the fused matrix products; the products' sweep (cuBLAS against
 #      fused_linear tiles, GPU time from graphs); the same profile with QWEN3TTS_MATMUL=cublas
+#   2: after choosing fused products by the sweep (one row only) and the codec's SnakeBeta
+#      kernel: every GPU test but the memory ones; the frame profile, fused and cublas
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -15,4 +17,10 @@ case "${1:-1}" in
      OUT=/tmp/res-l LINEAR_S=140 LINEAR_ARGS="--tiles" bash benchmarks/gpu.sh linear | tail -75
      mkdir -p /tmp/res-pc; QWEN3TTS_MATMUL=cublas OUT=/tmp/res-pc PROFILE_S=110 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | tail -16
      tar czf "$OUT/n1.tgz" -C /tmp res-p res-l res-pc ;;
+  2) CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
+     TESTS_S=250 TESTS="--ignore=tests/test_memory_gpu.py -rf" bash benchmarks/gpu.sh tests | tail -25
+     OUT=/tmp/res-p PROFILE_S=120 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | tail -5
+     mkdir -p /tmp/res-pc; QWEN3TTS_MATMUL=cublas OUT=/tmp/res-pc PROFILE_S=90 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | tail -5
+     mkdir -p /tmp/res-pe; QWEN3TTS_KERNELS=eager OUT=/tmp/res-pe PROFILE_S=90 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | tail -5
+     tar czf "$OUT/n2.tgz" -C /tmp res-p res-pc res-pe ;;
 esac
