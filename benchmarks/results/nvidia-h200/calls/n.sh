@@ -5,7 +5,7 @@
 #      and 32 with the fused matrix products; the products' sweep (cuBLAS against
 #      fused_linear tiles, GPU time from graphs); the same profile with QWEN3TTS_MATMUL=cublas
 #   2: after choosing fused products by the sweep (one row only) and the codec's SnakeBeta
-#      kernel: every GPU test but the memory ones; the frame profile, fused and cublas
+#      kernel: every GPU test but the memory ones; the frame profile, fused and cublas (the codec on its kernels in both)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -21,6 +21,5 @@ case "${1:-1}" in
      TESTS_S=250 TESTS="--ignore=tests/test_memory_gpu.py -rf" bash benchmarks/gpu.sh tests | tail -25
      OUT=/tmp/res-p PROFILE_S=120 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | tail -5
      mkdir -p /tmp/res-pc; QWEN3TTS_MATMUL=cublas OUT=/tmp/res-pc PROFILE_S=90 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | tail -5
-     mkdir -p /tmp/res-pe; QWEN3TTS_KERNELS=eager OUT=/tmp/res-pe PROFILE_S=90 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | tail -5
-     tar czf "$OUT/n2.tgz" -C /tmp res-p res-pc res-pe ;;
+     tar czf "$OUT/n2.tgz" -C /tmp res-p res-pc ;;
 esac
