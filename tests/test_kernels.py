@@ -25,7 +25,17 @@ if not torch.cuda.is_available():  # conftest.py sets it; this covers running th
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from wyoming_qwen3tts.engine import Segment  # noqa: E402
-from wyoming_qwen3tts.engine.batched.kernels import attention, int8_matmul, linear, noise, rmsnorm, rope, sampler, silu_mul  # noqa: E402
+from wyoming_qwen3tts.engine.batched.kernels import (  # noqa: E402
+    attention,
+    int8_matmul,
+    linear,
+    noise,
+    rmsnorm,
+    rope,
+    rope_attention,
+    sampler,
+    silu_mul,
+)
 from wyoming_qwen3tts.engine.batched.layers import FusedLayer, attention_mask, write_rows  # noqa: E402
 from wyoming_qwen3tts.engine.batched.quant import dequant_linear, quantize_rows  # noqa: E402
 from wyoming_qwen3tts.engine.batched.sampling import RowParams, effective, gumbel  # noqa: E402
@@ -117,6 +127,32 @@ def test_decode_attention_reads_each_rows_own_positions(device: str, dtype: torc
             q, keys.masked_fill(after, 1e4), values.masked_fill(after, float("nan")), pos, 0.25, splits
         )
         assert torch.equal(out, poisoned)
+
+
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_rope_attention_is_the_two_kernels(device: str, dtype: torch.dtype) -> None:
+    """One token a row: the one-kernel q/k rotation + cache write + attention gives the two
+    kernels' output and cache, bit for bit, with and without the q/k norm, for rows at
+    different positions (the first, a middle one, the last of the cache) and broadcast
+    positions and rotary rows."""
+    gen = torch.Generator().manual_seed(12)
+    b, heads, kv, hd = 3, 4, 2, (8 if device == "cpu" else 128)
+    for length, positions, shared in ((17, [[0], [7], [16]], False), (17, [[5]], True), (300, [[0], [150], [299]], False)):
+        qkv = rand(b, 1, heads + 2 * kv, hd, device=device, dtype=dtype, gen=gen)
+        rows = 1 if shared else b
+        angle = torch.rand(rows, 1, hd, generator=gen) * 6.28
+        cos, sin = angle.cos().to(device=device, dtype=dtype), angle.sin().to(device=device, dtype=dtype)
+        pos = torch.tensor(positions, device=device)
+        past_k = rand(b, kv, length, hd, device=device, dtype=dtype, gen=gen)
+        past_v = rand(b, kv, length, hd, device=device, dtype=dtype, gen=gen)
+        for norm in (None, (1.0 + 0.1 * rand(heads + kv, hd, device=device, dtype=dtype, gen=gen), 1e-6)):
+            keys, values, k_ref, v_ref = past_k.clone(), past_v.clone(), past_k.clone(), past_v.clone()
+            out = rope_attention.rope_attention(qkv, norm, cos, sin, pos, keys, values, heads, 0.3)
+            q = rope.qk_rope_kv(qkv, norm, cos, sin, pos, k_ref, v_ref, heads)
+            ref = attention.decode_attention(q, k_ref, v_ref, pos, 0.3)
+            assert torch.equal(keys, k_ref) and torch.equal(values, v_ref)
+            assert torch.equal(out, ref)
+            assert not torch.equal(keys, past_k)  # the new keys were written
 
 
 def _noise(b: int, seed: int, device: str) -> torch.Tensor:

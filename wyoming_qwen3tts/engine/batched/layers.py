@@ -22,11 +22,12 @@ position.
 
 ``FusedLayer.fast`` is the same layer in Triton kernels (``kernels``), for CUDA: the residual
 add folded into the next RMSNorm, q/k norm + rotary + cache write in one kernel, attention
-over each row's own filled positions only, and SiLU-multiply in one kernel: nine kernels a
-layer (four of them the matrix products). A SiLU layer without layer scales (the talker's and
-the code predictor's) goes further for a lone token (``FusedLayer._lean``,
+over each row's own filled positions only (one kernel with the previous one when each row
+adds one token: ``kernels.rope_attention``), and SiLU-multiply in one kernel: eight or nine
+kernels a layer (four of them the matrix products). A SiLU layer without layer scales (the
+talker's and the code predictor's) goes further for a lone token (``FusedLayer._lean``,
 ``kernels.linear``): each matrix product carries its neighbours (the RMSNorm before it, the
-SiLU-multiply or residual add after it), six kernels a layer.
+SiLU-multiply or residual add after it), five kernels a layer.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ class FusedLayer:
         self.scale_mlp = scale_mlp.scale if scale_mlp is not None else None
         self.silu = _is_silu(self.act)
         o_weight, down_weight = Weight.of(self.o_proj), Weight.of(self.down)
-        #: The layer as six kernels with the matrix products' neighbours folded in
+        #: The layer as five kernels with the matrix products' neighbours folded in
         #: (``kernels.linear``): a SiLU MLP, no layer scales, plain or int8 projections.
         self.lean: tuple[Weight, Weight] | None = None
         if self.silu and self.scale_attn is None and self.scale_mlp is None and o_weight and down_weight:
@@ -188,7 +189,8 @@ class FusedLayer:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One layer in Triton kernels (CUDA; see ``kernels``).
 
-        A ``lean`` layer runs as six kernels (``_lean``) and returns (residual stream, None).
+        A lone token through a ``lean`` layer runs as five kernels (``_lean``) and returns
+        (residual stream, None).
         Otherwise the residual add is deferred: the layer's MLP output is returned, not added,
         and the next layer's (or the final) RMSNorm adds it (``kernels.rmsnorm.add_rms_norm``).
 
@@ -207,9 +209,7 @@ class FusedLayer:
             None when the stream already holds it).
         """
         from .kernels import fused_matmul
-        from .kernels.attention import decode_attention
         from .kernels.rmsnorm import add_rms_norm
-        from .kernels.rope import qk_rope_kv
         from .kernels.silu_mul import silu_mul
 
         b, n, _ = hidden.shape
@@ -217,8 +217,7 @@ class FusedLayer:
             return self._lean(hidden if branch is None else hidden + branch, cos, sin, positions, keys, values, splits)
         hidden, x = add_rms_norm(hidden, branch, *self.norm1)
         qkv = self.qkv(x).view(b, n, self.heads + 2 * self.kv_heads, self.head_dim)
-        q = qk_rope_kv(qkv, self.qk_norm, cos, sin, positions, keys, values, self.heads)
-        out = self.o_proj(decode_attention(q, keys, values, positions, self.scale, splits))
+        out = self.o_proj(self._attention(qkv, cos, sin, positions, keys, values, splits))
         if self.scale_attn is not None:
             out = out * self.scale_attn
         hidden, x = add_rms_norm(hidden, out, *self.norm2)
@@ -234,25 +233,37 @@ class FusedLayer:
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
         keys: torch.Tensor, values: torch.Tensor, splits: int,
     ) -> tuple[torch.Tensor, None]:
-        """``fast`` for a lone token (``self.lean``), in six kernels: RMSNorm + q/k/v product;
-        q/k norm + rotary + cache write; attention; output product + residual add; RMSNorm +
-        gate/up product + SiLU-multiply; down product + residual add (each product as
+        """``fast`` for a lone token (``self.lean``), in five kernels: RMSNorm + q/k/v product;
+        q/k norm + rotary + cache write + attention (``_attention``); output product + residual
+        add; RMSNorm + gate/up product + SiLU-multiply; down product + residual add (each product as
         ``kernels.linear.fused_linear`` where ``use_fused`` says it is faster, else cuBLAS with
         its neighbours as kernels of their own). Returns (the residual stream after the layer,
         None): nothing is left to add."""
-        from .kernels.attention import decode_attention
-        from .kernels.rope import qk_rope_kv
-
         assert self.lean is not None
         o_weight, down_weight = self.lean
         b, n, _ = hidden.shape
         qkv = self._product(hidden, self.qkv_weight, self.qkv, norm=self.norm1)
         qkv = qkv.view(b, n, self.heads + 2 * self.kv_heads, self.head_dim)
-        q = qk_rope_kv(qkv, self.qk_norm, cos, sin, positions, keys, values, self.heads)
-        attention = decode_attention(q, keys, values, positions, self.scale, splits)
+        attention = self._attention(qkv, cos, sin, positions, keys, values, splits)
         hidden = self._product(attention, o_weight, self.o_proj, residual=hidden)
         act = self._product(hidden, self.gate_up_weight, self.gate_up, norm=self.norm2, silu=True)
         return self._product(act, down_weight, self.down, residual=hidden), None
+
+    def _attention(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+        keys: torch.Tensor, values: torch.Tensor, splits: int,
+    ) -> torch.Tensor:
+        """q/k norm + rotary + cache write + attention of ``qkv`` [B, n, heads + 2 kv, hd]:
+        one kernel for one token a row over a one-program cache (``kernels.rope_attention``),
+        else two (``qk_rope_kv``, ``decode_attention``). Returns [B, n, heads * hd]."""
+        from .kernels.attention import decode_attention
+        from .kernels.rope import qk_rope_kv
+        from .kernels.rope_attention import rope_attention
+
+        if qkv.shape[1] == 1 and splits <= 1:
+            return rope_attention(qkv, self.qk_norm, cos, sin, positions, keys, values, self.heads, self.scale)
+        q = qk_rope_kv(qkv, self.qk_norm, cos, sin, positions, keys, values, self.heads)
+        return decode_attention(q, keys, values, positions, self.scale, splits)
 
     @staticmethod
     def _product(

@@ -41,6 +41,33 @@ def decode_attention_eager(
 
 
 @triton.jit
+def _attend(q, k_base, v_base, s_k_l, s_v_l, start, end, offs, HD: tl.constexpr, BLOCK: tl.constexpr,
+            ITERS: tl.constexpr):
+    """Online softmax of one scaled query (float32 [HD]) over cache positions [start, end):
+    (running max, running sum, unnormalised output float32 [HD])."""
+    m_i = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
+    l_i = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
+    acc = tl.zeros([HD], tl.float32)
+    # A fixed trip count with the blocks past the row's length skipped (a loop bounded by
+    # loaded values does not run in Triton's interpreter, which the CPU tests use).
+    for it in range(0, ITERS):
+        j = start + it * BLOCK
+        if j < end:
+            n = j + tl.arange(0, BLOCK)
+            valid = n < end
+            k = tl.load(k_base + n[:, None] * s_k_l + offs[None, :], mask=valid[:, None], other=0.0)
+            scores = tl.where(valid, tl.sum(k.to(tl.float32) * q[None, :], axis=1), float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+            p = tl.exp(scores - m_new)
+            alpha = tl.exp(m_i - m_new)
+            v = tl.load(v_base + n[:, None] * s_v_l + offs[None, :], mask=valid[:, None], other=0.0)
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+            m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, n_tok, scale,
     s_k_b, s_k_h, s_k_l, s_v_b, s_v_h, s_v_l, s_pos_b, s_pos_t,
@@ -58,27 +85,9 @@ def _decode_attention_kernel(
     start = split * CHUNK_N
     end = tl.minimum(start + CHUNK_N, keys_n)
     q = tl.load(q_ptr + (bt * HEADS + head) * HD + offs).to(tl.float32) * scale
-    m_i = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
-    l_i = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
-    acc = tl.zeros([HD], tl.float32)
     k_base = k_ptr + b * s_k_b + kvh * s_k_h
     v_base = v_ptr + b * s_v_b + kvh * s_v_h
-    # A fixed trip count with the blocks past the row's length skipped (a loop bounded by
-    # loaded values does not run in Triton's interpreter, which the CPU tests use).
-    for it in range(0, ITERS):
-        j = start + it * BLOCK
-        if j < end:
-            n = j + tl.arange(0, BLOCK)
-            valid = n < end
-            k = tl.load(k_base + n[:, None] * s_k_l + offs[None, :], mask=valid[:, None], other=0.0)
-            scores = tl.where(valid, tl.sum(k.to(tl.float32) * q[None, :], axis=1), float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, axis=0))
-            p = tl.exp(scores - m_new)
-            alpha = tl.exp(m_i - m_new)
-            v = tl.load(v_base + n[:, None] * s_v_l + offs[None, :], mask=valid[:, None], other=0.0)
-            l_i = l_i * alpha + tl.sum(p, axis=0)
-            acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-            m_i = m_new
+    m_i, l_i, acc = _attend(q, k_base, v_base, s_k_l, s_v_l, start, end, offs, HD, BLOCK, ITERS)
     row = bt * HEADS + head
     if SPLIT:
         n_split = tl.num_programs(2)

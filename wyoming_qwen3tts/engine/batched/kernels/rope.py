@@ -36,6 +36,20 @@ def qk_rope_kv_eager(
 
 
 @triton.jit
+def _rotate(src, w, cos, sin, offs, eps, HD: tl.constexpr, HAS_NORM: tl.constexpr):
+    """One head's vector at ``src`` (HD values), RMS-normalised with weights ``w`` if
+    ``HAS_NORM``, rotated by the token's ``cos``/``sin`` rows: float32 [HD]."""
+    rolled = (offs + HD // 2) % HD
+    x = tl.load(src + offs).to(tl.float32)
+    xr = tl.load(src + rolled).to(tl.float32)
+    if HAS_NORM:
+        r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / HD + eps)
+        x = x * r * tl.load(w + offs).to(tl.float32)
+        xr = xr * r * tl.load(w + rolled).to(tl.float32)
+    return x * tl.load(cos + offs).to(tl.float32) + xr * tl.load(sin + offs).to(tl.float32)
+
+
+@triton.jit
 def _qk_rope_kv_kernel(
     qkv_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, n_tok, eps,
     s_cos_b, s_cos_t, s_pos_b, s_pos_t, s_k_b, s_k_h, s_k_l, s_v_b, s_v_h, s_v_l,
@@ -49,16 +63,8 @@ def _qk_rope_kv_kernel(
     src = qkv_ptr + bt * (HEADS + 2 * KV) * HD + head * HD
     pos = tl.load(pos_ptr + b * s_pos_b + t * s_pos_t)
     if head < HEADS + KV:
-        rolled = (offs + HD // 2) % HD
-        x = tl.load(src + offs).to(tl.float32)
-        xr = tl.load(src + rolled).to(tl.float32)
-        if HAS_NORM:
-            r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / HD + eps)
-            x = x * r * tl.load(w_ptr + head * HD + offs).to(tl.float32)
-            xr = xr * r * tl.load(w_ptr + head * HD + rolled).to(tl.float32)
-        c = tl.load(cos_ptr + b * s_cos_b + t * s_cos_t + offs).to(tl.float32)
-        s = tl.load(sin_ptr + b * s_cos_b + t * s_cos_t + offs).to(tl.float32)
-        y = x * c + xr * s
+        y = _rotate(src, w_ptr + head * HD, cos_ptr + b * s_cos_b + t * s_cos_t,
+                    sin_ptr + b * s_cos_b + t * s_cos_t, offs, eps, HD, HAS_NORM)
         if head < HEADS:
             tl.store(q_ptr + (bt * HEADS + head) * HD + offs, y.to(q_ptr.dtype.element_ty))
         else:
