@@ -6,6 +6,12 @@
 #      fused_linear tiles, GPU time from graphs); the same profile with QWEN3TTS_MATMUL=cublas
 #   2: after choosing fused products by the sweep (one row only) and the codec's SnakeBeta
 #      kernel: every GPU test but the memory ones; the frame profile, fused and cublas (the codec on its kernels in both)
+#      (the tests were cut at 250 s after 155 of 171, all passed; the profiles at batch 1 only: the
+#      checkpoints were still being built)
+#   3: after the one-kernel rotary + attention (kernels/rope_attention.py): the kernel, codec,
+#      engine, prefill, prompt, quant and breakdown GPU tests (the 16 call 2 did not reach among
+#      them); the frame profile at batch 1 and 32
+#   4: (chained) the Wyoming door's Poisson rows, every voice kind, 1-30 req/s
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -22,4 +28,10 @@ case "${1:-1}" in
      OUT=/tmp/res-p PROFILE_S=120 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | tail -5
      mkdir -p /tmp/res-pc; QWEN3TTS_MATMUL=cublas OUT=/tmp/res-pc PROFILE_S=90 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | tail -5
      tar czf "$OUT/n2.tgz" -C /tmp res-p res-pc ;;
+  3) CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
+     TESTS_S=180 TESTS="tests/test_kernels.py tests/test_codec_kernels.py tests/test_engine.py tests/test_prefill.py tests/test_prompt.py tests/test_quant.py tests/test_lone_breakdown.py -rf" bash benchmarks/gpu.sh tests | tail -15
+     OUT=/tmp/res-p PROFILE_S=170 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | grep -E "^\||whole_ms" | tail -8
+     tar czf "$OUT/n3.tgz" -C /tmp res-p ;;
+  4) OUT=/tmp/res-w POISSON_S=420 POISSON_ARGS="--rates 1,10,20,30 --seconds 20 --warmup-s 1 --pause-s 0.5 --doors wyoming --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson
+     tar czf "$OUT/w.tgz" -C /tmp/res-w . ;;
 esac
