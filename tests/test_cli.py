@@ -156,3 +156,25 @@ def test_default_voice_check_reads_custom_voice_speakers_from_the_checkpoint(
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("--voice 'nosuch': neither a clone voice in ") and "ryan" in last, last
     assert "Loading" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("preset", [None, "elsewhere"])
+def test_compiled_kernels_are_kept_in_the_data_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, preset: str | None
+) -> None:
+    """Triton's own cache manager puts compiled kernels under --data-dir (persistent in the
+    add-on), unless the user set TRITON_CACHE_DIR."""
+    pytest.importorskip("triton")
+    from triton.runtime.cache import get_cache_manager
+
+    from wyoming_qwen3tts.__main__ import _kernel_cache
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", "unset")  # records the value to restore after the test
+    if preset is None:
+        monkeypatch.delenv("TRITON_CACHE_DIR")
+    else:
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / preset))
+    _kernel_cache(tmp_path / "data")
+    cache = Path(get_cache_manager("ab" * 32).cache_dir)
+    expected = tmp_path / "data" / "cache" / "triton" if preset is None else tmp_path / preset
+    assert cache.parent == expected.resolve()
