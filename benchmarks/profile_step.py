@@ -262,10 +262,10 @@ def main(argv: list[str] | None = None) -> None:
         steps, wall = drain(engine)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    report["rows"] = rows
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "profile.json").write_text(json.dumps(report, indent=2))
+        report["rows"] = rows
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "profile.json").write_text(json.dumps(report, indent=2))  # after each batch: a cut run keeps it
     print("\n| batch | length | whole step (ms) | talker | predictor | decoder | loop ms/frame, decode in line | loop ms/frame, decode overlapped | per row | kernels (talker / predictor / decoder) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
