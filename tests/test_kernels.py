@@ -278,11 +278,15 @@ def test_fused_linear_is_the_eager_composition(device: str, dtype: torch.dtype) 
         linear.fused_linear(x, weight, silu=True, residual=x)
 
 
+@pytest.mark.parametrize("int8", [False, True], ids=["weights", "int8"])
 @pytest.mark.parametrize(("device", "dtype"), CASES)
-def test_lean_layer_is_the_eager_layer(device: str, dtype: torch.dtype) -> None:
-    """A code predictor layer (q/k norm, SiLU MLP) in six kernels (``FusedLayer._lean``)
+def test_lean_layer_is_the_eager_layer(device: str, dtype: torch.dtype, int8: bool) -> None:
+    """A code predictor layer (q/k norm, SiLU MLP) in five kernels (``FusedLayer._lean``)
     computes what the eager layer computes, each row at its own cache position, and writes
-    the same keys and values into the cache; the deferred-add path agrees too."""
+    the same keys and values into the cache; the deferred-add path agrees too. With
+    ``--weight-quant int8`` projections (``quant.Int8Linear``) as well."""
+    from wyoming_qwen3tts.engine.batched.quant import Int8Linear
+
     from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSTalkerCodePredictorConfig
     from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSDecoderLayer
 
@@ -303,7 +307,13 @@ def test_lean_layer_is_the_eager_layer(device: str, dtype: torch.dtype) -> None:
             else:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
     module = module.to(device=device, dtype=dtype).eval()
+    if int8:
+        for parent, names in ((module.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                              (module.mlp, ("gate_proj", "up_proj", "down_proj"))):
+            for name in names:
+                setattr(parent, name, Int8Linear.from_linear(getattr(parent, name), device))
     layer = FusedLayer(module)
+    assert (layer.qkv_weight.scale is not None) == int8
     assert layer.lean is not None
     b, length, hd = 3, 17, dims["head_dim"]
     gen = torch.Generator().manual_seed(6)
