@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stop 36's device calls (issue 27: a cheaper frame), chained within 30 s of each other on
-# one H200, `.whl` carried:
+# Stop 36's device calls (issue 27: a cheaper frame), `.whl` carried; 1-3 each on a fresh
+# H200, 4 chained to 3 (within 30 s, the machine still warm):
 #   1: the kernel tests (pytest -m gpu tests/test_kernels.py); the frame profile at batch 1
 #      and 32 with the fused matrix products; the products' sweep (cuBLAS against
 #      fused_linear tiles, GPU time from graphs); the same profile with QWEN3TTS_MATMUL=cublas
@@ -11,7 +11,14 @@
 #   3: after the one-kernel rotary + attention (kernels/rope_attention.py): the kernel, codec,
 #      engine, prefill, prompt, quant and breakdown GPU tests (the 16 call 2 did not reach among
 #      them); the frame profile at batch 1 and 32
-#   4: (chained) the Wyoming door's Poisson rows, every voice kind, 1-30 req/s
+#   4: (chained) the Wyoming door's Poisson rows, every voice kind, 1-30 req/s: cut by the
+#      budget before the results were copied from /tmp/res-w into $OUT (nothing came back):
+#      write into $OUT directly next time
+# For the next session (not run), everything written straight into $OUT:
+#   5: the checkpoints (in the foreground: the profile waits for them otherwise); the 16 GPU
+#      tests call 2 did not reach, and the engine's; the frame profile at batch 1 and 32
+#   6: (chained) the Wyoming door's Poisson rows, every voice kind, 1-40 req/s
+#   7: (chained) the HTTP door's Poisson rows, every voice kind, 1-30 req/s
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -34,4 +41,9 @@ case "${1:-1}" in
      tar czf "$OUT/n3.tgz" -C /tmp res-p ;;
   4) OUT=/tmp/res-w POISSON_S=420 POISSON_ARGS="--rates 1,10,20,30 --seconds 20 --warmup-s 1 --pause-s 0.5 --doors wyoming --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson
      tar czf "$OUT/w.tgz" -C /tmp/res-w . ;;
+  5) s=$(date +%s); CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckpt > /dev/null; echo "ckpt $(( $(date +%s) - s )) s"
+     TESTS_S=200 TESTS="tests/test_lone_breakdown.py tests/test_prefill.py tests/test_prompt.py tests/test_quant.py tests/test_engine.py -rf" bash benchmarks/gpu.sh tests | tail -12
+     OUT="$OUT/profile" PROFILE_S=150 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | grep -E "^\\|" ;;
+  6) OUT="$OUT/w" POISSON_S=480 POISSON_ARGS="--rates 1,10,20,30,40 --seconds 20 --warmup-s 1 --pause-s 0.5 --doors wyoming --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson ;;
+  7) OUT="$OUT/h" POISSON_S=330 POISSON_ARGS="--rates 1,10,20,30 --seconds 20 --warmup-s 1 --pause-s 0.5 --doors http --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson ;;
 esac
