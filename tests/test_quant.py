@@ -190,10 +190,13 @@ def test_fused_int8_projections_share_the_modules_storage() -> None:
     int8 = [Int8Linear.from_linear(lin, "cpu") for lin in linears]
     x = torch.randn(3, 24, generator=gen)
     separate = torch.cat([lin(x) for lin in int8], dim=-1)
-    fused = _fuse(int8)  # type: ignore[arg-type]
+    fused, weight = _fuse(int8)  # type: ignore[arg-type]
     torch.testing.assert_close(fused(x), separate)
     block = fused.qweight.untyped_storage().data_ptr()  # type: ignore[attr-defined]
     assert all(lin.qweight.untyped_storage().data_ptr() == block for lin in int8)
+    # The fused kernels' view of the block (kernels.linear) is the same storage and scales.
+    assert weight.weight.untyped_storage().data_ptr() == block and weight.scale is not None
+    torch.testing.assert_close(x @ weight.dense(x.dtype).T + weight.bias, separate)
     torch.testing.assert_close(torch.cat([lin(x) for lin in int8], dim=-1), separate)
 
 
