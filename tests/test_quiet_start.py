@@ -6,6 +6,9 @@ it through on every engine."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -24,3 +27,31 @@ def test_start_up_log_holds_no_dependency_banners(checkpoints: Path, voices_dir:
         assert [noise for noise in NOISE if noise in log] == [], log[:3000]
     finally:
         stop_server(server)
+
+
+def test_debug_logging_keeps_numbas_compiler_trace_out() -> None:
+    """With the root logger at DEBUG (``--debug``), numba compiling a function (as librosa's
+    are on first use) floods the log; after ``quiet_compilers`` (called by the server at
+    start, whatever the level) it logs nothing."""
+    pytest.importorskip("numba")
+    code = textwrap.dedent(
+        """
+        import logging, sys
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="%(name)s %(levelname)s")
+        if sys.argv[1] == "quiet":
+            from wyoming_qwen3tts.quiet import quiet_compilers
+            quiet_compilers()
+        import numba
+        @numba.njit
+        def twice_plus_one(x):
+            return x * 2 + 1
+        assert twice_plus_one(3) == 7
+        """
+    )
+    lines = {}
+    for mode in ("debug", "quiet"):
+        result = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        lines[mode] = [line for line in result.stdout.splitlines() if line.startswith("numba")]
+    assert len(lines["debug"]) > 10  # the flood this guards against
+    assert lines["quiet"] == []

@@ -33,7 +33,7 @@ from .engine.cpu.gguf_files import DEFAULT_QUANT as DEFAULT_GGUF_QUANT, QUANTS a
 from .metrics import Metrics
 from .handler import DEFAULT_MAX_CONNECTIONS
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED
-from .quiet import drop_default_config_notes, quiet_dependencies, restore_console, route_hub_logs
+from .quiet import drop_default_config_notes, quiet_compilers, quiet_dependencies, restore_console, route_hub_logs
 from .startup import load_engines
 from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, TtsService
 from .studio import HA_INGRESS_PEER
@@ -249,6 +249,7 @@ async def main(argv: list[str] | None = None) -> None:
     )
     route_hub_logs()
     drop_default_config_notes()
+    quiet_compilers()
     for sig in (signal.SIGINT, signal.SIGTERM):  # until serving: see _stop_during_start_up
         signal.signal(sig, _stop_during_start_up)
     check_args(args)

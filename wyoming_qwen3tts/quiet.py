@@ -52,6 +52,14 @@ def quiet_dependencies(models: bool = True) -> None:
         import_models()
 
 
+def quiet_compilers() -> None:
+    """Keep numba's compiler trace out of the log, also under ``--debug``: librosa's
+    functions are compiled by numba on first use, and at DEBUG numba logs every bytecode
+    instruction and block of each (42 records for a one-line function; thousands for
+    librosa's, burying the lines ``--debug`` is for). Its warnings still pass."""
+    logging.getLogger("numba").setLevel(logging.WARNING)
+
+
 def drop_default_config_notes() -> None:
     """Drop qwen_tts's "<part>_config is None. Initializing ... with default values" lines,
     also under ``--debug``: transformers builds a default config of the model's class
