@@ -3,6 +3,8 @@ voices folder's writable side (names, uploaded clips, atomic edits) and anchor k
 
 from __future__ import annotations
 
+import logging
+
 import io
 from pathlib import Path
 
@@ -60,6 +62,33 @@ def test_voices_need_their_model(tmp_path: Path) -> None:
         only_clone.get("nobody")
     speakers = VoiceCatalog(tmp_path, {ModelKind.CUSTOM_VOICE}, ["ryan", "serena"])
     assert {v.name for v in speakers.voices()} == {"ryan", "serena"}
+
+
+def test_a_broken_clip_is_logged_once_until_it_changes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A rescan (another file of the folder changed) does not log an unchanged broken clip
+    at ERROR again; the same clip rewritten, still broken, is logged again."""
+    write_voice(tmp_path, "icl")
+    (tmp_path / "corrupt.wav").write_bytes(b"RIFF-not-really")
+
+    def errors() -> list[str]:
+        found = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and "corrupt.wav" in r.getMessage()]
+        caplog.clear()
+        return found
+
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, ALL)
+        assert len(errors()) == 1
+        write_voice(tmp_path, "newcomer")
+        catalog.refresh()
+        assert catalog.get("newcomer").kind is ModelKind.BASE
+        assert errors() == []
+        catalog.refresh(force=True)
+        assert errors() == []
+        (tmp_path / "corrupt.wav").write_bytes(b"RIFF-still-not-a-wav")
+        catalog.refresh()
+        assert len(errors()) == 1
+        with pytest.raises(UnknownVoiceError, match="could not be used"):
+            catalog.get("corrupt")
 
 
 def test_clone_library_modes_bad_files_and_live_refresh(tmp_path: Path) -> None:

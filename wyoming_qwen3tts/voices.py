@@ -286,6 +286,9 @@ class VoiceCatalog:
         self._clones: dict[str, Voice] = {}
         self._clone_problems: dict[str, str] = {}  # lower-case id: why its clip was skipped
         self._signature: tuple[tuple[str, int, int, int], ...] | None = None
+        #: The broken clips already logged at ERROR, as (name, mtime ns, size, inode): a rescan
+        #: (any file of the folder changed) logs them again at DEBUG only, until they change.
+        self._reported: set[tuple[str, int, int, int]] = set()
         self.refresh()
 
     @property
@@ -340,7 +343,8 @@ class VoiceCatalog:
         self._signature = signature
         clones: dict[str, Voice] = {}
         problems: dict[str, str] = {}
-        for path in files:
+        reported: set[tuple[str, int, int, int]] = set()
+        for path, item in zip(files, signature_items, strict=True):
             if path.suffix.lower() not in AUDIO_SUFFIXES:
                 continue
             try:
@@ -349,7 +353,9 @@ class VoiceCatalog:
                 if peak < SILENCE_PEAK:  # as uploads are refused: it would clone silence
                     raise ValueError(f"the clip is silent (peak {peak:.4f} of full scale)")
             except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, never fatal
-                _LOGGER.error("Skipping clone voice %s: %s", path, err)
+                level = logging.DEBUG if item in self._reported else logging.ERROR
+                _LOGGER.log(level, "Skipping clone voice %s: %s", path, err)
+                reported.add(item)
                 # for clients: the file's name, not the server's folders (soundfile names the path)
                 problems[path.stem.lower()] = f"{path.name}: " + str(err).replace(str(path), path.name)
                 continue
@@ -363,6 +369,7 @@ class VoiceCatalog:
                 source=VoiceSource.CLONE,
             )
         self._clones = clones
+        self._reported = reported
         self._clone_problems = {stem: why for stem, why in problems.items() if stem not in {c.lower() for c in clones}}
         _LOGGER.info("Clone library %s: %d voice(s)", self.voices_dir.resolve(), len(clones))
 
