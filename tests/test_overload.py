@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
-from wyoming.event import Event
+from wyoming.event import Event, async_read_event
 from wyoming.tts import Synthesize, SynthesizeVoice
 
 from wyoming_qwen3tts.handler import UNSPOKEN_GRACE_S
@@ -140,13 +140,18 @@ async def test_idle_connections_and_requests_past_the_cap(limited: Server) -> No
                 assert str(detail["headers"]["Retry-After"]).isdigit()  # type: ignore[index]
                 body = detail["body"]["error"]  # type: ignore[index]
                 assert set(body) == {"message", "type", "param", "code"} and body["code"] == "overloaded"
-        # Every idle connection is closed by the server: EOF, with no reply, or with the
-        # ``overloaded`` error when it came while the others were all new (within the grace).
+        # Every idle connection is closed by the server, after one ``error`` event saying why:
+        # ``evicted`` (closed to make room), ``idle-timeout``, or ``overloaded`` when it came
+        # while the others were all new (within the grace); the HTTP ones with no reply.
         closed = await asyncio.gather(
             *(asyncio.wait_for(reader.read(), _GUARD_S) for reader, _ in idle)
         )
-        for data in closed:
-            assert data == b"" or (b'"code": "overloaded"' in data and data.count(b"\n") == 1), data
+        codes = [b"evicted", b"idle-timeout", b"overloaded"]
+        for data in closed[:200]:
+            assert data.count(b"\n") == 1 and any(b'"code": "%s"' % code in data for code in codes), data
+        assert any(b'"code": "evicted"' in data for data in closed[:200])
+        assert any(b'"code": "idle-timeout"' in data for data in closed[:200])
+        assert all(data == b"" for data in closed[200:])
     finally:
         for _, writer in idle:
             writer.close()
@@ -169,7 +174,12 @@ async def test_connections_past_the_limit_evict_the_longest_idle(limited: Server
     try:
         async with AsyncTcpClient("127.0.0.1", limited.port) as client:
             assert (await describe(client)).tts
+        # The oldest is told why (one ``error`` event), then EOF; the others stay open.
+        event = await asyncio.wait_for(async_read_event(idle[0][0]), _GUARD_S)
+        assert event is not None and Error.is_type(event.type)
+        assert Error.from_event(event).code == "evicted"
         assert await asyncio.wait_for(idle[0][0].read(), _GUARD_S) == b""
+        assert not idle[1][0].at_eof()
     finally:
         for _, writer in idle:
             writer.close()

@@ -142,6 +142,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         self._tail: asyncio.Task[None] | None = None  # last audio task: replies stay in order
         self._write_lock = asyncio.Lock()
         self._closing = False
+        self._dismissal: asyncio.Task[None] | None = None  # ``dismiss``: the error, then close
         self._malformed_seen = 0  # malformed events on this connection (only the first is logged at INFO)
         #: ``time.monotonic()`` of the last event read or write completed.
         self.last_active = time.monotonic()
@@ -246,6 +247,20 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             self.writer.close()
         with contextlib.suppress(AssertionError):  # already at EOF
             self.reader.feed_eof()
+
+    def dismiss(self, code: str, text: str) -> None:
+        """Close an idle connection (nothing owed) with a reason: an ``error`` event with
+        ``code`` and ``text``, then EOF, as the WebSocket door's ``idle-timeout`` does; a
+        client that is gone or does not read within ``write_timeout`` is closed anyway."""
+        if self._closing:
+            return
+        self._closing = True  # the read loop ends at its next wake-up; ``close`` wakes it
+
+        async def send_then_close() -> None:
+            await self._error(text, code, level=logging.DEBUG, what="Closing a Wyoming connection")
+            self.close()
+
+        self._dismissal = asyncio.create_task(send_then_close())
 
     async def _dispatch(self, event: Event) -> None:
         if Describe.is_type(event.type):
@@ -463,7 +478,7 @@ class Connections:
                 len(self._handlers), time.monotonic() - oldest.last_active,
             )
             self.remove(oldest)
-            oldest.close()
+            oldest.dismiss("evicted", f"Closed to make room for a new connection ({self.limits.max_connections} open, all others busy or idle less long)")
         self._handlers.add(handler)
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep(), name="wyoming idle sweeper")
@@ -483,7 +498,9 @@ class Connections:
                 if not handler.busy() and now - handler.last_active > self.limits.idle_timeout:
                     _LOGGER.debug("Closing a Wyoming connection idle for %.0f s", now - handler.last_active)
                     self.remove(handler)
-                    handler.close()
+                    handler.dismiss(
+                        "idle-timeout", f"Closed after {self.limits.idle_timeout:g} s with no event and no audio owed"
+                    )
 
     async def shutdown(self, timeout: float) -> None:
         """Refuse new connections, give the open ones up to ``timeout`` seconds to send
