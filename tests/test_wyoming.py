@@ -346,6 +346,38 @@ async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) 
         assert log.count(one_shot.text) == 2, log  # the one-shot's refusal and the stream's
 
 
+@pytest.mark.parametrize(
+    "start",
+    [
+        Event("synthesize-start", {"voice": "aria"}),  # malformed: voice is a string
+        Event("synthesize-start", {"voice": {"name": 7}}),  # malformed: the name is a number
+        SynthesizeStart(voice=SynthesizeVoice(name="no-such-voice")).event(),  # refused
+    ],
+    ids=["voice-string", "name-number", "unknown-voice"],
+)
+async def test_a_refused_stream_start_still_ends_with_synthesize_stopped(server: Server, start: Event) -> None:
+    """A text stream whose start is refused gets one ``error``, its chunks and compatibility
+    copy are dropped quietly, and its ``synthesize-stop`` gets ``synthesize-stopped``: the
+    README's promise, and what Home Assistant waits for (the new-user trial: a malformed
+    start left the client waiting, and each chunk was answered and logged as an error)."""
+    mark = len(server.output())
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
+        await client.write_event(start)
+        for word in ("Hello ", "there, ", "how ", "are ", "you?"):
+            await client.write_event(SynthesizeChunk(text=word).event())
+        await client.write_event(Synthesize(text="Hello there, how are you?").event())
+        await client.write_event(SynthesizeStop().event())
+        events: list[Event] = []
+        while not events or events[-1].type != "synthesize-stopped":
+            event = await asyncio.wait_for(client.read_event(), _GUARD_S)
+            assert event is not None, [e.type for e in events]
+            events.append(event)
+        assert [e.type for e in events] == ["error", "synthesize-stopped"], [e.type for e in events]
+        assert Error.from_event(events[0]).code in ("malformed-event", "unknown-voice")
+        assert (await describe(client)).tts  # the connection still works
+    assert "without synthesize-start" not in server.output()[mark:]
+
+
 async def test_first_audio_chunk_arrives_while_generation_goes_on(server: Server) -> None:
     """On the batched engine audio streams: the first chunk reaches the client long before
     the last. (The CPU engine streams too, in chunks that grow from 2 to 16 frames;

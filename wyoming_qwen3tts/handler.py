@@ -327,12 +327,21 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         self._speak(stream)
 
     async def _start_stream(self, event: Event) -> None:
+        """``synthesize-start``. A refused start (unknown voice, a malformed ``voice``...)
+        still opens the stream's place: its chunks are dropped quietly and its
+        ``synthesize-stop`` gets ``synthesize-stopped``, so a client waiting for that is not
+        left hanging and its chunks are not each answered with an error.
+
+        Raises:
+            RequestError: the start is refused (answered with ``error`` by ``handle_event``).
+            TypeError: a field has the wrong type (answered as a malformed event).
+        """
         if self._stream is not None:
             raise RequestError("synthesize-start while a stream is already open")
         self._stream_refused = False
         try:
             self._stream = self._service.open(self._request(event.data))
-        except RequestError:
+        except (RequestError, TypeError, ValueError, AttributeError):
             self._stream_refused = True
             raise
         self._speak(self._stream)
