@@ -85,6 +85,16 @@ def test_unwritable_folders_fail_before_loading(tmp_path: Path) -> None:
         assert "Loading" not in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(("given", "voice"), [("Auto", None), ("AUTO", None), ("auto", None), ("", None), (" Aria ", "Aria")])
+def test_voice_auto_in_any_case_leaves_the_choice_to_the_server(given: str, voice: str | None) -> None:
+    """The add-on writes ``voice: auto``; a user who types ``Auto`` must not be refused at
+    start (``--voice 'Auto': neither a clone voice...``, the new-user trial): voice names
+    match in any case, and so does ``auto``."""
+    from wyoming_qwen3tts.__main__ import build_parser
+
+    assert build_parser().parse_args(["--voice", given]).voice == voice
+
+
 def test_an_unknown_default_voice_exits_before_any_model_loads(
     checkpoints: Path, voices_dir: Path, tmp_path: Path
 ) -> None:

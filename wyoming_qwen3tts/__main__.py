@@ -69,6 +69,13 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _voice_option(value: str) -> str | None:
+    """``--voice``: the name, stripped; None (the server chooses) for ``auto`` in any case,
+    as the add-on's option is written, or an empty value (voice names match any case too)."""
+    value = value.strip()
+    return None if value.casefold() in ("", "auto") else value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The CLI; flag names are stable (docs, the add-on and tests use them)."""
     parser = argparse.ArgumentParser(prog="wyoming-qwen3tts", description=__doc__, formatter_class=_HelpFormatter)
@@ -78,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--clone-model", default=DEFAULT_MODELS[ModelKind.BASE], help="Base model: hub id, folder or none (without a GPU, when neither this nor --custom-voice-model is named: the 0.6B Base model)")
     parser.add_argument("--design-model", default=DEFAULT_MODELS[ModelKind.VOICE_DESIGN], help="VoiceDesign model: hub id, folder or none")
     parser.add_argument("--custom-voice-model", default=DEFAULT_MODELS[ModelKind.CUSTOM_VOICE], help="CustomVoice model: hub id, folder or none (without a GPU, when neither this nor --clone-model is named: the 0.6B CustomVoice model, speaker ryan)")
-    parser.add_argument("--voice", help=f"Default voice (default: {DEFAULT_VOICE!r} if available, else the first by name)")
+    parser.add_argument("--voice", type=_voice_option, help=f"Default voice; auto (any case) or empty: {DEFAULT_VOICE!r} if available, else the first by name")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA when available")
     parser.add_argument("--chunk-size", type=int, default=1, help="Codec frames per audio chunk (80 ms each); 1 starts soonest and, on the batched engine, costs no speed")
     parser.add_argument("--chunk-growth", action="store_true", help="Batched engine: first chunk of one frame, then 2, 4, 8... frames up to --chunk-size (first audio as with --chunk-size 1, fewer chunks after)")
