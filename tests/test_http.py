@@ -954,3 +954,120 @@ async def test_a_clone_model_without_clone_voices_says_how_to_add_one(tmp_path: 
             assert "has no voices: add a clone voice (<id>.wav and its transcript <id>.txt)" in error["message"]
     finally:
         await asyncio.to_thread(service.stop)
+
+
+# --- stalled request bodies, and the clone-only reference_voice -------------------------
+
+
+@contextlib.asynccontextmanager
+async def clone_server(folder: Path, idle_timeout: float = 120.0) -> AsyncIterator[tuple[TtsService, int]]:
+    """``start_http`` (the server's own runner: its keep-alive and idle timeouts) on
+    127.0.0.1, on a real ``TtsService`` of scripted Base and VoiceDesign engines whose clone
+    library is ``folder``: (service, port)."""
+    engines: dict[ModelKind, Engine] = {
+        kind: _ScriptedEngine(kind, fail_after=4, pace_s=0.0) for kind in (ModelKind.BASE, ModelKind.VOICE_DESIGN)
+    }
+    for engine in engines.values():
+        await asyncio.to_thread(engine.warm, Segment("warm", "auto", 2))
+    service = TtsService(VoiceCatalog(folder, set(engines)), engines, "aria", Metrics())
+    try:
+        runner = await start_http(service, "127.0.0.1", 0, None, idle_timeout=idle_timeout)
+        try:
+            yield service, int(runner.addresses[0][1])
+        finally:
+            await runner.cleanup()
+    finally:
+        await asyncio.to_thread(service.stop)
+
+
+def _wav(seconds: float) -> bytes:
+    """A 24 kHz 16-bit WAV of a voiced-looking tone."""
+    t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
+    out = io.BytesIO()
+    sf.write(out, 0.3 * np.sin(2 * np.pi * 190 * t) * (1 + 0.3 * np.sin(2 * np.pi * 3 * t)), SAMPLE_RATE, format="WAV", subtype="PCM_16")
+    return out.getvalue()
+
+
+_BOUNDARY = "stalltestboundary"
+
+
+def _form(name: str, data: bytes) -> bytes:
+    """A multipart/form-data body with the fields ``name`` and ``file`` (boundary ``_BOUNDARY``)."""
+    return (
+        f'--{_BOUNDARY}\r\nContent-Disposition: form-data; name="name"\r\n\r\n{name}\r\n'
+        f'--{_BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="clip.wav"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode() + data + f"\r\n--{_BOUNDARY}--\r\n".encode()
+
+
+def _stalled_request(route: str) -> bytes:
+    """The head of a request to ``route`` and the first part of its body, the rest never sent."""
+    if route == "speech":  # the fresh-user trial's: Content-Length, 5 of 100 bytes sent
+        head = "POST /v1/audio/speech HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
+        body = b'{"inp'
+    elif route == "rename":  # chunked: a chunk announced, half of it sent
+        head = "PATCH /v1/audio/voices/mine HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+        body = b'14\r\n{"name": "'
+    else:  # the studio's upload, cut in the middle of its file
+        form = _form("stalled", _wav(2.0))
+        head = (
+            "POST /v1/audio/voices HTTP/1.1\r\n"
+            f"Content-Type: multipart/form-data; boundary={_BOUNDARY}\r\nContent-Length: {len(form)}\r\n"
+        )
+        body = form[: len(form) // 2]
+    return f"{head}Host: x\r\n\r\n".encode() + body
+
+
+@pytest.mark.parametrize("route", ["speech", "rename", "upload"])
+async def test_a_stalled_request_body_gets_408_and_the_connection_closes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, route: str
+) -> None:
+    """A body that stops part-way is answered 408 ``idle-timeout`` (OpenAI's error shape,
+    ``Connection: close``) after ``idle_timeout`` seconds without a byte, then the
+    connection is closed; it is logged once at INFO, and other clients are served meanwhile."""
+    caplog.set_level(logging.INFO)
+    sf.write(tmp_path / "mine.wav", np.frombuffer(_wav(2.0)[44:], "<i2").astype(np.float32) / 32768, SAMPLE_RATE)
+    (tmp_path / "mine.txt").write_text("Words.")
+    async with clone_server(tmp_path, idle_timeout=1.5) as (_service, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(_stalled_request(route))
+            await writer.drain()
+            async with aiohttp.ClientSession(timeout=_GUARD) as session:  # another client, served meanwhile
+                resp = await session.post(
+                    f"http://127.0.0.1:{port}/v1/audio/speech", json={"input": "Fine.", "response_format": "pcm"}
+                )
+                assert resp.status == 200 and len(await resp.read()) == _SCRIPTED_PCM
+            # 15 s: a hang guard on a loaded machine, ten times the timeout, not a speed assertion
+            data = await asyncio.wait_for(reader.read(), 15)
+        finally:
+            writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 "), data
+    assert b"connection: close" in head.lower()
+    error = json.loads(body)["error"]
+    assert (error["code"], error["type"], error["param"]) == ("idle-timeout", "invalid_request_error", None), error
+    assert "1.5 s" in error["message"] and "--idle-timeout" in error["message"]
+    logged = [r for r in caplog.records if "408 idle-timeout" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelno == logging.INFO, [r.getMessage() for r in logged]
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]  # no traceback
+
+
+async def test_a_slow_upload_that_keeps_coming_is_not_cut(tmp_path: Path) -> None:
+    """The timeout is on progress, not on the total: a clip uploaded in pieces, the whole
+    taking more than twice ``idle_timeout``, each piece well within it, is taken."""
+    form = _form("slow", _wav(2.0))
+    pieces = 20
+
+    async def dribble() -> AsyncIterator[bytes]:
+        step = -(-len(form) // pieces)
+        for start in range(0, len(form), step):
+            yield form[start : start + step]
+            await asyncio.sleep(0.25)  # 20 x 0.25 s = 5 s in all, against an idle timeout of 2 s
+
+    async with clone_server(tmp_path, idle_timeout=2.0) as (service, port), aiohttp.ClientSession(timeout=_GUARD) as session:
+        headers = {"Content-Type": f"multipart/form-data; boundary={_BOUNDARY}"}
+        async with session.post(f"http://127.0.0.1:{port}/v1/audio/voices", data=dribble(), headers=headers) as resp:
+            assert resp.status == 201, await resp.text()
+            assert (await resp.json())["name"] == "slow"
+        assert service.resolve_voice("slow").kind is ModelKind.BASE

@@ -20,7 +20,9 @@ module is the HTTP side: routes, streaming, errors, the application and its runn
 
 Limits: past the service's request cap a request gets 429 (code ``overloaded``) with
 ``Retry-After``, at once; a client that does not read for ``write_timeout`` seconds loses
-its response (the generation stops); connections idle for ``idle_timeout`` are closed.
+its response (the generation stops); connections idle for ``idle_timeout`` are closed, and
+a request whose body makes no progress for that long gets 408 ``idle-timeout``, then the
+connection is closed (``http_common.watch_body``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buff
 from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from . import http_ws, openapi
 from .ws_events import KEY_PROTOCOL_PREFIX, PATH as WS_PATH, PROTOCOL, offered_subprotocols
-from .http_common import ApiError, error_body, error_param, read_json, voice_json
+from .http_common import ApiError, BodyStalledError, error_body, error_param, read_json, voice_json, watch_body
 from .http_request import GENERIC_MODELS, HUB_MODEL, KIND_MODELS, SpeechParams, model_kind, parse_speech, pick_voice
 from .studio import add_routes, from_ingress, is_page  # the page is open, ingress is authenticated
 from .service import (
@@ -427,7 +429,12 @@ def _key_subprotocol(request: web.Request) -> str | None:
     return None
 
 
-def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | None = None) -> Any:
+def _middleware(
+    service: TtsService,
+    api_key: str | None,
+    ingress_peer: str | None = None,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+) -> Any:
     expected = api_key.encode() if api_key else None
 
     @web.middleware
@@ -459,7 +466,14 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
                     )
                 if not hmac.compare_digest(given, expected):
                     raise ApiError(401, _WRONG_KEY, "invalid_api_key")
-            return await handler(request)
+            watch = watch_body(request, idle_timeout)  # every route's body reads, in one place
+            try:
+                return await handler(request)
+            except BodyStalledError as err:  # 408: a client that stops sending cannot hold a handler
+                raise ApiError(408, str(err), "idle-timeout") from None
+            finally:
+                if watch is not None:
+                    watch.cancel()
         except RequestError as err:
             api = _as_api_error(err)
             if counted:
@@ -476,7 +490,10 @@ def _middleware(service: TtsService, api_key: str | None, ingress_peer: str | No
             headers = {"WWW-Authenticate": _www_authenticate(str(api))} if api.status == 401 else {}
             if api.retry_after is not None:
                 headers["Retry-After"] = str(api.retry_after)
-            return web.json_response(body, status=api.status, headers=headers)
+            response = web.json_response(body, status=api.status, headers=headers)
+            if api.status == 408:  # the rest of the body may still come: close after the answer
+                response.force_close()
+            return response
         except web.HTTPException as err:
             if err.status < 400:
                 raise
@@ -528,10 +545,13 @@ def create_app(
         ingress_peer: address of Home Assistant's ingress proxy; its requests need no key.
         write_timeout: seconds a response write may wait for the client to read.
         model_names: the loaded models' own names (``http_request.loaded_model_names``).
-        idle_timeout: seconds a WebSocket session with open text may send nothing.
+        idle_timeout: seconds a WebSocket session with open text may send nothing, and a
+            request body may make no progress (then 408 ``idle-timeout``).
     """
     body_limit = max(1 << 20, 8 * service.max_chars + (64 << 10))
-    app = web.Application(middlewares=[_middleware(service, api_key, ingress_peer)], client_max_size=body_limit)
+    app = web.Application(
+        middlewares=[_middleware(service, api_key, ingress_peer, idle_timeout)], client_max_size=body_limit
+    )
     app[_BODY_LIMIT_KEY] = body_limit
     app[_SERVICE_KEY] = service
     app[_WRITE_TIMEOUT_KEY] = write_timeout

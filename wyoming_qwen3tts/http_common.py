@@ -1,13 +1,15 @@
 """What the HTTP routes share (the speech API and the voice studio): OpenAI's error object,
-JSON request bodies, and a voice as ``GET /v1/audio/voices`` lists it."""
+JSON request bodies, the watch on a request body's progress, and a voice as
+``GET /v1/audio/voices`` lists it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from typing import Any
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from .service import EmptyTextError, LanguageError, RequestError, TextTooLongError, VoiceNotFoundError
 from .voices import ModelKind, Voice
@@ -107,3 +109,54 @@ async def read_json(request: web.Request) -> Any:
         )
         raise ApiError(400, f"The request body {reason}: {detail}", "invalid-json") from None
     return body
+
+
+class BodyStalledError(asyncio.TimeoutError):
+    """A request body made no progress for ``idle_timeout`` seconds (``watch_body``).
+
+    Raised by the body's reads (``request.read()``, ``json()``, ``multipart()``...). A
+    ``TimeoutError`` so that aiohttp's own read of an unfinished body after the response
+    (its lingering close) ends on it at once, quietly, and closes the connection.
+    """
+
+    def __init__(self, idle_timeout: float) -> None:
+        super().__init__(
+            f"The request body stopped arriving: no bytes for {idle_timeout:g} s (--idle-timeout); "
+            "the connection is closed"
+        )
+        self.idle_timeout = idle_timeout
+
+
+def watch_body(request: web.Request, idle_timeout: float) -> asyncio.Task[None] | None:
+    """Watch the progress of ``request``'s body while its handler runs: once no byte of it
+    has arrived for ``idle_timeout`` seconds and it is not complete, its reads raise
+    ``BodyStalledError`` (aiohttp's ``StreamReader.set_exception``: a read waiting for the
+    client wakes up with it). The timeout is on progress, not on the total: a slow upload
+    whose bytes keep coming is never cut. Every body read of every route goes through the
+    one stream, so the HTTP door's middleware watches them all here.
+
+    The handler must read its body before slow work (every route does): bytes held back
+    by flow control while it does not read count as no progress.
+
+    Returns:
+        the watching task (cancel it when the handler returns), or None for a request
+        without a body or whose body has arrived whole (a WebSocket handshake, a GET).
+    """
+    content = request.content
+    if not request.body_exists or content.is_eof():
+        return None
+    return asyncio.create_task(_watch(content, idle_timeout), name="http-body-watch")
+
+
+async def _watch(content: StreamReader, idle_timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    step = min(1.0, idle_timeout / 4)
+    seen, since = content.total_bytes, loop.time()
+    while not content.is_eof() and content.exception() is None:
+        await asyncio.sleep(step)
+        now = loop.time()
+        if content.total_bytes != seen:
+            seen, since = content.total_bytes, now
+        elif now - since >= idle_timeout and not content.is_eof() and content.exception() is None:
+            content.set_exception(BodyStalledError(idle_timeout))
+            return
