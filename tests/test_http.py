@@ -1071,3 +1071,23 @@ async def test_a_slow_upload_that_keeps_coming_is_not_cut(tmp_path: Path) -> Non
             assert resp.status == 201, await resp.text()
             assert (await resp.json())["name"] == "slow"
         assert service.resolve_voice("slow").kind is ModelKind.BASE
+
+
+@pytest.mark.parametrize("clones", [["mine", "yours"], []])
+async def test_an_unknown_reference_voice_lists_only_the_clone_voices(tmp_path: Path, clones: list[str]) -> None:
+    """``reference_voice`` takes only clone voices: its unknown-voice error names those (or
+    says there are none), never the presets and built-in speakers."""
+    for name in clones:
+        sf.write(tmp_path / f"{name}.wav", np.frombuffer(_wav(2.0)[44:], "<i2").astype(np.float32) / 32768, SAMPLE_RATE)
+        (tmp_path / f"{name}.txt").write_text("Words.")
+    listed = "; clone voices: mine, yours" if clones else "; there are no clone voices: add a clone voice (<id>.wav"
+    async with clone_server(tmp_path) as (_service, port), aiohttp.ClientSession(timeout=_GUARD) as session:
+        for name in ("../../etc/passwd", "x; available: aria"):  # the second: the list is not cut out of the name
+            body = {"input": "Hi.", "reference_voice": name}
+            async with session.post(f"http://127.0.0.1:{port}/v1/audio/speech", json=body) as resp:
+                assert resp.status == 404
+                error = (await resp.json())["error"]
+            assert (error["code"], error["param"]) == ("unknown-voice", "reference_voice"), error
+            message = error["message"]
+            assert message.startswith(f"Unknown voice {name!r}{listed}"), message
+            assert "alina" not in message and "available: a" not in message.replace(repr(name), ""), message

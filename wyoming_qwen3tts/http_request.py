@@ -256,7 +256,8 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
         try:
             voice = service.resolve_voice(params.voice)
         except VoiceNotFoundError as err:
-            raise ApiError(404, str(err), err.code, param) from None
+            message = _clone_choices(service, params.voice, str(err)) if params.clone else str(err)
+            raise ApiError(404, message, err.code, param) from None
         # The voice as the client named it, then the catalogue's name (an OpenAI alias: 'nova' (aria)).
         said = repr(params.voice) + ("" if params.voice == voice.name else f" ({voice.name})")
         if params.clone and voice.kind is not ModelKind.BASE:
@@ -272,10 +273,30 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
         return default.name
     names = sorted(v.name for v in service.catalog.voices() if v.kind is kind)
     if not names:
-        how = (
-            ": add a clone voice (<id>.wav and its transcript <id>.txt) to the voices folder, "
-            "or keep one from the voice studio"
-            if kind is ModelKind.BASE else ""
-        )
+        how = f": {_ADD_A_CLONE}" if kind is ModelKind.BASE else ""
         raise _invalid("voice", f"The model {named!r} has no voices{how}")
     return names[0]
+
+
+#: How to get a clone voice, for the errors that find none.
+_ADD_A_CLONE = "add a clone voice (<id>.wav and its transcript <id>.txt) to the voices folder, or keep one from the voice studio"
+#: Clone voices an unknown ``reference_voice``'s error names at most.
+_SHOWN_CLONES = 12
+
+
+def _clone_choices(service: TtsService, name: str, message: str) -> str:
+    """An unknown ``reference_voice``'s error: the catalogue's message (``voices.UnknownVoiceError``:
+    "Unknown voice 'x'", or why a clone's clip was skipped) with its list of every voice
+    replaced by the clone voices, the only ones ``reference_voice`` takes (or how to add
+    one when there are none). ``name``: the voice asked for, as the message quotes it (the
+    list is looked for after it: a name may hold "; available: " too)."""
+    said = repr(name)
+    at = message.find(said)
+    cut = message.find("; available: ", at + len(said) if at >= 0 else 0)
+    head = message[:cut] if cut >= 0 else message
+    names = sorted((v.name for v in service.catalog.voices() if v.kind is ModelKind.BASE), key=str.casefold)
+    if not names:
+        return f"{head}; there are no clone voices: {_ADD_A_CLONE}"
+    shown = ", ".join(names[:_SHOWN_CLONES])
+    more = f", ... ({len(names)} in all)" if len(names) > _SHOWN_CLONES else ""
+    return f"{head}; clone voices: {shown}{more}"
