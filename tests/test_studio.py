@@ -336,6 +336,18 @@ async def test_rename_and_delete(studio: Server, folders: tuple[Path, Path]) -> 
     assert "Renamed Voice" not in await wyoming_voices(studio)
 
 
+@pytest.mark.parametrize("name", [5, True, ["x"], {"id": "x"}])
+async def test_a_name_that_is_not_a_string_is_invalid_type(studio: Server, folders: tuple[Path, Path], name: Any) -> None:
+    """A wrong-typed ``name`` is reported as the speech request's wrong-typed fields are
+    (400 ``invalid-type``, "'name' must be a string"), not as an empty name."""
+    voice_files = {n: b for n, b in snapshot(folders[0]).items() if n != LOCK_FILE}
+    status, data = await call(studio, "PATCH", "/v1/audio/voices/clone", json={"name": name})
+    error = json.loads(data)["error"]
+    assert (status, error["code"], error["param"]) == (400, "invalid-type", "name"), error
+    assert error["message"] == "'name' must be a string"
+    assert {n: b for n, b in snapshot(folders[0]).items() if n != LOCK_FILE} == voice_files
+
+
 async def test_deleting_a_voice_in_use_lets_the_request_finish(studio: Server) -> None:
     status, body = await call(studio, "POST", "/v1/audio/voices", data=upload("busy", encoded(tone(2.0), "wav"), "Busy."))
     assert status == 201, body

@@ -85,9 +85,12 @@ def check_name(name: object) -> str:
     hold a path separator or ``..``.
 
     Raises:
-        VoiceEditError: 400 ``invalid-name``.
+        VoiceEditError: 400 ``invalid-type`` (not a string: a JSON body's number, list...),
+            ``invalid-name`` (None or blank: "empty", or not a valid name).
     """
-    if not isinstance(name, str) or not name.strip():
+    if name is not None and not isinstance(name, str):  # as http_request reports wrong types
+        raise VoiceEditError(400, "invalid-type", "'name' must be a string", "name")
+    if name is None or not name.strip():
         raise VoiceEditError(400, "invalid-name", "The voice name is empty", "name")
     name = unicodedata.normalize("NFC", name.strip())
     if len(name) > MAX_NAME_CHARS:
@@ -249,7 +252,8 @@ class VoiceLibrary:
                 change of case only is allowed).
 
         Raises:
-            VoiceEditError: 400 ``invalid-name``, 409 ``name-taken`` / ``name-busy``.
+            VoiceEditError: 400 ``invalid-type`` / ``invalid-name`` (``check_name``), 409
+                ``name-taken`` / ``name-busy``.
         """
         name = check_name(name)
         key = name.casefold()
