@@ -73,7 +73,7 @@ async def test_sigterm_ends_four_active_streams_cleanly(
     ``error`` (code ``server-stopping``) then ``audio-stop``, then the connection closes;
     the SSE client an ``error`` event and a complete body; the raw client a body cut
     without its final chunk (never a short file passed off as whole); an idle connection
-    is closed; the process exits 0 within 10 s, with no traceback."""
+    gets ``error`` ``server-stopping``, then EOF; the process exits 0 within 10 s, with no traceback."""
     server = start_server(
         checkpoints, voices_dir, tmp_path / "server.log",
         extra=["--no-zeroconf", "--clone-model", "none", "--custom-voice-model", "none"],
@@ -104,7 +104,11 @@ async def test_sigterm_ends_four_active_streams_cleanly(
             assert {e["type"] for e in events[:-1]} == {"speech.audio.delta"}
             with pytest.raises(aiohttp.ClientPayloadError):
                 await raw.content.read()
-            assert await asyncio.wait_for(idle_reader.read(), _GUARD_S) == b""
+            # The idle connection is told why, as on the idle timeout: error, then EOF.
+            said = await asyncio.wait_for(idle_reader.read(), _GUARD_S)
+            header, _, rest = said.partition(b"\n")
+            assert json.loads(header)["type"] == "error", said
+            assert json.loads(rest)["code"] == "server-stopping", said
         code = await asyncio.to_thread(server.proc.wait, EXIT_WITHIN_S + 5)
         took = time.monotonic() - sent
     finally:

@@ -513,13 +513,22 @@ class Connections:
 
     async def shutdown(self, timeout: float) -> None:
         """Refuse new connections, give the open ones up to ``timeout`` seconds to send
-        their last events (call after ``TtsService.shutdown``), then close them all."""
+        their last events (call after ``TtsService.shutdown``), then close them all: one that
+        owes nothing is told why first (``error`` ``server-stopping``, then EOF)."""
         self._accepting = False
         tails = [h._tail for h in self._handlers if h._tail is not None and not h._tail.done()]
         if tails:
             await asyncio.wait(tails, timeout=timeout)
+        dismissals = []
         for handler in list(self._handlers):
             self.remove(handler)
-            handler.close(abort=handler._tail is not None and not handler._tail.done())
+            if handler._tail is not None and not handler._tail.done():
+                handler.close(abort=True)  # a client that did not take its last events in time
+            else:  # owes nothing (a cut reply has closed already): told why, as on the idle timeout
+                handler.dismiss(ServerStoppingError.code, "The server is shutting down")
+                if handler._dismissal is not None:
+                    dismissals.append(handler._dismissal)
+        if dismissals:
+            await asyncio.wait(dismissals, timeout=max(0.5, min(timeout, self.limits.write_timeout)))
         if self._sweeper is not None:
             self._sweeper.cancel()
