@@ -13,7 +13,7 @@ import pytest
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
-from wyoming.event import Event, Eventable
+from wyoming.event import Event, Eventable, async_read_event, async_write_event
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
@@ -233,6 +233,58 @@ async def test_disconnect_mid_stream_cancels_and_server_serves_on(server: Server
     assert server.alive()
     # The gone client's stream was cancelled (its queued sentences dropped), not finished.
     assert wyoming_metric(server, "tts_requests_total", "cancelled") == cancelled + 1
+
+
+async def _events_until_eof(reader: asyncio.StreamReader) -> list[Event]:
+    """Every event the server sends until it closes the connection."""
+    events: list[Event] = []
+    while (event := await asyncio.wait_for(async_read_event(reader), _GUARD_S)) is not None:
+        events.append(event)
+    return events
+
+
+async def test_a_client_that_ends_its_side_still_gets_its_audio(server: Server) -> None:
+    """A client that sends its requests and then ends its side of the connection
+    (``shutdown(SHUT_WR)``, ``nc -N``) still gets every reply it is owed, then EOF, as
+    wyoming-piper answers it: a one-shot ``synthesize``, then a whole streamed text. A text
+    stream left open cannot be finished: it is dropped (cancelled) and the connection closes.
+    (The new-user trial: each got EOF at once, its request cancelled.)"""
+    cancelled = wyoming_metric(server, "tts_requests_total", "cancelled")
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        for event in (
+            Synthesize(text="Hello there.", voice=SynthesizeVoice(name="aria")),
+            SynthesizeStart(voice=SynthesizeVoice(name="aria")),
+            SynthesizeChunk(text="It is "),
+            SynthesizeChunk(text="done now."),
+            Synthesize(text="It is done now.", voice=SynthesizeVoice(name="aria")),
+            SynthesizeStop(),
+        ):
+            await async_write_event(event.event(), writer)
+        writer.write_eof()
+        events = await _events_until_eof(reader)
+    finally:
+        writer.close()
+    types = [e.type for e in events]
+    assert types[-1] == "synthesize-stopped" and types.count("audio-stop") == 2, types
+    first = types.index("audio-stop") + 1
+    check_audio_events(events[:first], expected_frames("Hello there."))
+    check_audio_events(events[first:], expected_frames("It is ", "done now."))
+    assert wyoming_metric(server, "tts_requests_total", "cancelled") == cancelled
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        await async_write_event(SynthesizeStart(voice=SynthesizeVoice(name="aria")).event(), writer)
+        await async_write_event(SynthesizeChunk(text="A sentence that never ends").event(), writer)
+        writer.write_eof()
+        events = await _events_until_eof(reader)  # EOF comes: nothing is owed
+    finally:
+        writer.close()
+    assert "synthesize-stopped" not in [e.type for e in events], events
+    deadline = asyncio.get_running_loop().time() + _GUARD_S
+    while wyoming_metric(server, "tts_requests_total", "cancelled") == cancelled:
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.1)
 
 
 async def _expect_error(client: AsyncTcpClient, event: Event | Eventable, code: str) -> Error:

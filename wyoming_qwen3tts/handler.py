@@ -36,6 +36,7 @@ from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event
 from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
+from wyoming.ping import Ping
 from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
@@ -104,6 +105,10 @@ REFUSED_READ_BYTES = 1 << 20
 #: A connection that has sent nothing yet is not closed to make room for a new one until it
 #: is this old, in s: its request may be on its way, and closing it unread resets it.
 UNSPOKEN_GRACE_S = 0.5
+#: After a client ends its side with replies owed, a Wyoming ``ping`` is sent whenever nothing
+#: was written for this long, in s: a client that closed altogether answers it with a reset,
+#: and its work is dropped at the next one (``Qwen3TtsEventHandler._finish_owed``).
+HALF_CLOSED_PROBE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -179,6 +184,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
                         break
                     continue
                 if event is None:
+                    await self._finish_owed()
                     break
                 malformed = 0
                 self._spoken = True
@@ -192,6 +198,34 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             self._connections.remove(self)
             await self.disconnect()
             self.writer.close()
+
+    async def _finish_owed(self) -> None:
+        """At the client's EOF. A client may end its side after its last request and go on
+        reading (``shutdown(SHUT_WR)``, ``nc -N``), as wyoming-piper allows: the replies owed
+        for its whole requests are still sent, then the connection closes. A text stream left
+        open (no ``synthesize-stop``) can never be completed: it is dropped now.
+
+        EOF alone does not tell such a client from one that closed altogether; a write does
+        (the closed side answers it with a reset, and the next write fails). So while the
+        replies are owed and nothing is written for ``HALF_CLOSED_PROBE_S`` (a request
+        waiting for its turn), a ``ping`` is written: a gone client's work is dropped within
+        about two of them."""
+        if self._stream is not None:
+            self._stream.cancel()
+            self._stream = None
+        tail = self._tail
+        if not self.busy() or tail is None:
+            return
+        _LOGGER.debug("Wyoming client ended its side: sending the replies it is owed")
+        while not tail.done():
+            await asyncio.wait([tail], timeout=HALF_CLOSED_PROBE_S)
+            if tail.done() or time.monotonic() - self.last_active < HALF_CLOSED_PROBE_S:
+                continue
+            try:
+                await self._write(Ping(text="half-closed").event())
+            except ConnectionError:
+                _LOGGER.debug("Wyoming client gone after ending its side: dropping its work")
+                return  # ``run`` drops the work (``disconnect``)
 
     async def _close_refused(self) -> None:
         """Close a refused connection gracefully: end our side after the error (the client
