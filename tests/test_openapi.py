@@ -57,6 +57,9 @@ def test_document_is_served_without_the_key(described: Server) -> None:
     assert speech["input"]["maxLength"] == 200  # the running server's --max-chars
     assert doc["paths"]["/v1/audio/speech"]["post"]["security"] == [{"bearerAuth": []}]
     assert "security" not in doc["paths"]["/health"]["get"]
+    # Every operation with a body says it may get 408 (a stalled body: http_common.watch_body).
+    with_body = [op for item in doc["paths"].values() for op in item.values() if "requestBody" in op]
+    assert with_body and all("408" in op["responses"] for op in with_body)
 
 
 def test_every_route_is_described() -> None:

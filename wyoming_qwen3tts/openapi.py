@@ -486,6 +486,11 @@ def document(max_chars: int, api_key: bool = False) -> dict[str, Any]:
         paths.setdefault(path, {}).update(item)
     paths.update(copy.deepcopy(_EXTRA_PATHS))
     for path, item in paths.items():
+        for operation in item.values():
+            if "requestBody" in operation:  # http_common.watch_body
+                operation["responses"].setdefault(
+                    "408", _error("The request body stopped arriving for --idle-timeout seconds; the connection is closed.")
+                )
         if not path.startswith("/v1/"):
             continue
         for operation in item.values():
