@@ -286,6 +286,22 @@ async def test_a_client_that_ends_its_side_still_gets_its_audio(server: Server) 
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.1)
 
+    # A refused stream owes no audio but its synthesize-stopped (the re-check of the fix:
+    # ending one's side at once lost it).
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        for event in (
+            SynthesizeStart(voice=SynthesizeVoice(name="no-such-voice")),
+            SynthesizeChunk(text="Hello."),
+            SynthesizeStop(),
+        ):
+            await async_write_event(event.event(), writer)
+        writer.write_eof()
+        events = await _events_until_eof(reader)
+    finally:
+        writer.close()
+    assert [e.type for e in events] == ["error", "synthesize-stopped"], events
+
 
 async def _expect_error(client: AsyncTcpClient, event: Event | Eventable, code: str) -> Error:
     await client.write_event(event if isinstance(event, Event) else event.event())

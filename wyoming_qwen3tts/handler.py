@@ -214,7 +214,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             self._stream.cancel()
             self._stream = None
         tail = self._tail
-        if not self.busy() or tail is None:
+        if tail is None or tail.done():  # (not ``busy()``: a refused stream's synthesize-stopped is owed too)
             return
         _LOGGER.debug("Wyoming client ended its side: sending the replies it is owed")
         while not tail.done():
