@@ -279,7 +279,7 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
 
 
 #: How to get a clone voice, for the errors that find none.
-_ADD_A_CLONE = "add a clone voice (<id>.wav and its transcript <id>.txt) to the voices folder, or keep one from the voice studio"
+_ADD_A_CLONE = "add a clone voice (<id>.wav and its transcript <id>.txt) to the voices folder, or make one under 'Clone a voice' in the voice studio"
 #: Clone voices an unknown ``reference_voice``'s error names at most.
 _SHOWN_CLONES = 12
 
