@@ -938,14 +938,20 @@ async def test_ready_says_why_no_new_work_is_taken() -> None:
         assert (await client.post("/v1/audio/speech", json={"input": "Still served.", "response_format": "pcm"})).status == 200
 
 
-async def test_a_clone_model_without_clone_voices_says_how_to_add_one(tmp_path: Path) -> None:
-    """The Base model loaded but the clone library empty: the 400 says what to add, and where."""
+async def _clone_service(folder: Path) -> TtsService:
+    """A real ``TtsService`` on warmed scripted Base and VoiceDesign engines, its clone
+    library ``folder`` (stop it with ``service.stop``)."""
     engines: dict[ModelKind, Engine] = {
         kind: _ScriptedEngine(kind, fail_after=4, pace_s=0.0) for kind in (ModelKind.BASE, ModelKind.VOICE_DESIGN)
     }
     for engine in engines.values():
         await asyncio.to_thread(engine.warm, Segment("warm", "auto", 2))
-    service = TtsService(VoiceCatalog(tmp_path, set(engines)), engines, "aria", Metrics())
+    return TtsService(VoiceCatalog(folder, set(engines)), engines, "aria", Metrics())
+
+
+async def test_a_clone_model_without_clone_voices_says_how_to_add_one(tmp_path: Path) -> None:
+    """The Base model loaded but the clone library empty: the 400 says what to add, and where."""
+    service = await _clone_service(tmp_path)
     try:
         async with TestClient(TestServer(create_app(service))) as client:
             resp = await client.post("/v1/audio/speech", json={"input": "Hi.", "model": "qwen3-tts-clone"})
@@ -964,12 +970,7 @@ async def clone_server(folder: Path, idle_timeout: float = 120.0) -> AsyncIterat
     """``start_http`` (the server's own runner: its keep-alive and idle timeouts) on
     127.0.0.1, on a real ``TtsService`` of scripted Base and VoiceDesign engines whose clone
     library is ``folder``: (service, port)."""
-    engines: dict[ModelKind, Engine] = {
-        kind: _ScriptedEngine(kind, fail_after=4, pace_s=0.0) for kind in (ModelKind.BASE, ModelKind.VOICE_DESIGN)
-    }
-    for engine in engines.values():
-        await asyncio.to_thread(engine.warm, Segment("warm", "auto", 2))
-    service = TtsService(VoiceCatalog(folder, set(engines)), engines, "aria", Metrics())
+    service = await _clone_service(folder)
     try:
         runner = await start_http(service, "127.0.0.1", 0, None, idle_timeout=idle_timeout)
         try:

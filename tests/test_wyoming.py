@@ -235,12 +235,20 @@ async def test_disconnect_mid_stream_cancels_and_server_serves_on(server: Server
     assert wyoming_metric(server, "tts_requests_total", "cancelled") == cancelled + 1
 
 
-async def _events_until_eof(reader: asyncio.StreamReader) -> list[Event]:
-    """Every event the server sends until it closes the connection."""
-    events: list[Event] = []
-    while (event := await asyncio.wait_for(async_read_event(reader), _GUARD_S)) is not None:
-        events.append(event)
-    return events
+async def _half_closed(server: Server, *sent: Eventable) -> list[Event]:
+    """Send ``sent`` on a new connection, end our side (``shutdown(SHUT_WR)``), and return
+    every event the server sends until it closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        for item in sent:
+            await async_write_event(item.event(), writer)
+        writer.write_eof()
+        events: list[Event] = []
+        while (event := await asyncio.wait_for(async_read_event(reader), _GUARD_S)) is not None:
+            events.append(event)
+        return events
+    finally:
+        writer.close()
 
 
 async def test_a_client_that_ends_its_side_still_gets_its_audio(server: Server) -> None:
@@ -250,21 +258,15 @@ async def test_a_client_that_ends_its_side_still_gets_its_audio(server: Server) 
     stream left open cannot be finished: it is dropped (cancelled) and the connection closes.
     (The new-user trial: each got EOF at once, its request cancelled.)"""
     cancelled = wyoming_metric(server, "tts_requests_total", "cancelled")
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    try:
-        for event in (
-            Synthesize(text="Hello there.", voice=SynthesizeVoice(name="aria")),
-            SynthesizeStart(voice=SynthesizeVoice(name="aria")),
-            SynthesizeChunk(text="It is "),
-            SynthesizeChunk(text="done now."),
-            Synthesize(text="It is done now.", voice=SynthesizeVoice(name="aria")),
-            SynthesizeStop(),
-        ):
-            await async_write_event(event.event(), writer)
-        writer.write_eof()
-        events = await _events_until_eof(reader)
-    finally:
-        writer.close()
+    events = await _half_closed(
+        server,
+        Synthesize(text="Hello there.", voice=SynthesizeVoice(name="aria")),
+        SynthesizeStart(voice=SynthesizeVoice(name="aria")),
+        SynthesizeChunk(text="It is "),
+        SynthesizeChunk(text="done now."),
+        Synthesize(text="It is done now.", voice=SynthesizeVoice(name="aria")),
+        SynthesizeStop(),
+    )
     types = [e.type for e in events]
     assert types[-1] == "synthesize-stopped" and types.count("audio-stop") == 2, types
     first = types.index("audio-stop") + 1
@@ -272,14 +274,9 @@ async def test_a_client_that_ends_its_side_still_gets_its_audio(server: Server) 
     check_audio_events(events[first:], expected_frames("It is ", "done now."))
     assert wyoming_metric(server, "tts_requests_total", "cancelled") == cancelled
 
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    try:
-        await async_write_event(SynthesizeStart(voice=SynthesizeVoice(name="aria")).event(), writer)
-        await async_write_event(SynthesizeChunk(text="A sentence that never ends").event(), writer)
-        writer.write_eof()
-        events = await _events_until_eof(reader)  # EOF comes: nothing is owed
-    finally:
-        writer.close()
+    events = await _half_closed(  # EOF comes: nothing is owed
+        server, SynthesizeStart(voice=SynthesizeVoice(name="aria")), SynthesizeChunk(text="A sentence that never ends")
+    )
     assert "synthesize-stopped" not in [e.type for e in events], events
     deadline = asyncio.get_running_loop().time() + _GUARD_S
     while wyoming_metric(server, "tts_requests_total", "cancelled") == cancelled:
@@ -288,18 +285,9 @@ async def test_a_client_that_ends_its_side_still_gets_its_audio(server: Server) 
 
     # A refused stream owes no audio but its synthesize-stopped (the re-check of the fix:
     # ending one's side at once lost it).
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    try:
-        for event in (
-            SynthesizeStart(voice=SynthesizeVoice(name="no-such-voice")),
-            SynthesizeChunk(text="Hello."),
-            SynthesizeStop(),
-        ):
-            await async_write_event(event.event(), writer)
-        writer.write_eof()
-        events = await _events_until_eof(reader)
-    finally:
-        writer.close()
+    events = await _half_closed(
+        server, SynthesizeStart(voice=SynthesizeVoice(name="no-such-voice")), SynthesizeChunk(text="Hello."), SynthesizeStop()
+    )
     assert [e.type for e in events] == ["error", "synthesize-stopped"], events
 
 
