@@ -365,14 +365,16 @@ def test_int8_rows_are_within_half_a_step() -> None:
 @pytest.mark.gpu
 def test_fused_step_samples_the_eager_steps_codes(checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA, float32, sampled with the default settings: the engine with the Triton kernels
-    (matrix products fused with their neighbours, or cuBLAS products) gives every row the
-    codes the eager step gives it, for the same seeds."""
+    (matrix products fused with their neighbours, with and without programmatic dependent
+    launch, or cuBLAS products) gives every row the codes the eager step gives it, for the
+    same seeds."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     results = []
-    for fused, matmul in ((True, "fused"), (True, "cublas"), (False, "fused")):
+    for fused, matmul, pdl in ((True, "fused", "1"), (True, "fused", "0"), (True, "cublas", "1"), (False, "fused", "1")):
         monkeypatch.setenv("QWEN3TTS_KERNELS", "triton" if fused else "eager")
         monkeypatch.setenv("QWEN3TTS_MATMUL", matmul)
+        monkeypatch.setenv("QWEN3TTS_PDL", pdl)
         engine = load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN, slots=3, device="cuda")
         assert engine.step.fused is fused
         sinks = [Collect() for _ in range(3)]
@@ -386,3 +388,72 @@ def test_fused_step_samples_the_eager_steps_codes(checkpoints: Path, monkeypatch
         assert results[0].keys() == other.keys()
         for row in results[0]:
             np.testing.assert_array_equal(results[0][row], other[row])
+
+
+def test_launches_ask_for_pdl_only_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kernel gets its ``PDL`` constexpr; the launch attribute only with PDL on (CUDA,
+    Hopper or newer, not ``QWEN3TTS_PDL=0``): a CPU tensor never asks for it."""
+    import wyoming_qwen3tts.engine.batched.kernels as kernels
+
+    seen: list[tuple[object, dict[str, object]]] = []
+
+    class Kernel:  # what ``kernel[grid](...)`` receives
+        def __getitem__(self, grid: object) -> object:
+            return lambda *args, **kwargs: seen.append((grid, kwargs))
+
+    Kernel.__name__ = "InterpretedFunction"  # runnable on CPU tensors
+    t = torch.zeros(2)
+    kernels.launcher(Kernel(), t)[(3,)](t, BLOCK=4)
+    assert seen[-1] == ((3,), {"BLOCK": 4, "PDL": False})
+    monkeypatch.setattr(kernels, "pdl", lambda _t: True)
+    kernels.launcher(Kernel(), t)[(5, 2)](t)
+    assert seen[-1] == ((5, 2), {"PDL": True, "launch_pdl": True})
+    monkeypatch.undo()
+    assert kernels.pdl(t) is False
+    if torch.cuda.is_available():
+        on = torch.cuda.get_device_capability() >= kernels.PDL_CAPABILITY
+        assert kernels.pdl(t.cuda()) is on
+        monkeypatch.setenv("QWEN3TTS_PDL", "0")
+        assert kernels.pdl(t.cuda()) is False
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_a_graph_of_dependent_kernels_under_pdl_reads_each_result_whole(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A captured chain of 120 kernels, each reading all of the one before's output (a norm +
+    product over every input, a residual add, an add + RMSNorm), gives the same bits with
+    programmatic dependent launch as without: no kernel starts reading before the one before
+    it has finished writing."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    gen = torch.Generator().manual_seed(5)
+    k = 2048
+    weights = [linear.Weight((torch.randn(k, k, generator=gen) / k**0.5).to("cuda", dtype)) for _ in range(4)]
+    norm_w = torch.rand(k, generator=gen).to("cuda", dtype) + 0.5
+    x0 = torch.randn(1, k, generator=gen).to("cuda", dtype)
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for i in range(40):
+            y = linear.fused_linear(h, weights[i % 4], norm=(norm_w, 1e-6))
+            h = linear.fused_linear(y, weights[(i + 1) % 4], residual=h)
+            h = rmsnorm.add_rms_norm(h, y, norm_w, 1e-6)[1]
+        return h
+
+    outputs = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv("QWEN3TTS_PDL", flag)
+        x = x0.clone()
+        chain(x)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain(x)
+        runs = []
+        for _ in range(3):
+            graph.replay()
+            runs.append(out.clone())
+        torch.cuda.synchronize()
+        assert all(torch.equal(runs[0], r) for r in runs[1:])
+        outputs.append(runs[0])
+    assert torch.isfinite(outputs[0].float()).all()
+    torch.testing.assert_close(outputs[1], outputs[0], atol=0, rtol=0)

@@ -12,6 +12,7 @@ capture does at start (warm-up pass), and Triton caches them on disk (``~/.trito
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from typing import Any
@@ -51,8 +52,48 @@ def fused_matmul(t: torch.Tensor) -> bool:
     return enabled(t) and os.environ.get("QWEN3TTS_MATMUL", "fused").lower() != "cublas"
 
 
+#: Compute capability from which kernels are launched with programmatic dependent launch
+#: (PDL, Hopper's ``griddepcontrol``): a kernel's blocks are scheduled while the kernel before
+#: it in the stream is still running, and wait (``pdl_gate.gate``) only for its results.
+PDL_CAPABILITY = (9, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def pdl(t: torch.Tensor) -> bool:
+    """Whether kernels on ``t``'s device are launched with programmatic dependent launch: a
+    CUDA device of compute capability ``PDL_CAPABILITY`` or newer, unless ``QWEN3TTS_PDL=0``.
+
+    Each such kernel waits for the kernel before it (``griddepcontrol.wait``) before it reads
+    or writes anything, then lets the next one be scheduled (``launch_dependents``): the
+    ramp-up of each of the frame's ~1,200 small kernels overlaps the tail of the one before.
+    Captured into the CUDA graphs as programmatic edges."""
+    if not t.is_cuda or os.environ.get("QWEN3TTS_PDL", "1").lower() in ("0", "off", "false"):
+        return False
+    return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device()) >= PDL_CAPABILITY
+
+
+class _Launch:
+    """``kernel[grid]`` with the ``PDL`` constexpr (and, when on, the PDL launch attribute)."""
+
+    def __init__(self, kernel: Any, use_pdl: bool) -> None:
+        self.kernel, self.use_pdl = kernel, use_pdl
+
+    def __getitem__(self, grid: Any) -> Any:
+        launch = self.kernel[grid]
+        extra: dict[str, Any] = {"PDL": self.use_pdl}
+        if self.use_pdl:
+            extra["launch_pdl"] = True
+        return lambda *args, **kwargs: launch(*args, **kwargs, **extra)
+
+
 def launcher(kernel: Any, t: torch.Tensor) -> Any:
-    """``kernel``, checked to be runnable on ``t``'s device.
+    """``kernel``, checked to be runnable on ``t``'s device, to be launched as
+    ``launcher(kernel, t)[grid](args...)``. Every kernel launched so takes a ``PDL``
+    constexpr and starts with ``pdl_gate.gate(PDL)`` (see ``pdl``).
 
     Raises:
         RuntimeError: ``t`` is on the CPU but the kernels were not imported under
@@ -60,7 +101,7 @@ def launcher(kernel: Any, t: torch.Tensor) -> Any:
     """
     if not t.is_cuda and type(kernel).__name__ != "InterpretedFunction":
         raise RuntimeError("Triton kernels run on CPU tensors only under TRITON_INTERPRET=1 (set before import)")
-    return kernel
+    return _Launch(kernel, pdl(t))
 
 
 def next_pow2(n: int) -> int:

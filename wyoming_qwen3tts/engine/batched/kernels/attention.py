@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from . import launcher, next_pow2
+from .pdl_gate import gate
 
 #: Cache positions per program when a cache is split (``splits`` > 1).
 CHUNK = 256
@@ -73,7 +74,9 @@ def _decode_attention_kernel(
     s_k_b, s_k_h, s_k_l, s_v_b, s_v_h, s_v_l, s_pos_b, s_pos_t,
     HEADS: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr, BLOCK: tl.constexpr,
     CHUNK_N: tl.constexpr, ITERS: tl.constexpr, SPLIT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    gate(PDL)
     bt = tl.program_id(0)
     head = tl.program_id(1)
     split = tl.program_id(2)
@@ -98,7 +101,8 @@ def _decode_attention_kernel(
         tl.store(o_ptr + row * HD + offs, (acc / l_i).to(o_ptr.dtype.element_ty))
 
 @triton.jit
-def _combine_kernel(acc_ptr, m_ptr, l_ptr, o_ptr, SPLITS: tl.constexpr, S_BLOCK: tl.constexpr, HD: tl.constexpr):
+def _combine_kernel(acc_ptr, m_ptr, l_ptr, o_ptr, SPLITS: tl.constexpr, S_BLOCK: tl.constexpr, HD: tl.constexpr, PDL: tl.constexpr):
+    gate(PDL)
     row = tl.program_id(0)
     s = tl.arange(0, S_BLOCK)
     valid = s < SPLITS

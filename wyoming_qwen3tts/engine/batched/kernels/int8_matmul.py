@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from . import launcher
+from .pdl_gate import gate
 
 
 @triton.jit
@@ -30,7 +31,9 @@ def _int8_linear_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    gate(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from . import launcher, next_pow2
+from .pdl_gate import gate
 from .weight import Weight
 
 __all__ = ["Tiles", "Weight", "fused_linear", "fused_linear_eager", "tiles_for"]
@@ -81,7 +82,9 @@ def _fused_linear_kernel(
     K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
     HAS_RES: tl.constexpr, SILU: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    gate(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from ..sampling import CANDIDATES, gumbel
 from . import launcher
+from .pdl_gate import gate
 
 
 def frame_noise_eager(seed: torch.Tensor, frame: torch.Tensor, draws: int) -> torch.Tensor:
@@ -40,7 +41,8 @@ def _mix32(x):
 
 
 @triton.jit
-def _frame_noise_kernel(seed_ptr, frame_ptr, out_ptr, DRAWS: tl.constexpr, K: tl.constexpr):
+def _frame_noise_kernel(seed_ptr, frame_ptr, out_ptr, DRAWS: tl.constexpr, K: tl.constexpr, PDL: tl.constexpr):
+    gate(PDL)
     row = tl.program_id(0)
     stream = tl.program_id(1).to(tl.int64)
     seed = tl.load(seed_ptr + row).to(tl.int64)

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from . import launcher, next_pow2
+from .pdl_gate import gate
 
 
 def add_rms_norm_eager(
@@ -28,7 +29,9 @@ def add_rms_norm_eager(
 def _add_rms_norm_kernel(
     x_ptr, b_ptr, w_ptr, h_ptr, y_ptr, n_cols, eps,
     HAS_BRANCH: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    gate(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     m = cols < n_cols

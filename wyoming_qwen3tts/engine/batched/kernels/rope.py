@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from . import launcher, next_pow2
+from .pdl_gate import gate
 
 
 def qk_rope_kv_eager(
@@ -54,7 +55,9 @@ def _qk_rope_kv_kernel(
     qkv_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, n_tok, eps,
     s_cos_b, s_cos_t, s_pos_b, s_pos_t, s_k_b, s_k_h, s_k_l, s_v_b, s_v_h, s_v_l,
     HEADS: tl.constexpr, KV: tl.constexpr, HD: tl.constexpr, HAS_NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    gate(PDL)
     bt = tl.program_id(0)
     head = tl.program_id(1)
     b = bt // n_tok

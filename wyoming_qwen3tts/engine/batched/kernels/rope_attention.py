@@ -23,6 +23,7 @@ import triton.language as tl
 from . import launcher, next_pow2
 from .attention import BLOCK_N, _attend
 from .rope import _rotate
+from .pdl_gate import gate
 
 
 @triton.jit
@@ -31,7 +32,9 @@ def _rope_attention_kernel(
     s_cos_b, s_pos_b, s_k_b, s_k_h, s_k_l, s_v_b, s_v_h, s_v_l,
     HEADS: tl.constexpr, KV: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr,
     HAS_NORM: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    gate(PDL)
     b = tl.program_id(0)
     head = tl.program_id(1)
     kvh = head // GROUP

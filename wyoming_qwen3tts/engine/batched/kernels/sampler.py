@@ -19,6 +19,7 @@ import triton.language as tl
 
 from ..sampling import CANDIDATES, RowParams, penalise, sample
 from . import launcher, next_pow2
+from .pdl_gate import gate
 
 #: Warps per program (one program per row). On the H200 (torch.profiler, batch 1, 2,048
 #: ids) a draw took 18.7 us with 4 warps and 11.1 us with 16: the top-k network spreads
@@ -55,7 +56,9 @@ def _sample_kernel(
     seen_ptr, s_seen, penalty_ptr, banned_ptr, frame_ptr, min_new_ptr, eos_ptr, eos_id, vocab,
     V: tl.constexpr, K: tl.constexpr,
     HAS_PENALTY: tl.constexpr, HAS_BAN: tl.constexpr, HAS_HOLD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    gate(PDL)
     row = tl.program_id(0)
     ids = tl.arange(0, V)
     inside = ids < vocab

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from . import launcher, next_pow2
+from .pdl_gate import gate
 
 
 def silu_mul_eager(gate_up: torch.Tensor) -> torch.Tensor:
@@ -17,7 +18,8 @@ def silu_mul_eager(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    gate(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < n

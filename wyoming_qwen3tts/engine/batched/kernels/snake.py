@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from . import launcher, next_pow2
+from .pdl_gate import gate
 
 
 def snake_factors(module: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,7 +63,9 @@ def _snake_kernel(
     x_ptr, r_ptr, bias_ptr, alpha_ptr, inv_beta_ptr, h_ptr, y_ptr,
     rows, channels, length, x_batch_stride, x_channel_stride,
     HAS_BRANCH: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    gate(PDL)
     # A tile of ROWS (batch, channel) rows by BLOCK_T samples: the channel is worked out per
     # row, not per element.
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]  # b * C + c
