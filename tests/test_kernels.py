@@ -27,6 +27,7 @@ if not torch.cuda.is_available():  # conftest.py sets it; this covers running th
 from wyoming_qwen3tts.engine import Segment  # noqa: E402
 from wyoming_qwen3tts.engine.batched.kernels import (  # noqa: E402
     attention,
+    embed,
     int8_matmul,
     linear,
     noise,
@@ -278,6 +279,44 @@ def test_fused_linear_is_the_eager_composition(device: str, dtype: torch.dtype) 
         linear.fused_linear(x, weight, silu=True, residual=x)
 
 
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_fused_linear_gathers_its_rows_from_a_table(device: str, dtype: torch.dtype) -> None:
+    """``gather=(ids, offset)``: the same bits as the product of the looked-up rows, with
+    strided ids (a column of the frame's codes) and an offset into a stacked table."""
+    gen = torch.Generator().manual_seed(3)
+    k, n, vocab = (32, 24, 10) if device == "cpu" else (2048, 1024, 2048)
+    table = rand(3 * vocab, k, device=device, dtype=dtype, gen=gen)
+    weight = linear.Weight(rand(n, k, device=device, dtype=dtype, gen=gen) / k**0.5, None,
+                           rand(n, device=device, dtype=dtype, gen=gen))
+    for m in (1, 3):
+        codes = torch.randint(0, vocab, (m, 5), generator=gen).to(device)
+        y = linear.fused_linear(table, weight, gather=(codes[:, 2], 2 * vocab))
+        ref = linear.fused_linear(table[codes[:, 2] + 2 * vocab], weight)
+        assert y.shape == (m, n) and y.dtype == dtype
+        torch.testing.assert_close(y, ref, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_frame_embeds_are_the_eager_lookups_and_sums(device: str, dtype: torch.dtype) -> None:
+    """The talker's next input (token embedding + 15 codebook embeddings + pad) and the
+    frame's stored codes, against the eager composition; strided code rows."""
+    gen = torch.Generator().manual_seed(9)
+    hidden, vocab, groups = (48, 12, 15) if device == "cpu" else (2048, 2048, 15)
+    token_table = rand(vocab + 7, hidden, device=device, dtype=dtype, gen=gen)
+    code_table = rand(groups * vocab, hidden, device=device, dtype=dtype, gen=gen)
+    pad = rand(hidden, device=device, dtype=dtype, gen=gen)
+    b = 3
+    token = torch.randint(0, vocab + 7, (b,), generator=gen).to(device)
+    codes = torch.randint(0, vocab, (b, groups + 4), generator=gen).to(device)[:, 2 : 2 + groups]
+    frame = torch.full((b, groups + 1), -1, dtype=torch.int64, device=device)
+    frame_ref = frame.clone()
+    out = embed.frame_embeds(token, codes, token_table, code_table, pad, frame)
+    ref = embed.frame_embeds_eager(token, codes, token_table, code_table, pad, frame_ref)
+    assert out.shape == (b, hidden) and out.dtype == dtype
+    assert torch.equal(frame, frame_ref) and torch.equal(frame[:, 0], token)
+    close(out, ref, dtype)
+
+
 @pytest.mark.parametrize("int8", [False, True], ids=["weights", "int8"])
 @pytest.mark.parametrize(("device", "dtype"), CASES)
 def test_lean_layer_is_the_eager_layer(device: str, dtype: torch.dtype, int8: bool) -> None:
@@ -457,3 +496,20 @@ def test_a_graph_of_dependent_kernels_under_pdl_reads_each_result_whole(dtype: t
         outputs.append(runs[0])
     assert torch.isfinite(outputs[0].float()).all()
     torch.testing.assert_close(outputs[1], outputs[0], atol=0, rtol=0)
+
+
+def test_the_talker_rotary_table_is_what_rotary_emb_gives(checkpoints: Path) -> None:
+    """The fused step's (cos, sin) lookup equals the library's rotary embedding of each row's
+    position (every generated frame has one position in all three mrope sections)."""
+    from wyoming_qwen3tts.engine.batched.layers import rope_tables
+
+    engine = load_tiny(checkpoints / "custom_voice", ModelKind.CUSTOM_VOICE, slots=2)
+    step = engine.step
+    position = torch.tensor([0, 7, engine.state.max_len - 1])
+    cos, sin = step._talker_rope(position)
+    h = torch.zeros(3, 1, step.talker.config.hidden_size)
+    ref_cos, ref_sin = step.talker.model.rotary_emb(h, position.view(1, 3, 1).expand(3, 3, 1))
+    ref_cos, ref_sin = rope_tables(ref_cos[0], ref_sin[0])
+    assert cos.shape == sin.shape == ref_cos.shape == (3, 1, step.talker_layers[0].head_dim)
+    torch.testing.assert_close(cos, ref_cos, atol=0, rtol=0)
+    torch.testing.assert_close(sin, ref_sin, atol=0, rtol=0)

@@ -192,6 +192,12 @@ class FrameStep:
         self.streams = torch.arange(self.groups, device=device)
         #: Whether the step runs the Triton kernels (CUDA; see ``kernels.enabled``).
         self.fused = kernels.enabled(state.keys[0])
+        #: (cos, signed sin) of every talker position, [max_len, 2, head_dim] (the three mrope
+        #: sections share a generated frame's position): a fused step's rotary tables are one
+        #: gather (``_talker_rope``), as the prefill's are (``prefill.Prefill``).
+        at = torch.arange(state.max_len, device=device).view(1, 1, -1).expand(3, 1, -1)
+        cos, sin = talker.model.rotary_emb(torch.zeros(1, 1, config.hidden_size, dtype=dtype, device=device), at)
+        self.talker_rope = torch.stack(rope_tables(cos[0, 0], sin[0, 0]), dim=1)
         #: The predictor steps' cache positions, int64 [1, n] each (``FusedLayer.fast``).
         self.pred_positions = [
             torch.arange(start, start + n, device=device)[None] for start, n, *_ in self.pred_steps
@@ -273,8 +279,20 @@ class FrameStep:
                 logits = F.linear(add_rms_norm(h[:, -1], branch[:, -1], *norm)[1], self.lm_heads[step])
             sample_fused(logits, params, noise[:, step], codes[:, step])
             if step + 1 < len(self.pred_steps):
-                h = self._project(self.code_table[codes[:, step] + step * self.code_vocab])[:, None]
+                h = self._project_codes(codes[:, step], step)[:, None]
         return codes
+
+    def _project_codes(self, code: torch.Tensor, step: int) -> torch.Tensor:
+        """The projected embedding of codebook ``step + 2``'s ``code`` int64 [B]: [B, hidden]
+        (a lone row's lookup runs inside the projection's kernel)."""
+        from .kernels import fused_matmul
+
+        hidden = self.code_table.shape[1]
+        if self.projection is not None and fused_matmul(self.code_table) and use_fused(code.shape[0], hidden):
+            from .kernels.linear import fused_linear
+
+            return fused_linear(self.code_table, self.projection, gather=(code, step * self.code_vocab))
+        return self._project(self.code_table[code + step * self.code_vocab])
 
     def _project(self, h: torch.Tensor) -> torch.Tensor:
         """The talker-to-predictor projection of [..., talker hidden] (one kernel on CUDA)."""
@@ -286,12 +304,11 @@ class FrameStep:
             return fused_linear(h, self.projection)
         return self.predictor.small_to_mtp_projection(h)
 
-    def _talker_rope(self, h: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``rope_tables`` for one talker position per row: [B, 1, head_dim] each."""
-        b = position.shape[0]
-        rope_ids = position.view(1, b, 1).expand(3, b, 1)
-        cos, sin = self.talker.model.rotary_emb(h, rope_ids)
-        return rope_tables(cos[0], sin[0])  # the three mrope sections share the position
+    def _talker_rope(self, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rope_tables`` for one talker position per row, int64 [B]: [B, 1, head_dim] each
+        (views of one gather from ``talker_rope``)."""
+        both = self.talker_rope[position]  # [B, 2, head_dim]
+        return both[:, 0:1], both[:, 1:2]
 
     def _talker_fast(self, embeds: torch.Tensor, length: int) -> torch.Tensor:
         """``_talker`` in Triton kernels: each row's attention reads its positions
@@ -303,7 +320,7 @@ class FrameStep:
         s, model = self.state, self.talker.model
         position = s.position[:b]
         h = embeds[:, None]
-        cos, sin = self._talker_rope(h, position)
+        cos, sin = self._talker_rope(position)
         splits = -(-length // CHUNK)
         branch = None
         for i, layer in enumerate(self.talker_layers):
@@ -355,10 +372,16 @@ class FrameStep:
             counters = (frame[:, None] + (self.streams == 0)).expand(b, self.groups)
             noise = gumbel(s.seed[:b], counters, self.streams)
         rest = self._predict(past_hidden, token, noise[:, 1:])
-        s.codes[:b, 0] = token
-        s.codes[:b, 1:] = rest
-        embeds = self.talker.get_input_embeddings()(token) + self._embed_codes(rest)
-        hidden = self._talker(embeds + self.pad_embed, length)
+        if self.fused:
+            from .kernels.embed import frame_embeds
+
+            table = self.talker.get_input_embeddings().weight
+            hidden = self._talker(frame_embeds(token, rest, table, self.code_table, self.pad_embed, s.codes[:b]), length)
+        else:
+            s.codes[:b, 0] = token
+            s.codes[:b, 1:] = rest
+            embeds = self.talker.get_input_embeddings()(token) + self._embed_codes(rest)
+            hidden = self._talker(embeds + self.pad_embed, length)
         seen = s.seen[:b]
         seen.scatter_(1, token[:, None], True)
         if self.fused:

@@ -20,10 +20,10 @@
 #   6: (chained) the Wyoming door's Poisson rows, every voice kind, 1-40 req/s
 #   7: (chained) the HTTP door's Poisson rows, every voice kind, 1-30 req/s
 # Tenth session (PDL: programmatic dependent launch of every Triton kernel, QWEN3TTS_PDL):
-#   8: the checkpoints; the frame profile at batch 1 and 32 with PDL (the default) and with
-#      QWEN3TTS_PDL=0, in the same call; the GPU tests not run since the last engine change
-#      (kernels with the PDL parity test, codec kernels, engine, prefill, prompt, quant,
-#      breakdown) in the time left
+#   8: the checkpoints; the kernel, codec-kernel and engine GPU tests (parity of PDL and of the
+#      frame-embedding, gathered-projection and rotary-table changes); the frame profile at
+#      batch 1 and 32 with PDL (the default), then with QWEN3TTS_PDL=0; the prefill, prompt,
+#      quant and breakdown GPU tests in the time left
 #   9: (chained) the Wyoming door's Poisson rows, every voice kind, 1-40 req/s
 #  10: (chained) the HTTP door's Poisson rows, every voice kind, 1-40 req/s
 set -uo pipefail
@@ -54,12 +54,14 @@ case "${1:-1}" in
   6) OUT="$OUT/w" POISSON_S=480 POISSON_ARGS="--rates 1,10,20,30,40 --seconds 20 --warmup-s 1 --pause-s 0.5 --doors wyoming --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson ;;
   7) OUT="$OUT/h" POISSON_S=330 POISSON_ARGS="--rates 1,10,20,30 --seconds 20 --warmup-s 1 --pause-s 0.5 --doors http --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson ;;
   8) s=$(date +%s); CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckpt > /dev/null; echo "ckpt $(( $(date +%s) - s )) s"
-     mkdir -p "$OUT/profile" "$OUT/profile-nopdl"
-     OUT="$OUT/profile" PROFILE_S=140 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | grep -E "^\\|"
+     mkdir -p "$OUT/tests1" "$OUT/profile" "$OUT/profile-nopdl" "$OUT/tests2"
+     OUT="$OUT/tests1" TESTS_S=170 TESTS="tests/test_kernels.py tests/test_codec_kernels.py tests/test_engine.py -rf" bash benchmarks/gpu.sh tests | tail -8
+     echo "tests1 $(( $(date +%s) - s )) s"
+     OUT="$OUT/profile" PROFILE_S=130 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | grep -E "^\\|"
      echo "profile $(( $(date +%s) - s )) s"
-     QWEN3TTS_PDL=0 OUT="$OUT/profile-nopdl" PROFILE_S=120 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | grep -E "^\\|"
-     left=$(( 575 - ($(date +%s) - s) )); echo "tests get $left s"
-     TESTS_S=$left TESTS="tests/test_kernels.py tests/test_codec_kernels.py tests/test_engine.py tests/test_prefill.py tests/test_prompt.py tests/test_quant.py tests/test_lone_breakdown.py -rf" bash benchmarks/gpu.sh tests | tail -14 ;;
+     QWEN3TTS_PDL=0 OUT="$OUT/profile-nopdl" PROFILE_S=110 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | grep -E "^\\|"
+     left=$(( 580 - ($(date +%s) - s) )); echo "tests2 get $left s"
+     OUT="$OUT/tests2" TESTS_S=$left TESTS="tests/test_prefill.py tests/test_prompt.py tests/test_quant.py tests/test_lone_breakdown.py -rf" bash benchmarks/gpu.sh tests | tail -8 ;;
   9) export TRITON_CACHE_DIR="$HOME/.triton/cache"; OUT="$OUT/w" POISSON_S=490 POISSON_ARGS="--rates 1,10,20,30,40 --seconds 20 --warmup-s 1 --pause-s 0.5 --doors wyoming --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson ;;
   10) export TRITON_CACHE_DIR="$HOME/.triton/cache"; OUT="$OUT/h" POISSON_S=490 POISSON_ARGS="--rates 1,10,20,30,40 --seconds 20 --warmup-s 1 --pause-s 0.5 --doors http --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson ;;
 esac

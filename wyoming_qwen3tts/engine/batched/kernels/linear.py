@@ -78,8 +78,8 @@ def tiles_for(m: int, n: int, k: int, element: int) -> Tiles:
 
 @triton.jit
 def _fused_linear_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, r_ptr, y_ptr, M, N, eps,
-    K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, b_ptr, nw_ptr, r_ptr, y_ptr, ids_ptr, s_ids, id_offset, M, N, eps,
+    K: tl.constexpr, GATHER: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
     HAS_RES: tl.constexpr, SILU: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
@@ -93,13 +93,17 @@ def _fused_linear_kernel(
     m_ok = rm < M
     n_ok = rn < N
     act_ty = x_ptr.dtype.element_ty
+    if GATHER:  # row i of x is table row ids[i] + id_offset
+        xr = tl.load(ids_ptr + rm * s_ids, mask=m_ok, other=0) + id_offset
+    else:
+        xr = rm
     # RMSNorm of each row: its inverse root mean square, over all K inputs.
     inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if HAS_NORM:
         sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + rk
-            x = tl.load(x_ptr + rm[:, None] * K + ks[None, :], mask=m_ok[:, None] & (ks < K)[None, :], other=0.0)
+            x = tl.load(x_ptr + xr[:, None] * K + ks[None, :], mask=m_ok[:, None] & (ks < K)[None, :], other=0.0)
             x = x.to(tl.float32)
             sq += tl.sum(x * x, axis=1)
         inv = 1.0 / tl.sqrt(sq / K + eps)
@@ -108,7 +112,7 @@ def _fused_linear_kernel(
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + rk
         k_ok = ks < K
-        x = tl.load(x_ptr + rm[:, None] * K + ks[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_ptr + xr[:, None] * K + ks[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         if HAS_NORM:
             nw = tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
             x = (x.to(tl.float32) * inv[:, None] * nw[None, :]).to(act_ty)
@@ -149,21 +153,25 @@ def _fused_linear_kernel(
 def fused_linear(
     x: torch.Tensor, weight: Weight, *, norm: tuple[torch.Tensor, float] | None = None,
     silu: bool = False, residual: torch.Tensor | None = None, tiles: Tiles | None = None,
+    gather: tuple[torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """``y = epilogue(norm(x) @ W.T)`` in one kernel.
 
     Args:
-        x: activations [..., K] (float32, bfloat16 or float16).
+        x: activations [..., K] (float32, bfloat16 or float16); with ``gather``, a table
+            [rows, K] (contiguous) whose selected rows are the activations.
         weight: the projection; with ``silu`` its N rows are the gate's N/2 then the up's N/2
             (``layers._fuse`` of gate and up).
         norm: (weight [K], epsilon): RMSNorm each row of ``x`` first (rounded to ``x``'s dtype).
         silu: return ``silu(gate) * up``, [..., N/2].
         residual: [..., N] in ``x``'s dtype, added to the product (the residual stream).
         tiles: a launch configuration (benchmarks); default ``tiles_for``.
+        gather: (ids int64 [M], offset): multiply table rows ``ids + offset`` (e.g. a
+            codebook embedding, looked up in the same kernel); ``ids`` may be strided.
 
     Returns:
         [..., N] (or [..., N/2] with ``silu``) in ``x``'s dtype, accumulated in float32 and
-        rounded once.
+        rounded once; [M, N] with ``gather``.
 
     Raises:
         ValueError: ``silu`` together with ``residual``.
@@ -173,7 +181,8 @@ def fused_linear(
     k = x.shape[-1]
     n = weight.out_features // (2 if silu else 1)
     x2 = x.reshape(-1, k).contiguous()
-    m = x2.shape[0]
+    m = x2.shape[0] if gather is None else gather[0].shape[0]
+    ids = gather[0] if gather is not None else None
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     t = tiles or tiles_for(m, n, k, x.element_size())
     res = residual.reshape(m, n).contiguous() if residual is not None else y
@@ -181,12 +190,15 @@ def fused_linear(
     w = weight.weight
     launcher(_fused_linear_kernel, x2)[grid](
         x2, w, weight.scale if weight.scale is not None else x2, weight.bias if weight.bias is not None else x2,
-        norm[0] if norm is not None else x2, res, y, m, n, norm[1] if norm is not None else 0.0,
-        K=k, HAS_SCALE=weight.scale is not None, HAS_BIAS=weight.bias is not None, HAS_NORM=norm is not None,
+        norm[0] if norm is not None else x2, res, y, ids if ids is not None else x2,
+        ids.stride(0) if ids is not None else 0, gather[1] if gather is not None else 0,
+        m, n, norm[1] if norm is not None else 0.0,
+        K=k, GATHER=gather is not None, HAS_SCALE=weight.scale is not None,
+        HAS_BIAS=weight.bias is not None, HAS_NORM=norm is not None,
         HAS_RES=residual is not None, SILU=silu, DOT=t.dot, IEEE=x.dtype == torch.float32,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.warps, num_stages=t.stages,
     )
-    return y.view(*x.shape[:-1], n)
+    return y if gather is not None else y.view(*x.shape[:-1], n)
 
 
 def fused_linear_eager(
