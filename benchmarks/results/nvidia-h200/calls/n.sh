@@ -25,7 +25,7 @@
 #      batch 1 and 32 with PDL (the default), then with QWEN3TTS_PDL=0; the prefill, prompt,
 #      quant and breakdown GPU tests in the time left
 #   9: (chained) the Wyoming door's Poisson rows, every voice kind, 1-40 req/s
-#  10: (chained) the HTTP door's Poisson rows, every voice kind, 1-40 req/s
+#  10: (chained) the HTTP door's Poisson rows, every voice kind, 1-30 req/s
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -62,6 +62,6 @@ case "${1:-1}" in
      QWEN3TTS_PDL=0 OUT="$OUT/profile-nopdl" PROFILE_S=110 PROFILE_ARGS="--no-bare --batches 1,32" bash benchmarks/gpu.sh profile | grep -E "^\\|"
      left=$(( 580 - ($(date +%s) - s) )); echo "tests2 get $left s"
      OUT="$OUT/tests2" TESTS_S=$left TESTS="tests/test_prefill.py tests/test_prompt.py tests/test_quant.py tests/test_lone_breakdown.py -rf" bash benchmarks/gpu.sh tests | tail -8 ;;
-  9) export TRITON_CACHE_DIR="$HOME/.triton/cache"; OUT="$OUT/w" POISSON_S=490 POISSON_ARGS="--rates 1,10,20,30,40 --seconds 20 --warmup-s 1 --pause-s 0.5 --doors wyoming --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson ;;
-  10) export TRITON_CACHE_DIR="$HOME/.triton/cache"; OUT="$OUT/h" POISSON_S=490 POISSON_ARGS="--rates 1,10,20,30,40 --seconds 20 --warmup-s 1 --pause-s 0.5 --doors http --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson ;;
+  9) export TRITON_CACHE_DIR="$HOME/.triton/cache"; OUT="$OUT/w" POISSON_S=470 POISSON_ARGS="--rates 1,10,20,30,40 --seconds 20 --warmup-s 1 --pause-s 0.5 --doors wyoming --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson ;;
+  10) export TRITON_CACHE_DIR="$HOME/.triton/cache"; OUT="$OUT/h" POISSON_S=380 POISSON_ARGS="--rates 1,10,20,30 --seconds 20 --warmup-s 1 --pause-s 0.5 --doors http --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson ;;
 esac
