@@ -26,6 +26,10 @@
 #      quant and breakdown GPU tests in the time left
 #   9: (chained) the Wyoming door's Poisson rows, every voice kind, 1-40 req/s
 #  10: (chained) the HTTP door's Poisson rows, every voice kind, 1-30 req/s
+#  (8 ran: batch 1 only in both profiles, the time limits cut batch 32; the tests showed no
+#   failure but were cut at their limits; the machine was given back before 9 could follow)
+#  11: on a fresh machine, the budget's last call: the checkpoints, the profile at batch 32,
+#      then the Wyoming door's Poisson rows (15 s each) in the time left
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -64,4 +68,11 @@ case "${1:-1}" in
      OUT="$OUT/tests2" TESTS_S=$left TESTS="tests/test_prefill.py tests/test_prompt.py tests/test_quant.py tests/test_lone_breakdown.py -rf" bash benchmarks/gpu.sh tests | tail -8 ;;
   9) export TRITON_CACHE_DIR="$HOME/.triton/cache"; OUT="$OUT/w" POISSON_S=470 POISSON_ARGS="--rates 1,10,20,30,40 --seconds 20 --warmup-s 1 --pause-s 0.5 --doors wyoming --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson ;;
   10) export TRITON_CACHE_DIR="$HOME/.triton/cache"; OUT="$OUT/h" POISSON_S=380 POISSON_ARGS="--rates 1,10,20,30 --seconds 20 --warmup-s 1 --pause-s 0.5 --doors http --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson ;;
+  11) s=$(date +%s); export TRITON_CACHE_DIR="$HOME/.triton/cache"
+      CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckpt > /dev/null; echo "ckpt $(( $(date +%s) - s )) s"
+      mkdir -p "$OUT/profile32"
+      OUT="$OUT/profile32" PROFILE_S=170 PROFILE_ARGS="--no-bare --batches 32" bash benchmarks/gpu.sh profile > /dev/null
+      grep -E '^[|]' "$OUT/profile32/profile.log"; echo "profile $(( $(date +%s) - s )) s"
+      left=$(( 560 - ($(date +%s) - s) )); echo "poisson gets $left s"
+      OUT="$OUT/w" POISSON_S=$left POISSON_ARGS="--rates 1,10,20,30,40 --seconds 15 --warmup-s 1 --pause-s 0.5 --doors wyoming --voices clone,preset,custom_voice" bash benchmarks/gpu.sh poisson | tail -30 ;;
 esac
