@@ -431,7 +431,7 @@ def test_fused_step_samples_the_eager_steps_codes(checkpoints: Path, monkeypatch
 
 def test_launches_ask_for_pdl_only_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every kernel gets its ``PDL`` constexpr; the launch attribute only with PDL on (CUDA,
-    Hopper or newer, not ``QWEN3TTS_PDL=0``): a CPU tensor never asks for it."""
+    Hopper or newer, ``QWEN3TTS_PDL=1``; off by default): a CPU tensor never asks for it."""
     import wyoming_qwen3tts.engine.batched.kernels as kernels
 
     seen: list[tuple[object, dict[str, object]]] = []
@@ -448,12 +448,15 @@ def test_launches_ask_for_pdl_only_where_it_runs(monkeypatch: pytest.MonkeyPatch
     kernels.launcher(Kernel(), t)[(5, 2)](t)
     assert seen[-1] == ((5, 2), {"PDL": True, "launch_pdl": True})
     monkeypatch.undo()
+    monkeypatch.delenv("QWEN3TTS_PDL", raising=False)
     assert kernels.pdl(t) is False
+    monkeypatch.setenv("QWEN3TTS_PDL", "1")
+    assert kernels.pdl(t) is False  # never on the CPU
     if torch.cuda.is_available():
         on = torch.cuda.get_device_capability() >= kernels.PDL_CAPABILITY
         assert kernels.pdl(t.cuda()) is on
-        monkeypatch.setenv("QWEN3TTS_PDL", "0")
-        assert kernels.pdl(t.cuda()) is False
+        monkeypatch.delenv("QWEN3TTS_PDL")
+        assert kernels.pdl(t.cuda()) is False  # off by default
 
 
 @pytest.mark.gpu

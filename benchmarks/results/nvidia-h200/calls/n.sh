@@ -26,6 +26,11 @@
 #      quant and breakdown GPU tests in the time left
 #   9: (chained) the Wyoming door's Poisson rows, every voice kind, 1-40 req/s
 #  10: (chained) the HTTP door's Poisson rows, every voice kind, 1-30 req/s
+#  PDL was the default when 8 and 11 ran; it is opt-in (QWEN3TTS_PDL=1) since, after the hang below.
+#  After 11, three short diagnostic calls on the warm machine: profile_step --batches 8 with
+#   QWEN3TTS_PDL=0 and with PDL (both finished), --batches 16 with QWEN3TTS_PDL=0 (finished),
+#   --batches 32 with PDL under `timeout -s ABRT 75` and faulthandler: hung in _deliver's
+#   event synchronize (a step that never completed)
 #  (8 ran: batch 1 only in both profiles, the time limits cut batch 32; the tests showed no
 #   failure but were cut at their limits; the machine was given back before 9 could follow)
 #  11: on a fresh machine, the budget's last call: the checkpoints, the profile at batch 32,
