@@ -181,8 +181,8 @@ def fused_linear(
     k = x.shape[-1]
     n = weight.out_features // (2 if silu else 1)
     x2 = x.reshape(-1, k).contiguous()
-    m = x2.shape[0] if gather is None else gather[0].shape[0]
-    ids = gather[0] if gather is not None else None
+    ids, offset = gather if gather is not None else (None, 0)
+    m = x2.shape[0] if ids is None else ids.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     t = tiles or tiles_for(m, n, k, x.element_size())
     res = residual.reshape(m, n).contiguous() if residual is not None else y
@@ -191,14 +191,13 @@ def fused_linear(
     launcher(_fused_linear_kernel, x2)[grid](
         x2, w, weight.scale if weight.scale is not None else x2, weight.bias if weight.bias is not None else x2,
         norm[0] if norm is not None else x2, res, y, ids if ids is not None else x2,
-        ids.stride(0) if ids is not None else 0, gather[1] if gather is not None else 0,
-        m, n, norm[1] if norm is not None else 0.0,
-        K=k, GATHER=gather is not None, HAS_SCALE=weight.scale is not None,
+        ids.stride(0) if ids is not None else 0, offset, m, n, norm[1] if norm is not None else 0.0,
+        K=k, GATHER=ids is not None, HAS_SCALE=weight.scale is not None,
         HAS_BIAS=weight.bias is not None, HAS_NORM=norm is not None,
         HAS_RES=residual is not None, SILU=silu, DOT=t.dot, IEEE=x.dtype == torch.float32,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.warps, num_stages=t.stages,
     )
-    return y if gather is not None else y.view(*x.shape[:-1], n)
+    return y if ids is not None else y.view(*x.shape[:-1], n)
 
 
 def fused_linear_eager(
