@@ -410,7 +410,8 @@ def test_fused_step_samples_the_eager_steps_codes(checkpoints: Path, monkeypatch
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     results = []
-    for fused, matmul, pdl in ((True, "fused", "1"), (True, "fused", "0"), (True, "cublas", "1"), (False, "fused", "1")):
+    for fused, matmul, pdl in ((True, "fused", "1"), (True, "fused", "0"), (True, "fused", "auto"), (True, "cublas", "1"),
+                               (False, "fused", "1")):
         monkeypatch.setenv("QWEN3TTS_KERNELS", "triton" if fused else "eager")
         monkeypatch.setenv("QWEN3TTS_MATMUL", matmul)
         monkeypatch.setenv("QWEN3TTS_PDL", pdl)
@@ -431,7 +432,7 @@ def test_fused_step_samples_the_eager_steps_codes(checkpoints: Path, monkeypatch
 
 def test_launches_ask_for_pdl_only_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every kernel gets its ``PDL`` constexpr; the launch attribute only with PDL on (CUDA,
-    Hopper or newer, ``QWEN3TTS_PDL=1``; off by default): a CPU tensor never asks for it."""
+    Hopper or newer, and ``QWEN3TTS_PDL=1`` or a ``pdl_scope``): a CPU tensor never asks for it."""
     import wyoming_qwen3tts.engine.batched.kernels as kernels
 
     seen: list[tuple[object, dict[str, object]]] = []
@@ -456,7 +457,83 @@ def test_launches_ask_for_pdl_only_where_it_runs(monkeypatch: pytest.MonkeyPatch
         on = torch.cuda.get_device_capability() >= kernels.PDL_CAPABILITY
         assert kernels.pdl(t.cuda()) is on
         monkeypatch.delenv("QWEN3TTS_PDL")
-        assert kernels.pdl(t.cuda()) is False  # off by default
+        assert kernels.pdl(t.cuda()) is False  # off by default, outside a scope
+        with kernels.pdl_scope(True):
+            assert kernels.pdl(t.cuda()) is on
+
+
+def test_pdl_is_wanted_in_a_lone_rows_scope_unless_switched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``QWEN3TTS_PDL``: unset or ``auto``, only within ``pdl_scope(True)`` (nested scopes
+    restore the outer one, and a scope is the opening thread's alone); ``1`` everywhere;
+    ``0`` never, a scope included."""
+    import threading
+
+    import wyoming_qwen3tts.engine.batched.kernels as kernels
+
+    monkeypatch.delenv("QWEN3TTS_PDL", raising=False)
+    assert kernels.pdl_wanted() is False
+    with kernels.pdl_scope(True):
+        assert kernels.pdl_wanted() is True
+        other: list[bool] = []
+        thread = threading.Thread(target=lambda: other.append(kernels.pdl_wanted()))
+        thread.start()
+        thread.join()
+        assert other == [False]
+        with kernels.pdl_scope(False):
+            assert kernels.pdl_wanted() is False
+        assert kernels.pdl_wanted() is True
+    assert kernels.pdl_wanted() is False
+    for mode, outside, inside in (("auto", False, True), ("1", True, True), ("on", True, True),
+                                  ("0", False, False), ("off", False, False)):
+        monkeypatch.setenv("QWEN3TTS_PDL", mode)
+        assert kernels.pdl_wanted() is outside, mode
+        with kernels.pdl_scope(True):
+            assert kernels.pdl_wanted() is inside, mode
+
+
+@pytest.mark.gpu
+def test_only_the_batch_1_graphs_are_captured_with_pdl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``StepGraphs(lone_pdl=True)`` captures (and warms) its batch-1 graphs within
+    ``pdl_scope(True)`` and the others outside; ``lone_pdl=False`` none (the prefill's)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import wyoming_qwen3tts.engine.batched.kernels as kernels
+    from wyoming_qwen3tts.engine.batched.graphs import StepGraphs
+
+    monkeypatch.delenv("QWEN3TTS_PDL", raising=False)
+    x = torch.zeros(4, device="cuda")
+    for lone_pdl in (True, False):
+        seen: set[tuple[int, bool]] = set()
+
+        def body(b: int, length: int) -> None:
+            seen.add((b, kernels.pdl_wanted()))
+            x[:b].add_(1)
+
+        graphs = StepGraphs(body, lambda: [x], [1, 2, 4], [8], lone_pdl=lone_pdl)
+        graphs.capture()
+        assert seen == {(1, lone_pdl), (2, False), (4, False)}
+        graphs.run(2, 8)
+        torch.cuda.synchronize()
+        assert x.tolist() == [1, 1, 0, 0]  # the state was restored after the capture
+        x.zero_()
+
+
+@pytest.mark.gpu
+def test_the_engine_loop_runs_on_its_high_priority_stream(checkpoints: Path) -> None:
+    """The loop's stream is the device's highest priority, the decode's the lowest; the
+    graphs replay on it (the caller's stream waits for it afterwards)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    engine = load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN, slots=2, device="cuda")
+    assert engine._main is not None and engine._side is not None
+    assert engine._main.priority == torch.cuda.Stream.priority_range()[1] < engine._side.priority
+    caller = torch.cuda.current_stream()
+    with engine._on_step_stream():
+        assert torch.cuda.current_stream() == engine._main
+    assert torch.cuda.current_stream() == caller
+    sink = Collect()
+    run(engine, {0: [(Segment("Hello there.", "english", 6, 6, seed=3, instruct="Calm."), sink)]})
+    assert sink.error is None and sink.frames == 6 and len(sink.pcm) == 6 * engine.samples_per_frame
 
 
 @pytest.mark.gpu

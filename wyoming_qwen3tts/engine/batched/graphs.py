@@ -9,24 +9,32 @@ from collections.abc import Callable
 
 import torch
 
+from . import kernels
+
 _STREAMS: dict[tuple[str, str], torch.cuda.Stream] = {}
 _STREAMS_LOCK = threading.Lock()
 #: One capture at a time on the capture stream (models load one after another anyway).
 _CAPTURE_LOCK = threading.Lock()
 
 
-def role_stream(device: torch.device, role: str) -> torch.cuda.Stream:
+def role_stream(device: torch.device, role: str, high_priority: bool = False) -> torch.cuda.Stream:
     """The process's CUDA stream for ``role`` on ``device`` (e.g. "base-decode"), made once.
 
     A model loaded again (taking turns on the GPU) gets the same streams as before. cuBLAS
     keeps a workspace per (handle, stream), 32 MiB each on Hopper, that ``empty_cache`` never
     frees: new streams at every load left about 130 MB behind per swap on the H200.
+
+    ``high_priority`` (read when the stream is first made): the device's highest stream
+    priority (``torch.cuda.Stream.priority_range``), so that its kernels' blocks are scheduled
+    before those of the default-priority streams (the decode, the prompts) when both wait for
+    SMs. Otherwise the default, lowest priority.
     """
     key = (str(device), role)
     with _STREAMS_LOCK:
         stream = _STREAMS.get(key)
         if stream is None:
-            stream = _STREAMS[key] = torch.cuda.Stream(device)
+            priority = torch.cuda.Stream.priority_range()[1] if high_priority else 0
+            stream = _STREAMS[key] = torch.cuda.Stream(device, priority=priority)
         return stream
 
 
@@ -47,6 +55,8 @@ class StepGraphs:
         state: every buffer the body mutates (saved and restored around capture, which
             runs the body for real).
         batch_sizes, lengths: the buckets (see ``buckets``).
+        lone_pdl: capture the batch-1 graphs with programmatic dependent launch
+            (``kernels.pdl_scope``; the frame step and the codec decode of a lone stream).
     """
 
     def __init__(
@@ -55,8 +65,10 @@ class StepGraphs:
         state: Callable[[], list[torch.Tensor]],
         batch_sizes: list[int],
         lengths: list[int],
+        lone_pdl: bool = False,
     ) -> None:
         self._body = body
+        self.lone_pdl = lone_pdl
         self._state = state
         self.batch_sizes = batch_sizes
         self.lengths = lengths
@@ -91,13 +103,14 @@ class StepGraphs:
         with _CAPTURE_LOCK, torch.cuda.stream(stream):
             for b in self.batch_sizes:
                 for length in self.lengths:
-                    self._body(b, length)  # warm-up outside the graph (lazy inits, autotuning)
-                    graph = torch.cuda.CUDAGraph()
-                    # thread_local: another model's engine thread (or the prompt worker) keeps
-                    # launching work while a model loaded on demand captures its graphs; in the
-                    # default "global" mode CUDA would refuse their calls mid-capture.
-                    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-                        self._body(b, length)
+                    with kernels.pdl_scope(self.lone_pdl and b == 1):
+                        self._body(b, length)  # warm-up outside the graph (lazy inits, autotuning)
+                        graph = torch.cuda.CUDAGraph()
+                        # thread_local: another model's engine thread (or the prompt worker) keeps
+                        # launching work while a model loaded on demand captures its graphs; in the
+                        # default "global" mode CUDA would refuse their calls mid-capture.
+                        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                            self._body(b, length)
                     pool = graph.pool()
                     self._graphs[(b, length)] = graph
         torch.cuda.current_stream().wait_stream(stream)

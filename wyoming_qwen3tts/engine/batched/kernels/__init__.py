@@ -12,9 +12,12 @@ capture does at start (warm-up pass), and Triton caches them on disk (``~/.trito
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -63,19 +66,45 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+_SCOPE = threading.local()
+
+
+@contextlib.contextmanager
+def pdl_scope(on: bool) -> Iterator[None]:
+    """Within: this thread's kernel launches use programmatic dependent launch if ``on`` and
+    ``QWEN3TTS_PDL`` is ``auto`` (the default; see ``pdl``). ``StepGraphs`` opens it around
+    the capture of the frame step's and the codec decode's batch-1 graphs."""
+    before = getattr(_SCOPE, "on", False)
+    _SCOPE.on = on
+    try:
+        yield
+    finally:
+        _SCOPE.on = before
+
+
+def pdl_wanted() -> bool:
+    """``QWEN3TTS_PDL``: ``auto`` (default) within an open ``pdl_scope(True)`` only; ``1``
+    (``on``, ``true``) for every launch; ``0`` (``off``, ``false``) never."""
+    mode = os.environ.get("QWEN3TTS_PDL", "auto").lower()
+    if mode in ("0", "off", "false"):
+        return False
+    return mode in ("1", "on", "true") or bool(getattr(_SCOPE, "on", False))
+
+
 def pdl(t: torch.Tensor) -> bool:
     """Whether kernels on ``t``'s device are launched with programmatic dependent launch:
-    only with ``QWEN3TTS_PDL=1`` (experimental, off by default), on a CUDA device of compute
-    capability ``PDL_CAPABILITY`` or newer.
+    ``pdl_wanted()``, on a CUDA device of compute capability ``PDL_CAPABILITY`` or newer.
 
     Each such kernel waits for the kernel before it (``griddepcontrol.wait``) before it reads
     or writes anything, then lets the next one be scheduled (``launch_dependents``): the
-    ramp-up of each of the frame's ~1,200 small kernels overlaps the tail of the one before.
+    ramp-up of each of the frame's ~1,100 small kernels overlaps the tail of the one before.
     Captured into the CUDA graphs as programmatic edges. On the H200 it cut a lone stream's
-    frame from 5.21 to 4.84 ms, but the engine loop at batch 32 hung (a step that never
-    completed; the Poisson run's streams timed out from 20 req/s), so it stays off until
-    that is understood (``benchmarks/results/profile/README.md``, "Stop 37")."""
-    if not t.is_cuda or os.environ.get("QWEN3TTS_PDL", "0").lower() not in ("1", "on", "true"):
+    frame from 5.21 to 4.84 ms, but with it on every graph the engine loop at batch 32 hung
+    (a step that never completed; the Poisson run's streams timed out from 20 req/s;
+    ``benchmarks/results/profile/README.md``, "Stop 37"). So by default only the batch-1
+    graphs use it, whose products are this package's kernels (``weight.use_fused``; all but
+    the talker's ``down``), not cuBLAS's split-K ones, and whose loop never hung."""
+    if not t.is_cuda or not pdl_wanted():
         return False
     return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device()) >= PDL_CAPABILITY
 

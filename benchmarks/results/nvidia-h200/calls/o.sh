@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Stop 38's device calls (issue 27), `.whl` carried, 2 and 3 chained to 1 (machine still warm).
+# The changes they measure: programmatic dependent launch on by default for the batch-1 graphs
+# only (QWEN3TTS_PDL=auto; stop 37's hang was at batch 32 with it on every graph), and the
+# engine loop on a high-priority CUDA stream (stop 37 measured 5.79 -> 5.20 ms a frame at b8).
+#   1: the checkpoints (background) beside the kernel and engine GPU tests; then the frame
+#      profile at batch 1, 8, 32 and 64 under faulthandler (a hang prints its stacks)
+#   2: the Wyoming door's Poisson rows, every voice kind, 1-40 req/s, 20 s each, --max-streams 64
+#   3: the HTTP door's Poisson rows, the same
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+[ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export WHEELS_DONE=1 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD TRITON_CACHE_DIR="$HOME/.triton/cache"
+RATES="--rates 1,10,20,30,40 --seconds 20 --warmup-s 1 --pause-s 0.5 --voices clone,preset,custom_voice"
+case "${1:-1}" in
+  1) s=$(date +%s)
+     CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
+     mkdir -p "$OUT/tests" "$OUT/profile"
+     OUT="$OUT/tests" TESTS_S=170 TESTS="tests/test_kernels.py tests/test_engine.py -rf" bash benchmarks/gpu.sh tests | tail -6
+     echo "tests $(( $(date +%s) - s )) s"
+     left=$(( 570 - ($(date +%s) - s) )); echo "profile gets $left s"
+     timeout -s ABRT "$left" python3 -X faulthandler -m benchmarks.profile_step --no-bare --batches 1,8,32,64 \
+       --out "$OUT/profile" > "$OUT/profile/profile.log" 2>&1; echo "profile rc $?"
+     grep -E '^[|]|^Thread|^  File' "$OUT/profile/profile.log" | head -60 ;;
+  2) OUT="$OUT/w" POISSON_S=500 POISSON_SERVER_ARGS="--max-queue 64 --max-streams 64" \
+       POISSON_ARGS="$RATES --doors wyoming" bash benchmarks/gpu.sh poisson | tail -22 ;;
+  3) OUT="$OUT/h" POISSON_S=500 POISSON_SERVER_ARGS="--max-queue 64 --max-streams 64" \
+       POISSON_ARGS="$RATES --doors http" bash benchmarks/gpu.sh poisson | tail -22 ;;
+esac
