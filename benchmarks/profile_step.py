@@ -217,9 +217,8 @@ def main(argv: list[str] | None = None) -> None:
     # One stream through the loop: first audio (prefill + first step + delivery), then steady.
     firsts = []
     for rep in range(6):
-        with engine._on_step_stream():
-            sinks = fill(engine, 1, args.frames)
-            steps, wall = drain(engine)
+        sinks = fill(engine, 1, args.frames)
+        steps, wall = drain(engine)
         firsts.append((sinks[0].first or 0) * 1000)
     report["engine_first_audio_ms_chunk1"] = float(np.median(firsts[1:]))
 
@@ -243,22 +242,19 @@ def main(argv: list[str] | None = None) -> None:
         state.position.copy_(saved[0])  # the timed replays moved the rows on
         state.frame.copy_(saved[1])
         # The loop: wall time per frame over 24 steps (graphs + host work + delivery).
-        for active in engine._rows:
-            active.max_frames = active.frames + 48
-        # The same loop with the decode in line (one stream), then on its own stream: the
-        # engine's layout, the step on its high-priority stream (the decode's at the lowest).
-        # Last, the overlapped loop with the step at the default priority (stop 37's layout).
-        side, main = engine._side, engine._main
-        for label, engine._side, engine._main in (("loop_ms_per_frame_inline", None, main),
-                                                  ("loop_ms_per_frame", side, main),
-                                                  ("loop_ms_per_frame_step_default_priority", side, None)):
+        # The same loop with the decode in line (one stream), then on its own stream (the
+        # engine's layout). Each loop gives the rows 48 more frames, so that none ends within
+        # it (stop 37's third loop ran while rows were ending, and looked faster).
+        side = engine._side
+        for label, engine._side in (("loop_ms_per_frame_inline", None), ("loop_ms_per_frame", side)):
+            for active in engine._rows:
+                active.max_frames = active.frames + 48
             torch.cuda.synchronize()
             engine._copied, engine._decoded = None, None
-            with engine._on_step_stream():
-                steps, wall = drain_steps(engine, 24)
-                torch.cuda.synchronize()
+            steps, wall = drain_steps(engine, 24)
+            torch.cuda.synchronize()
             row[label] = wall * 1000 / max(1, steps)
-        engine._side, engine._main = side, main
+        engine._side = side
         for part, fn in (
             ("whole", lambda: engine._body(b, length)),
             ("talker", lambda: step._talker(embeds, length)),
@@ -279,8 +275,7 @@ def main(argv: list[str] | None = None) -> None:
             row["decoder_ms_cudnn_benchmark"] = timed_replay(lambda: engine.decoder.step(codes))
         finally:
             torch.backends.cudnn.benchmark = False
-        with engine._on_step_stream():
-            steps, wall = drain(engine)
+        steps, wall = drain(engine)
         rows.append(row)
         print(json.dumps(row), flush=True)
         report["rows"] = rows
@@ -295,8 +290,6 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['predictor_ms']:.2f} | {r['decoder_ms']:.2f} | {r['loop_ms_per_frame_inline']:.2f} | "
               f"{r['loop_ms_per_frame']:.2f} | {r['loop_ms_per_frame'] / r['batch']:.2f} | {counts} |")
     for r in rows:
-        print(f"| batch {r['batch']}: loop ms/frame, step stream at the default priority | "
-              f"{r['loop_ms_per_frame_step_default_priority']:.2f} (high, the engine's: {r['loop_ms_per_frame']:.2f}) |")
         print(f"| batch {r['batch']}: decoder with cudnn.benchmark | {r['decoder_ms_cudnn_benchmark']:.2f} ms "
               f"(heuristics {r['decoder_ms']:.2f}) |")
     for r in rows:

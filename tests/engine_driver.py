@@ -96,22 +96,21 @@ def run(engine: BatchedEngine, schedule: dict[int, list[tuple[Segment, Collect]]
     pending = None
     if not engine._host:
         engine._capture()
-    with engine._on_step_stream():  # the loop on the engine's own stream, as in serve
-        for t in range(max_steps):
-            queue.items.extend(Work(segment, sink) for segment, sink in schedule.get(t, []))
-            for sink in cancel.get(t, []):
-                sink.cancel = True
-            engine._admit(queue, block=False)
-            launched = engine._launch() if engine._rows else None
-            if record_codes and launched is not None:
-                for i in range(len(launched.rows)):
-                    codes.setdefault(i, []).append(engine.state.codes[i].cpu().numpy().copy())
-            if pending is not None:
-                engine._deliver(pending)
-            pending = launched
-            engine._retire()
-            if t > max(schedule) and all(s.finished for s in sinks) and pending is None and not queue.items:
-                return codes
+    for t in range(max_steps):
+        queue.items.extend(Work(segment, sink) for segment, sink in schedule.get(t, []))
+        for sink in cancel.get(t, []):
+            sink.cancel = True
+        engine._admit(queue, block=False)
+        launched = engine._launch() if engine._rows else None
+        if record_codes and launched is not None:
+            for i in range(len(launched.rows)):
+                codes.setdefault(i, []).append(engine.state.codes[i].cpu().numpy().copy())
+        if pending is not None:
+            engine._deliver(pending)
+        pending = launched
+        engine._retire()
+        if t > max(schedule) and all(s.finished for s in sinks) and pending is None and not queue.items:
+            return codes
     raise AssertionError("requests did not finish")
 
 

@@ -173,10 +173,9 @@ class BatchedEngine(Engine):
                                  lone_pdl=True)
         self.decode_graphs = StepGraphs(self._decode_body, self.decoder.state, batches, [1], lone_pdl=True)
         self.overlap = self.use_graphs and overlap_decode
+        # Every stream at the default priority: with the step's at the highest, the loop crawled
+        # (15 s a step) at batch 32 and hung at 64 on the H200 (profile README, "Stop 38").
         self._side = role_stream(self.device, f"{kind.value}-decode") if self.overlap else None
-        #: The stream the loop runs on (CUDA graphs): the device's highest priority, so that
-        #: the step's blocks go before the overlapped decode's (``_on_step_stream``).
-        self._main = role_stream(self.device, f"{kind.value}-step", high_priority=True) if self.use_graphs else None
         self._prime_lock = threading.Lock()
         self._prime_skipped = False  # said once: clips are no longer prepared ahead (memory)
         self._copied: torch.cuda.Event | None = None  # the last decode has taken its codes
@@ -306,15 +305,14 @@ class BatchedEngine(Engine):
                 return self.given
 
         source = _One()
-        with self._on_step_stream():
-            self._admit(source, block=False)
-            pending = None
-            while self._rows or pending is not None:
-                launched = self._launch() if self._rows else None
-                if pending is not None:
-                    self._deliver(pending)
-                pending = launched
-                self._retire()
+        self._admit(source, block=False)
+        pending = None
+        while self._rows or pending is not None:
+            launched = self._launch() if self._rows else None
+            if pending is not None:
+                self._deliver(pending)
+            pending = launched
+            self._retire()
         if sink.error is not None:
             raise sink.error
         if sink.samples == 0:
@@ -356,8 +354,7 @@ class BatchedEngine(Engine):
                               stream=role_stream(self.device, f"{self.kind.value}-prompts") if self.use_graphs else None)
         intake.start()
         try:
-            with self._on_step_stream():
-                self._serve(source, intake)
+            self._serve(source, intake)
         finally:
             for item in intake.stop():  # taken from the source, never admitted
                 item.work.sink.failed(RuntimeError(f"The {self.kind.value} engine stopped"))
@@ -535,27 +532,6 @@ class BatchedEngine(Engine):
         self._step_body(b, length)
         self._codes_dec[:b].copy_(self._codes[:b])
         self._decode_body(b, 1)
-
-    @contextlib.contextmanager
-    def _on_step_stream(self) -> Iterator[None]:
-        """Run the loop within on the engine's high-priority stream (CUDA graphs; else as is).
-
-        The overlapped decode (``_side``) and the prompt worker stay at the lowest priority, so
-        when both have blocks waiting for SMs, the step's go first: on the H200 that took the
-        loop at batch 8 from 5.79 to 5.20 ms a frame (``profile_step``'s
-        ``loop_ms_per_frame_step_priority``, stop 37). The stream first waits for the caller's
-        work (the engine's buffers are made on it), and the caller's stream waits for the
-        loop's work at the end."""
-        if self._main is None:
-            yield
-            return
-        caller = torch.cuda.current_stream(self.device)
-        self._main.wait_stream(caller)
-        try:
-            with torch.cuda.stream(self._main):
-                yield
-        finally:
-            caller.wait_stream(self._main)
 
     @contextlib.contextmanager
     def _on_decoder(self) -> Iterator[None]:

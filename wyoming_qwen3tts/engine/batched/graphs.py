@@ -17,24 +17,18 @@ _STREAMS_LOCK = threading.Lock()
 _CAPTURE_LOCK = threading.Lock()
 
 
-def role_stream(device: torch.device, role: str, high_priority: bool = False) -> torch.cuda.Stream:
+def role_stream(device: torch.device, role: str) -> torch.cuda.Stream:
     """The process's CUDA stream for ``role`` on ``device`` (e.g. "base-decode"), made once.
 
     A model loaded again (taking turns on the GPU) gets the same streams as before. cuBLAS
     keeps a workspace per (handle, stream), 32 MiB each on Hopper, that ``empty_cache`` never
     frees: new streams at every load left about 130 MB behind per swap on the H200.
-
-    ``high_priority`` (read when the stream is first made): the device's highest stream
-    priority (``torch.cuda.Stream.priority_range``), so that its kernels' blocks are scheduled
-    before those of the default-priority streams (the decode, the prompts) when both wait for
-    SMs. Otherwise the default, lowest priority.
     """
     key = (str(device), role)
     with _STREAMS_LOCK:
         stream = _STREAMS.get(key)
         if stream is None:
-            priority = torch.cuda.Stream.priority_range()[1] if high_priority else 0
-            stream = _STREAMS[key] = torch.cuda.Stream(device, priority=priority)
+            stream = _STREAMS[key] = torch.cuda.Stream(device)
         return stream
 
 

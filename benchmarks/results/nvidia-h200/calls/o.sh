@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Stop 38's device calls (issue 27), `.whl` carried, 2 and 3 chained to 1 (machine still warm).
-# The changes they measure: programmatic dependent launch on by default for the batch-1 graphs
+# Stop 38's device calls (issue 27), `.whl` carried.
+# 1 measured (at 0b67e10): programmatic dependent launch on by default for the batch-1 graphs
 # only (QWEN3TTS_PDL=auto; stop 37's hang was at batch 32 with it on every graph), and the
-# engine loop on a high-priority CUDA stream (stop 37 measured 5.79 -> 5.20 ms a frame at b8).
-#   1: the checkpoints (background) beside the kernel and engine GPU tests; then the frame
-#      profile at batch 1, 8, 32 and 64 under faulthandler (a hang prints its stacks)
+# engine loop on a high-priority CUDA stream (stop 37 had measured 5.79 -> 5.20 ms a frame at
+# b8, but that loop ran third, while its rows were ending).
+#   1: the checkpoints (background) beside the kernel and engine GPU tests (41 passed); then
+#      the frame profile at batch 1, 8, 32 and 64 under faulthandler: b1 4.87 ms a frame, b8
+#      5.86; b32 with the step at high priority 15 s a step, and b64 hung (stack: _deliver's
+#      event synchronize). The high-priority stream was taken out after (every stream at the
+#      default priority again); 2 and 3 ran on a fresh machine after that.
 #   2: the Wyoming door's Poisson rows, every voice kind, 1-40 req/s, 20 s each, --max-streams 64
 #   3: the HTTP door's Poisson rows, the same
 set -uo pipefail
