@@ -9,13 +9,13 @@
 #      5.86; b32 with the step at high priority 15 s a step, and b64 hung (stack: _deliver's
 #      event synchronize). The high-priority stream was taken out after (every stream at the
 #      default priority again); 2 and 3 ran on a fresh machine after that.
-#   2: the Wyoming door's Poisson rows, every voice kind, 1-40 req/s, 20 s each, --max-streams 64
+#   2: the Wyoming door's Poisson rows, every voice kind, 1-40 req/s, 15 s each (the budget), --max-streams 48
 #   3: the HTTP door's Poisson rows, the same
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export WHEELS_DONE=1 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD TRITON_CACHE_DIR="$HOME/.triton/cache"
-RATES="--rates 1,10,20,30,40 --seconds 20 --warmup-s 1 --pause-s 0.5 --voices clone,preset,custom_voice"
+RATES="--rates 1,10,20,30,40 --seconds 15 --warmup-s 1 --pause-s 0.5 --voices clone,preset,custom_voice"
 case "${1:-1}" in
   1) s=$(date +%s)
      CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
@@ -26,8 +26,8 @@ case "${1:-1}" in
      timeout -s ABRT "$left" python3 -X faulthandler -m benchmarks.profile_step --no-bare --batches 1,8,32,64 \
        --out "$OUT/profile" > "$OUT/profile/profile.log" 2>&1; echo "profile rc $?"
      grep -E '^[|]|^Thread|^  File' "$OUT/profile/profile.log" | head -60 ;;
-  2) OUT="$OUT/w" POISSON_S=500 POISSON_SERVER_ARGS="--max-queue 64 --max-streams 64" \
+  2) OUT="$OUT/w" POISSON_S=500 POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
        POISSON_ARGS="$RATES --doors wyoming" bash benchmarks/gpu.sh poisson | tail -22 ;;
-  3) OUT="$OUT/h" POISSON_S=500 POISSON_SERVER_ARGS="--max-queue 64 --max-streams 64" \
+  3) OUT="$OUT/h" POISSON_S=500 POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
        POISSON_ARGS="$RATES --doors http" bash benchmarks/gpu.sh poisson | tail -22 ;;
 esac
