@@ -26,8 +26,8 @@ case "${1:-1}" in
      timeout -s ABRT "$left" python3 -X faulthandler -m benchmarks.profile_step --no-bare --batches 1,8,32,64 \
        --out "$OUT/profile" > "$OUT/profile/profile.log" 2>&1; echo "profile rc $?"
      grep -E '^[|]|^Thread|^  File' "$OUT/profile/profile.log" | head -60 ;;
-  2) OUT="$OUT/w" POISSON_S=500 POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
+  2) OUT="$OUT/w" POISSON_S=380 POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
        POISSON_ARGS="$RATES --doors wyoming" bash benchmarks/gpu.sh poisson | tail -22 ;;
-  3) OUT="$OUT/h" POISSON_S=500 POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
+  3) OUT="$OUT/h" POISSON_S=380 POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
        POISSON_ARGS="$RATES --doors http" bash benchmarks/gpu.sh poisson | tail -22 ;;
 esac
