@@ -346,3 +346,15 @@ def test_chunks_carry_chunk_frames_each(checkpoints: Path) -> None:
     engine = load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN, slots=1, chunk_frames=3)
     sink = solo(engine, seg("Chunked.", frames=8))
     assert [len(c) // 1920 for c in sink.chunks] == [3, 3, 2]
+
+
+def test_graphs_that_replay_together_are_captured_on_different_streams(design: BatchedEngine) -> None:
+    """The decode replays beside the step (and the other models' decodes), so its graphs are
+    captured on a stream of their own, one per model: PyTorch keys cuBLAS's workspace by the
+    capture stream, and two graphs sharing one spun on each other's split-K counters (every
+    request timed out from 20 req/s on the H200). The step and the prefill replay one after
+    the other on one stream and may share."""
+    roles = {design.graphs.capture_role, design.decode_graphs.capture_role}
+    assert len(roles) == 2
+    assert design.decode_graphs.capture_role == f"{design.kind.value}-capture-decode"
+    assert design.prefill.graphs.capture_role == design.graphs.capture_role

@@ -171,7 +171,10 @@ class BatchedEngine(Engine):
         batches = buckets(max_streams, batch_buckets)
         self.graphs = StepGraphs(self._step_body, self.state.tensors, batches, buckets(max_len, length_buckets),
                                  lone_pdl=True)
-        self.decode_graphs = StepGraphs(self._decode_body, self.decoder.state, batches, [1], lone_pdl=True)
+        # The decode replays beside the step (and the other models' decodes): captured on a
+        # stream of its own, so that its cuBLAS products have a workspace of their own.
+        self.decode_graphs = StepGraphs(self._decode_body, self.decoder.state, batches, [1], lone_pdl=True,
+                                        capture_role=f"{kind.value}-capture-decode")
         self.overlap = self.use_graphs and overlap_decode
         # Every stream at the default priority: with the step's at the highest, the loop crawled
         # (15 s a step) at batch 32 and hung at 64 on the H200 (profile README, "Stop 38").

@@ -51,6 +51,14 @@ class StepGraphs:
         batch_sizes, lengths: the buckets (see ``buckets``).
         lone_pdl: capture the batch-1 graphs with programmatic dependent launch
             (``kernels.pdl_scope``; the frame step and the codec decode of a lone stream).
+        capture_role: the ``role_stream`` the graphs are captured on. Graphs that may replay
+            at the same time as each other must be captured on different streams: PyTorch
+            gives cuBLAS one workspace per (handle, stream), and a captured product keeps the
+            capture stream's workspace address. Two graphs captured on one stream and replayed
+            concurrently (the step and the overlapped decode) share it, and cuBLAS's split-K
+            products then spin on each other's counters: on the H200 the loop crawled (15 s a
+            step) and every request timed out from 20 req/s (stop 37-38; pytorch#193402 is
+            the same sharing).
     """
 
     def __init__(
@@ -60,9 +68,11 @@ class StepGraphs:
         batch_sizes: list[int],
         lengths: list[int],
         lone_pdl: bool = False,
+        capture_role: str = "capture",
     ) -> None:
         self._body = body
         self.lone_pdl = lone_pdl
+        self.capture_role = capture_role
         self._state = state
         self.batch_sizes = batch_sizes
         self.lengths = lengths
@@ -91,7 +101,7 @@ class StepGraphs:
         t0 = time.monotonic()
         self._graphs.clear()
         saved = [t.clone() for t in self._state()]
-        stream = role_stream(torch.device("cuda", torch.cuda.current_device()), "capture")
+        stream = role_stream(torch.device("cuda", torch.cuda.current_device()), self.capture_role)
         stream.wait_stream(torch.cuda.current_stream())
         pool = None
         with _CAPTURE_LOCK, torch.cuda.stream(stream):

@@ -11,6 +11,14 @@
 #      default priority again); 2 and 3 ran on a fresh machine after that.
 #   2: the Wyoming door's Poisson rows, every voice kind, 1-40 req/s, 15 s each (the budget), --max-streams 48
 #   3: the HTTP door's Poisson rows, the same
+# 2 ran (at bba8368, PDL on the batch-1 graphs only, every stream at the default priority):
+#   clone 1/s p95 23.0 ms, 10/s 31.1 ms; from 20 req/s every request timed out or was refused
+#   (TTFA of those served 56 s): the stop 37 "PDL hang" without PDL on the big graphs. Cause:
+#   the decode graphs and the step graphs were captured on one stream, so PyTorch gave their
+#   cuBLAS products one workspace (keyed by handle and stream), shared when they replay
+#   together. Fix: the decode graphs captured on a stream of their own per model. 3 not run.
+#   4: the budget's last ~280 s on a fresh machine: the Wyoming rows at 20-40 req/s (8 s each,
+#      clone and preset), the rates that hung, after the fix
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -30,4 +38,7 @@ case "${1:-1}" in
        POISSON_ARGS="$RATES --doors wyoming" bash benchmarks/gpu.sh poisson | tail -22 ;;
   3) OUT="$OUT/h" POISSON_S=380 POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
        POISSON_ARGS="$RATES --doors http" bash benchmarks/gpu.sh poisson | tail -22 ;;
+  4) OUT="$OUT/w4" POISSON_S=110 POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
+       POISSON_ARGS="--rates 20,30,40 --seconds 8 --warmup-s 1 --pause-s 0.5 --voices clone,preset --doors wyoming" \
+       bash benchmarks/gpu.sh poisson | tail -12 ;;
 esac
