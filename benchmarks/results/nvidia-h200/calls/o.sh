@@ -17,8 +17,9 @@
 #   the decode graphs and the step graphs were captured on one stream, so PyTorch gave their
 #   cuBLAS products one workspace (keyed by handle and stream), shared when they replay
 #   together. Fix: the decode graphs captured on a stream of their own per model. 3 not run.
-#   4: the budget's last ~280 s on a fresh machine: the Wyoming rows at 20-40 req/s (8 s each,
-#      clone and preset), the rates that hung, after the fix
+#   4: (written for the budget's last ~280 s, not run: too little was left for the three
+#      checkpoints) the Wyoming rows at 20-40 req/s, clone and preset, after the fix. What ran
+#      instead is in calls/README.md, "eleventh session" (the batch-32 profile after the fix).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
