@@ -489,7 +489,9 @@ def wait_ready(args: argparse.Namespace) -> None:
                 return
             data = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{args.http_port}/v1/audio/voices", timeout=5).read())
             voice = next((v for v in data["voices"] if v["name"].lower() == VOICES["preset"]), None)
-            if voice is None or voice.get("served") == "anchor" or voice.get("anchor") in ("off", "failed"):
+            # final: served from its anchor, or designed live for good (no anchor, or one that
+            # failed, or one rendered while the Base model that would clone it is off)
+            if voice is None or voice.get("served") == "anchor" or voice.get("anchor") in ("off", "failed", "ready"):
                 if voice is not None and voice.get("served") != "anchor":
                     print(f"preset {VOICES['preset']!r} is not anchored ({voice.get('anchor')}): designed live", file=sys.stderr)
                 return

@@ -82,3 +82,52 @@ def test_a_short_run_against_a_real_server(checkpoints: Path, voices_dir: Path, 
     assert "| wyoming | clone | 2 |" in (tmp_path / "out" / "poisson.md").read_text()
     assert "| clone | 2 | 2 x 1 |" in (tmp_path / "out" / "poisson.md").read_text()
     assert (tmp_path / "out" / "poisson.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(("served", "anchor", "renders"), [
+    ("designed-live", "ready", 0),  # rendered, but no Base model to clone it: final
+    ("designed-live", "off", 0),
+    ("anchor", "ready", 0),
+    ("designed-live", "pending", 1),  # rendered by its first use: asked for until the deadline
+])
+def test_wait_ready_stops_once_the_presets_anchor_state_is_final(served: str, anchor: str, renders: int) -> None:
+    # renders: the least number of speech requests (0: none at all)
+    """``wait_ready`` renders the preset's anchor (a speech request) only while that anchor is
+    still to come; with the Base model off a rendered anchor leaves the preset designed live,
+    and it waited out its whole deadline re-rendering it (stop 38's last device call)."""
+    import argparse
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from benchmarks.poisson import VOICES, wait_ready
+
+    posts: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"{}" if self.path == "/ready" else json.dumps(
+                {"voices": [{"name": VOICES["preset"], "served": served, "anchor": anchor}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            posts.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        args = argparse.Namespace(http_port=server.server_address[1], voices=["preset"], ready_s=2.5)
+        wait_ready(args)
+    finally:
+        server.shutdown()
+    assert set(posts) <= {"/v1/audio/speech"}
+    assert len(posts) >= renders if renders else not posts
