@@ -4,6 +4,7 @@ the pool's lifecycle (join, leave, cancel, queue, failure)."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -358,3 +359,42 @@ def test_graphs_that_replay_together_are_captured_on_different_streams(design: B
     assert len(roles) == 2
     assert design.decode_graphs.capture_role == f"{design.kind.value}-capture-decode"
     assert design.prefill.graphs.capture_role == design.graphs.capture_role
+
+
+def test_a_step_that_stalls_on_the_gpu_is_logged_once_per_interval(
+    design: BatchedEngine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A step whose GPU work keeps delivery waiting past ``STEP_STALL_S`` is a WARNING naming
+    the model, the streams and the wait; further slow steps within ``STALL_LOG_EVERY_S`` are
+    counted into the next warning, not logged each. The audio is still delivered. (The GPU's
+    completion event is stood in for by a slow ``synchronize``: on the CPU a step has none.)"""
+    import logging
+
+    from wyoming_qwen3tts.engine.batched import engine as engine_module
+
+    class SlowEvent:
+        def synchronize(self) -> None:
+            time.sleep(0.03)
+
+    launch = design._launch
+    launches: list[int] = []
+
+    def slow_launch() -> Any:
+        launches.append(1)
+        launched = launch()
+        launched.done = SlowEvent()
+        return launched
+
+    monkeypatch.setattr(engine_module, "STEP_STALL_S", 0.01)
+    monkeypatch.setattr(design, "_launch", slow_launch)
+    monkeypatch.setattr(design, "_stall_logged", -math.inf)
+    monkeypatch.setattr(design, "_slow_steps", 0)
+    caplog.set_level(logging.WARNING, logger=engine_module.__name__)
+    sink = solo(design, seg("Stalled but spoken.", frames=4))
+    assert sink.error is None and sink.frames == 4
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "voice_design model: a step of 1 stream(s) kept its audio" in warnings[0]
+    assert "1 slow step(s) since the last warning" in warnings[0]
+    assert len(launches) >= 4 and design._slow_steps == len(launches) - 1  # for the next warning
+    design._slow_steps = 0

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -71,6 +72,14 @@ from .step import FrameStep, SlotState
 Intake = PromptWorker | Inline
 
 _LOGGER = logging.getLogger(__name__)
+
+#: Seconds a step's GPU work may keep ``_deliver`` waiting before it is logged as a stall. A
+#: frame takes 5-10 ms on an H200 and must take under 80 ms (realtime) on any card served, so
+#: a second means the GPU is stuck or taken by another process. Stop 38's stall (steps of 15 s,
+#: every request timing out) left nothing in the log.
+STEP_STALL_S = 1.0
+#: Seconds between two stall warnings (the slow steps between are counted in the next one).
+STALL_LOG_EVERY_S = 30.0
 
 #: Free device memory under which ``prime`` returns its stream's cached blocks to the driver
 #: (``empty_cache`` makes the running streams wait for a few ms; with more free it is not
@@ -196,6 +205,8 @@ class BatchedEngine(Engine):
         self.out_of_memory = 0
         #: Marks the points of timed requests' first frames (``first_frame``).
         self.first_frames = FirstFrames(self.device)
+        self._slow_steps = 0  # steps over STEP_STALL_S since the last warning
+        self._stall_logged = -math.inf  # time.monotonic() of that warning
 
     def close(self) -> None:
         """Give the GPU memory back now, even if something still holds this engine: drop its
@@ -607,7 +618,11 @@ class BatchedEngine(Engine):
     def _deliver(self, launched: _Launched) -> None:
         """Hand out a finished step's audio; mark rows that ended."""
         if launched.done is not None:
+            t0 = time.perf_counter()
             launched.done.synchronize()
+            waited = time.perf_counter() - t0
+            if waited > STEP_STALL_S:
+                self._slow_step(waited, len(launched.rows))
         if launched.probes:
             self.first_frames.delivered(launched.probes, launched.done)
         self._report_joins()
@@ -622,6 +637,20 @@ class BatchedEngine(Engine):
                 _LOGGER.exception("Delivering audio failed; ending that stream")
                 row.finished = True
                 row.work.sink.failed(err)
+
+    def _slow_step(self, waited: float, rows: int) -> None:
+        """Log a step that kept delivery waiting ``waited`` seconds (over ``STEP_STALL_S``), at
+        most once every ``STALL_LOG_EVERY_S``, with the count of slow steps since the last."""
+        self._slow_steps += 1
+        now = time.monotonic()
+        if now - self._stall_logged < STALL_LOG_EVERY_S:
+            return
+        _LOGGER.warning(
+            "%s model: a step of %d stream(s) kept its audio %.1f s on the GPU (a frame takes "
+            "milliseconds; %d slow step(s) since the last warning): the GPU is stalled or busy "
+            "with another process", self.kind.value, rows, waited, self._slow_steps,
+        )
+        self._stall_logged, self._slow_steps = now, 0
 
     def chunk_size(self, sent: int) -> int:
         """Frames in a stream's chunk after ``sent`` chunks (see ``chunk_growth``)."""
