@@ -55,10 +55,10 @@ class StepGraphs:
             at the same time as each other must be captured on different streams: PyTorch
             gives cuBLAS one workspace per (handle, stream), and a captured product keeps the
             capture stream's workspace address. Two graphs captured on one stream and replayed
-            concurrently (the step and the overlapped decode) share it, and cuBLAS's split-K
-            products then spin on each other's counters: on the H200 the loop crawled (15 s a
-            step) and every request timed out from 20 req/s (stop 37-38; pytorch#193402 is
-            the same sharing).
+            concurrently (the step and the overlapped decode) share it while both run split-K
+            products: on the H200 the loop crawled (15 s a step) and every request timed out
+            from 20 req/s (stops 37-38; pytorch#193402 reports the same sharing). Each role's
+            stream is made once, so a model loaded again adds no workspace.
     """
 
     def __init__(

@@ -99,11 +99,11 @@ def pdl(t: torch.Tensor) -> bool:
     or writes anything, then lets the next one be scheduled (``launch_dependents``): the
     ramp-up of each of the frame's ~1,100 small kernels overlaps the tail of the one before.
     Captured into the CUDA graphs as programmatic edges. On the H200 it cut a lone stream's
-    frame from 5.21 to 4.84 ms, but with it on every graph the engine loop at batch 32 hung
-    (a step that never completed; the Poisson run's streams timed out from 20 req/s;
-    ``benchmarks/results/profile/README.md``, "Stop 37"). So by default only the batch-1
-    graphs use it, whose products are this package's kernels (``weight.use_fused``; all but
-    the talker's ``down``), not cuBLAS's split-K ones, and whose loop never hung."""
+    frame from 5.21 to 4.84 ms (4.87 in stop 38's run). With it on every graph the loop at
+    batch 32 hung (stop 37); the cause turned out to be graphs sharing cuBLAS's workspace
+    (``graphs.StepGraphs``' ``capture_role``), which PDL's overlap made worse. PDL at every
+    batch size has not been measured since that fix, so by default only the batch-1 graphs
+    use it (``benchmarks/results/profile/README.md``, "Stop 37" and "Stop 38")."""
     if not t.is_cuda or not pdl_wanted():
         return False
     return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device()) >= PDL_CAPABILITY

@@ -5,7 +5,8 @@ is still writing its inputs, so before touching memory it waits for that kernel
 (``griddepcontrol.wait``: the earlier kernel has finished and its writes are visible), then
 lets the kernel after it be scheduled (``griddepcontrol.launch_dependents``). Waiting first
 keeps at most one grid waiting behind a running one. Without PDL (``PDL`` false: CPU,
-interpreter, pre-Hopper GPUs, and unless ``QWEN3TTS_PDL=1``) the gate compiles to nothing.
+interpreter, pre-Hopper GPUs, and by default every graph but the batch-1 ones; see
+``kernels.pdl``) the gate compiles to nothing.
 """
 
 from __future__ import annotations
