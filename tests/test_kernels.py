@@ -516,3 +516,62 @@ def test_only_the_batch_1_graphs_are_captured_with_pdl(monkeypatch: pytest.Monke
         torch.cuda.synchronize()
         assert x.tolist() == [1, 1, 0, 0]  # the state was restored after the capture
         x.zero_()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_a_graph_of_dependent_kernels_under_pdl_reads_each_result_whole(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A captured chain of 120 kernels, each reading all of the one before's output (a norm +
+    product over every input, a residual add, an add + RMSNorm), gives the same bits with
+    programmatic dependent launch as without: no kernel starts reading before the one before
+    it has finished writing."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    gen = torch.Generator().manual_seed(5)
+    k = 2048
+    weights = [linear.Weight((torch.randn(k, k, generator=gen) / k**0.5).to("cuda", dtype)) for _ in range(4)]
+    norm_w = torch.rand(k, generator=gen).to("cuda", dtype) + 0.5
+    x0 = torch.randn(1, k, generator=gen).to("cuda", dtype)
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for i in range(40):
+            y = linear.fused_linear(h, weights[i % 4], norm=(norm_w, 1e-6))
+            h = linear.fused_linear(y, weights[(i + 1) % 4], residual=h)
+            h = rmsnorm.add_rms_norm(h, y, norm_w, 1e-6)[1]
+        return h
+
+    outputs = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv("QWEN3TTS_PDL", flag)
+        x = x0.clone()
+        chain(x)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain(x)
+        runs = []
+        for _ in range(3):
+            graph.replay()
+            runs.append(out.clone())
+        torch.cuda.synchronize()
+        assert all(torch.equal(runs[0], r) for r in runs[1:])
+        outputs.append(runs[0])
+    assert torch.isfinite(outputs[0].float()).all()
+    torch.testing.assert_close(outputs[1], outputs[0], atol=0, rtol=0)
+
+
+def test_the_talker_rotary_table_is_what_rotary_emb_gives(checkpoints: Path) -> None:
+    """The fused step's (cos, sin) lookup equals the library's rotary embedding of each row's
+    position (every generated frame has one position in all three mrope sections)."""
+    from wyoming_qwen3tts.engine.batched.layers import rope_tables
+
+    engine = load_tiny(checkpoints / "custom_voice", ModelKind.CUSTOM_VOICE, slots=2)
+    step = engine.step
+    position = torch.tensor([0, 7, engine.state.max_len - 1])
+    cos, sin = step._talker_rope(position)
+    h = torch.zeros(3, 1, step.talker.config.hidden_size)
+    ref_cos, ref_sin = step.talker.model.rotary_emb(h, position.view(1, 3, 1).expand(3, 3, 1))
+    ref_cos, ref_sin = rope_tables(ref_cos[0], ref_sin[0])
+    assert cos.shape == sin.shape == ref_cos.shape == (3, 1, step.talker_layers[0].head_dim)
+    torch.testing.assert_close(cos, ref_cos, atol=0, rtol=0)
+    torch.testing.assert_close(sin, ref_sin, atol=0, rtol=0)

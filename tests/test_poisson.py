@@ -91,10 +91,10 @@ def test_a_short_run_against_a_real_server(checkpoints: Path, voices_dir: Path, 
     ("designed-live", "pending", 1),  # rendered by its first use: asked for until the deadline
 ])
 def test_wait_ready_stops_once_the_presets_anchor_state_is_final(served: str, anchor: str, renders: int) -> None:
-    # renders: the least number of speech requests (0: none at all)
     """``wait_ready`` renders the preset's anchor (a speech request) only while that anchor is
     still to come; with the Base model off a rendered anchor leaves the preset designed live,
-    and it waited out its whole deadline re-rendering it (stop 38's last device call)."""
+    and it waited out its whole deadline re-rendering it (stop 38's last device call).
+    ``renders``: the least number of speech requests (0: none at all)."""
     import argparse
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
