@@ -41,13 +41,11 @@ import torch
 if not torch.cuda.is_available():  # conftest.py sets it; this covers running the file alone
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (  # noqa: E402
-    Qwen3TTSTokenizerV2DecoderDecoderResidualUnit as ResidualUnit,
-)
 from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import SnakeBeta  # noqa: E402
 
 from wyoming_qwen3tts.engine.batched.codec import StreamingDecoder  # noqa: E402
 from wyoming_qwen3tts.engine.batched.kernels import snake  # noqa: E402
+from wyoming_qwen3tts.engine.batched.conv_products import ConvProduct, TransConvProduct  # noqa: E402
 
 CASES = [
     pytest.param("cpu", torch.float32, id="interpreter-f32"),
@@ -107,19 +105,76 @@ def test_snake_kernel_is_the_eager_form_and_the_librarys_snake(device: str, dtyp
         branch = (torch.randn(b, c, t, generator=gen)).to(device=device, dtype=dtype)
         bias = (torch.randn(c, generator=gen)).to(device=device, dtype=dtype)
         for x in inputs[:2]:
-            for bias_ in (None, bias):
-                h, y = snake.snake(x, alpha, inv_beta, branch, bias_)
-                h_ref, y_ref = snake.snake_eager(x, alpha, inv_beta, branch, bias_)
+            for branch_, bias_ in ((branch, None), (branch, bias), (None, bias)):
+                h, y = snake.snake(x, alpha, inv_beta, branch_, bias_)
+                h_ref, y_ref = snake.snake_eager(x, alpha, inv_beta, branch_, bias_)
                 assert torch.equal(h, h_ref)  # one rounding of the same float32 sum
+                assert h is not x and h.is_contiguous()
                 close(y, y_ref, dtype)
                 with torch.no_grad():
                     close(y, ref.to(device)(h.float()), dtype)
-                plain = x.float() + branch.float() + (0 if bias_ is None else bias_.float()[:, None])
+                plain = x.float() + (0 if branch_ is None else branch_.float())
+                plain = plain + (0 if bias_ is None else bias_.float()[:, None])
                 close(h, plain, dtype)
 
 
+def _product_close(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """float32: the same sums in another order (1e-5 of the output's scale); bfloat16: both
+    round a float32 sum once, so within two bf16 steps (2**-7 relative) of the output's scale."""
+    scale = float(ref.abs().max())
+    tol = 1e-5 if dtype == torch.float32 else 2**-6
+    torch.testing.assert_close(y.float(), ref.float(), atol=tol * scale, rtol=0)
+
+
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_convolution_products_are_the_convolutions(device: str, dtype: torch.dtype) -> None:
+    """``ConvProduct`` (kernel 7 at dilations 1, 3 and 9, kernel 1) and ``TransConvProduct``
+    (kernel 2 x stride, and kernel = stride) give what ``nn.Conv1d`` and ``nn.ConvTranspose1d``
+    give (the causal decoder's trim of it), bias added apart, for one frame and several."""
+    gen = torch.Generator().manual_seed(4)
+    small = device == "cpu"
+    b, c_in, c_out = (2, 6, 5) if small else (4, 96, 96)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    for kernel, dilation, t in [(7, 1, 11), (7, 3, 4), (7, 9, 37 if small else 1920), (1, 1, 9)]:
+        conv = torch.nn.Conv1d(c_in, c_out, kernel, dilation=dilation).to(device=device, dtype=dtype)
+        product = ConvProduct.of(conv)
+        assert product is not None and product.context == (kernel - 1) * dilation
+        full = rand(b, c_in, product.context + t)
+        with torch.no_grad():
+            ref = conv(full)
+        y = product(full)
+        assert y.shape == (b, c_out, t) and y.dtype == dtype and y.is_contiguous()
+        assert product.bias is not None
+        _product_close(y.float() + product.bias.float()[:, None], ref, dtype)
+    assert ConvProduct.of(torch.nn.Conv1d(4, 4, 7, groups=4)) is None  # depthwise: cuDNN's
+    assert ConvProduct.of(torch.nn.Conv1d(4, 4, 3, padding=1)) is None
+
+    stride = 3 if small else 8
+    c_in, c_out = (6, 4) if small else (768, 384)
+    for kernel in (2 * stride, stride):
+        conv = torch.nn.ConvTranspose1d(c_in, c_out, kernel, stride=stride).to(device=device, dtype=dtype)
+        trans = TransConvProduct.of(conv)
+        assert trans is not None and trans.taps == kernel // stride
+        for n in (1, 3):
+            past, x = rand(b, c_in, 1), rand(b, c_in, n)
+            with torch.no_grad():
+                if trans.taps == 2:
+                    ref = conv(torch.cat([past, x], dim=-1))[..., stride : stride + n * stride]
+                    y = trans(x, torch.cat([past, x[..., :-1]], dim=-1))
+                else:
+                    ref, y = conv(x), trans(x, None)
+            assert y.shape == (b, c_out, n * stride) and y.dtype == dtype
+            assert trans.bias is not None
+            _product_close(y.float() + trans.bias.float()[:, None], ref, dtype)
+    assert TransConvProduct.of(torch.nn.ConvTranspose1d(4, 4, 5, stride=2)) is None
+
+
 def _load(checkpoints: Path, device: str, dtype: torch.dtype) -> torch.nn.Module:
-    """The tiny base checkpoint's decoder with random SnakeBeta parameters and 1x1 biases."""
+    """The tiny base checkpoint's decoder with random SnakeBeta parameters and convolution
+    biases (the 1x1 ones, the dilated ones, the transposed ones, the first and the last)."""
     from qwen_tts import Qwen3TTSModel
 
     qwen = Qwen3TTSModel.from_pretrained(str(checkpoints / "base"), device_map="cpu", dtype=torch.float32)
@@ -130,9 +185,8 @@ def _load(checkpoints: Path, device: str, dtype: torch.dtype) -> torch.nn.Module
             if isinstance(module, SnakeBeta):
                 module.alpha.copy_(torch.randn(module.alpha.shape, generator=gen) * 0.3)
                 module.beta.copy_(torch.randn(module.beta.shape, generator=gen) * 0.3)
-            elif isinstance(module, ResidualUnit):
-                bias = module.conv2.conv.bias
-                bias.copy_(torch.randn(bias.shape, generator=gen) * 0.1)
+            elif isinstance(module, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)) and module.bias is not None:
+                module.bias.copy_(torch.randn(module.bias.shape, generator=gen) * 0.1)
     return decoder.to(device=device, dtype=dtype)
 
 

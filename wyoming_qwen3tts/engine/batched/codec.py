@@ -12,13 +12,14 @@ This module walks the loaded decoder's own modules and calls their own layers an
 only the bookkeeping of the past is ours. State lives in static buffers with one row per
 slot, so a step over rows ``[0, B)`` can be captured in a CUDA graph.
 
-On CUDA (``kernels.enabled``; ``QWEN3TTS_KERNELS=eager`` switches it off) the decoder blocks
-run leaner, same arithmetic: each SnakeBeta is one Triton kernel (``kernels.snake``; its
+On CUDA (``kernels.enabled``; ``QWEN3TTS_KERNELS=eager`` switches it off) the decoder
+runs leaner, same arithmetic: each SnakeBeta is one Triton kernel (``kernels.snake``; its
 per-channel factors taken once, here, instead of at every call: seven elementwise kernels
-become one), and a residual unit's 1x1 convolution is a matrix product on [B, C, T] (no
-cuDNN layout conversions), its bias and the unit's residual add left to the SnakeBeta that
-always follows a unit, which adds them in the same kernel. On the CPU the library's modules
-run as they are.
+become one), and every convolution but ConvNeXt's depthwise ones is one matrix product on
+[B, C, T] (``conv_products``: tensor cores, no cuDNN layout conversions). In the decoder
+blocks a product's bias, and a residual unit's residual add, are left to the SnakeBeta that
+always follows, which adds them in the same kernel. On the CPU the library's modules run as
+they are.
 """
 
 from __future__ import annotations
@@ -44,14 +45,16 @@ from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (
 from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import SnakeBeta
 
 from . import kernels
+from .conv_products import ConvProduct, TransConvProduct
 from .layers import FusedLayer, attention_mask, rope_tables
 
 
 def _settle(h: torch.Tensor, branch: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
-    """``h`` [B, C, T] plus a residual unit's unadded output ``branch`` [B, C, T] and its
-    ``bias`` [C] (each None: nothing to add)."""
+    """``h`` [B, C, T] plus a residual unit's unadded output ``branch`` [B, C, T] and a bias
+    [C] not yet added (a unit's 1x1 convolution's, or a convolution product's); each None:
+    nothing to add."""
     if branch is None:
-        return h
+        return h if bias is None else h + bias[:, None]
     return h + (branch if bias is None else branch + bias[:, None])
 
 
@@ -94,9 +97,11 @@ class StreamingDecoder:
         #: Frames decoded so far by each row, int64 [slots].
         self._frames = torch.zeros(slots, dtype=torch.int64, device=self.device)
         #: The fused path's tables (empty unless ``fused``): each SnakeBeta's factors
-        #: (``snake_factors``), each residual unit's 1x1 convolution as (weight [out, in], bias).
+        #: (``snake_factors``), each convolution's and transposed convolution's product form,
+        #: by ``id`` of the library's causal wrapper module.
         self._snake: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._pointwise: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._products: dict[int, ConvProduct] = {}
+        self._trans_products: dict[int, TransConvProduct] = {}
         if self.fused:
             self._build_fused()
 
@@ -122,18 +127,27 @@ class StreamingDecoder:
                 )
 
     def _build_fused(self) -> None:
-        """The kernels' tables, taken once from the weights as loaded (views of the 1x1 weights)."""
+        """The kernels' tables, taken once from the weights as loaded (the convolutions'
+        product weights are views of theirs, the transposed ones' copies)."""
         from .kernels.snake import snake_factors
 
         with torch.no_grad():
-            for module in self.decoder.decoder.modules():
+            for module in self.decoder.modules():
                 if isinstance(module, SnakeBeta):
                     self._snake[id(module)] = snake_factors(module)
-                elif isinstance(module, ResidualUnit):
-                    conv = module.conv2.conv
-                    if conv.kernel_size == (1,) and conv.stride == (1,) and conv.groups == 1 and conv.padding == (0,):
-                        bias = None if conv.bias is None else conv.bias.detach()
-                        self._pointwise[id(module.conv2)] = (conv.weight.detach()[:, :, 0], bias)
+                elif isinstance(module, CausalConv):
+                    product = ConvProduct.of(module.conv)
+                    if product is not None and product.context == self._context(module):
+                        self._products[id(module)] = product
+                elif isinstance(module, CausalTransConv):
+                    trans = TransConvProduct.of(module.conv)
+                    if trans is not None:
+                        self._trans_products[id(module)] = trans
+
+    def _context(self, module: Any) -> int:
+        """Past samples kept for ``module`` (0: none)."""
+        state = self._conv_state.get(id(module))
+        return 0 if state is None else state.shape[-1]
 
     def state(self) -> list[torch.Tensor]:
         """Every state buffer (each with the slot as its first dimension)."""
@@ -154,25 +168,47 @@ class StreamingDecoder:
     # --- stages ------------------------------------------------------------------------------
 
     def _conv(self, module: Any, x: torch.Tensor) -> torch.Tensor:
+        return _settle(*self._conv_parts(module, x))
+
+    def _conv_parts(self, module: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """A causal convolution of ``x`` [B, C, T], continuing each row's past, as
+        (output [B, out, T], None, bias not yet added or None): ``_settle``'s arguments."""
         state = self._conv_state.get(id(module))
+        product = self._products.get(id(module))
         if state is None:
-            return module.conv(x)
-        context = state.shape[-1]
-        rows = state[: x.shape[0]]
-        full = torch.cat([rows, x], dim=-1)
-        rows.copy_(full[..., -context:])
-        return module.conv(full)
+            full = x
+        else:
+            context = state.shape[-1]
+            rows = state[: x.shape[0]]
+            full = torch.cat([rows, x], dim=-1)
+            rows.copy_(full[..., -context:])
+        if product is None:
+            return module.conv(full), None, None
+        return product(full), None, product.bias
 
     def _trans_conv(self, module: Any, x: torch.Tensor) -> torch.Tensor:
+        return _settle(*self._trans_conv_parts(module, x))
+
+    def _trans_conv_parts(self, module: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """A transposed convolution of frames ``x`` [B, C, n], continuing each row's past:
+        (output [B, out, n * stride], None, bias not yet added or None)."""
         state = self._conv_state.get(id(module))
-        if state is None:  # kernel == stride: frames do not overlap
-            return module.conv(x)
+        product = self._trans_products.get(id(module))
         stride = module.conv.stride[0]
-        rows = state[: x.shape[0]]
-        full = torch.cat([rows, x], dim=-1)
-        rows.copy_(x[..., -1:])
         frames = x.shape[-1]
-        return module.conv(full)[..., stride : stride + frames * stride]
+        if state is None:  # kernel == stride: frames do not overlap
+            if product is None:
+                return module.conv(x), None, None
+            return product(x, None), None, product.bias
+        rows = state[: x.shape[0]]
+        if product is None:
+            full = torch.cat([rows, x], dim=-1)
+            rows.copy_(x[..., -1:])
+            return module.conv(full)[..., stride : stride + frames * stride], None, None
+        previous = rows if frames == 1 else torch.cat([rows, x[..., :-1]], dim=-1)
+        y = product(x, previous)
+        rows.copy_(x[..., -1:])
+        return y, None, product.bias
 
     def _convnext(self, block: Any, x: torch.Tensor) -> torch.Tensor:
         h = self._conv(block.dwconv, x).permute(0, 2, 1)
@@ -192,12 +228,10 @@ class StreamingDecoder:
         from .kernels.snake import snake
 
         x, a = snake(x, *self._snake[id(unit.act1)], branch, bias)
-        _, a = snake(self._conv(unit.conv1, a), *self._snake[id(unit.act2)])
-        pointwise = self._pointwise.get(id(unit.conv2))
-        if pointwise is None:
-            return x, self._conv(unit.conv2, a), None
-        weight, conv_bias = pointwise
-        return x, torch.matmul(weight, a), conv_bias
+        h, _, conv_bias = self._conv_parts(unit.conv1, a)
+        _, a = snake(h, *self._snake[id(unit.act2)], None, conv_bias)
+        h, _, conv_bias = self._conv_parts(unit.conv2, a)
+        return x, h, conv_bias
 
     def _decoder_fused(self, h: torch.Tensor) -> torch.Tensor:
         """The decoder blocks (``decoder.decoder``) on the kernels: [B, latent, n] -> [B, 1, samples]."""
@@ -212,9 +246,14 @@ class StreamingDecoder:
                     continue
                 if isinstance(inner, SnakeBeta):
                     h = snake(h, *self._snake[id(inner)], branch, bias)[1]
-                else:  # (in the library's decoder no convolution follows a unit)
+                    branch = bias = None
+                elif isinstance(inner, CausalConv):  # its bias left to the next SnakeBeta
+                    h, branch, bias = self._conv_parts(inner, _settle(h, branch, bias))
+                elif isinstance(inner, CausalTransConv):
+                    h, branch, bias = self._trans_conv_parts(inner, _settle(h, branch, bias))
+                else:
                     h = self._stage(inner, _settle(h, branch, bias))
-                branch = bias = None
+                    branch = bias = None
         return _settle(h, branch, bias)
 
     def _stage(self, module: Any, x: torch.Tensor) -> torch.Tensor:

@@ -50,8 +50,10 @@ def snake_eager(
     branch: torch.Tensor | None = None, bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager form of ``snake`` (float32 arithmetic, rounded once, as the kernel)."""
-    if branch is not None:
-        add = branch.float() if bias is None else branch.float() + bias.float()[:, None]
+    if branch is not None or bias is not None:
+        add = branch.float() if branch is not None else torch.zeros((), device=x.device)
+        if bias is not None:
+            add = add + bias.float()[:, None]
         x = (x.float() + add).to(x.dtype)
     h = x.float()
     y = h + inv_beta[:, None] * torch.sin(h * alpha[:, None]) ** 2
@@ -76,8 +78,10 @@ def _snake_kernel(
     m = row_ok & (t < length)
     offs = row * length + t
     x = tl.load(x_ptr + b * x_batch_stride + c * x_channel_stride + t, mask=m, other=0.0).to(tl.float32)
-    if HAS_BRANCH:
-        r = tl.load(r_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    if HAS_BRANCH or HAS_BIAS:
+        r = tl.zeros([ROWS, BLOCK_T], dtype=tl.float32)
+        if HAS_BRANCH:
+            r += tl.load(r_ptr + offs, mask=m, other=0.0).to(tl.float32)
         if HAS_BIAS:
             r += tl.load(bias_ptr + c, mask=row_ok, other=0.0).to(tl.float32)
         h = (x + r).to(h_ptr.dtype.element_ty)
@@ -100,18 +104,19 @@ def snake(
     x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor,
     branch: torch.Tensor | None = None, bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``h = x + branch + bias``, SnakeBeta of ``h``) in one kernel; ``branch`` None: the
-    activation only (``h`` is ``x`` itself).
+    """(``h = x + branch + bias``, SnakeBeta of ``h``) in one kernel; ``branch`` and ``bias``
+    None: the activation only (``h`` is ``x`` itself).
 
     Args:
         x: [B, C, T] in the model dtype; read in place if its last dimension is contiguous
             (e.g. a trimmed transposed convolution's output, a slice along T), else copied.
         alpha, inv_beta: ``snake_factors``, float32 [C].
         branch: [B, C, T] (contiguous) to add to ``x`` first, or None.
-        bias: [C] added with ``branch`` (a 1x1 convolution's bias), or None.
+        bias: [C] added with ``branch`` (a 1x1 convolution's bias), or to ``x`` alone when
+            ``branch`` is None (the bias of a convolution run as a matrix product), or None.
 
     Returns:
-        (the residual stream ``h`` [B, C, T], contiguous when ``branch`` is given,
+        (the residual stream ``h`` [B, C, T], contiguous when ``branch`` or ``bias`` is given,
         the activation ``y`` [B, C, T], contiguous), both in ``x``'s dtype; computed in
         float32, ``h`` rounded before the activation.
     """
@@ -119,7 +124,7 @@ def snake(
     if x.stride(2) != 1 and length > 1:
         x = x.contiguous()
     y = torch.empty((b, channels, length), dtype=x.dtype, device=x.device)
-    h = x if branch is None else torch.empty_like(y)
+    h = x if branch is None and bias is None else torch.empty_like(y)
     r = y if branch is None else branch.contiguous()
     rows = b * channels
     block_t = min(MAX_BLOCK_T, next_pow2(length))

@@ -1,0 +1,132 @@
+"""The codec decoder's convolutions as single matrix products (cuBLAS), for its fused path.
+
+cuDNN runs the decoder's convolutions at a batch of streams badly: on the H200 at batch 32 it
+picks ``implicit_convolve_sgemm`` (no tensor cores) for three of the dilated kernel-7
+convolutions, 1.6 of the decode's 4.5 ms, and converts every other input to NHWC and back
+(``nchwToNhwcKernel`` x33, 0.45 ms; ``benchmarks/results/profile/README.md``, stop 38).
+Written as one matrix product each, the same arithmetic runs on tensor cores in the
+[B, C, T] layout the decoder keeps:
+
+* a causal convolution (kernel ``k``, dilation ``d``, stride 1, no padding of its own: the
+  stream's past is the padding) reads its input as columns ``[B, C * k, T]`` (im2col: the
+  ``k`` taps of each channel, a strided view copied once) times its weight ``[out, C * k]``;
+* a transposed convolution with kernel ``stride`` or ``2 * stride`` (each output frame of
+  ``stride`` samples made of the current input frame and the previous one) is
+  ``[out * stride, C * taps]`` times the frames with the previous frame stacked under them.
+
+The bias is returned apart, so the caller can fold it into the SnakeBeta that follows
+(``kernels.snake``'s ``bias``). Products accumulate in float32 like cuDNN's, in another
+order: equal to the convolutions within rounding (``tests/test_codec_kernels.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ConvProduct:
+    """A stride-1 ``nn.Conv1d`` as one matrix product over im2col columns.
+
+    Attributes:
+        weight: [out, in * kernel] (a view of the convolution's weight, tap fastest).
+        bias: [out], or None.
+        kernel: taps.
+        dilation: samples between taps.
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    kernel: int
+    dilation: int
+
+    @classmethod
+    def of(cls, conv: nn.Conv1d) -> ConvProduct | None:
+        """The product form of ``conv``, or None where it does not apply (groups, stride,
+        or padding of its own: e.g. ConvNeXt's depthwise convolution stays cuDNN's)."""
+        if conv.groups != 1 or conv.stride != (1,) or conv.padding != (0,) or conv.padding_mode != "zeros":
+            return None
+        weight = conv.weight.detach()
+        bias = None if conv.bias is None else conv.bias.detach()
+        return cls(weight.reshape(weight.shape[0], -1), bias, conv.kernel_size[0], conv.dilation[0])
+
+    @property
+    def context(self) -> int:
+        """Input samples before the first output's: ``(kernel - 1) * dilation``."""
+        return (self.kernel - 1) * self.dilation
+
+    def __call__(self, full: torch.Tensor) -> torch.Tensor:
+        """The convolution of ``full`` without its bias.
+
+        Args:
+            full: [B, in, context + T]: the stream's past (``context`` samples), then the input.
+
+        Returns:
+            [B, out, T], contiguous, in ``full``'s dtype.
+        """
+        b, channels, length = full.shape
+        t = length - self.context
+        if self.kernel == 1:
+            return torch.matmul(self.weight, full)
+        s0, s1, s2 = full.stride()
+        columns = full.as_strided((b, channels, self.kernel, t), (s0, s1, self.dilation * s2, s2), full.storage_offset())
+        return torch.matmul(self.weight, columns.reshape(b, channels * self.kernel, t))
+
+
+@dataclass(frozen=True)
+class TransConvProduct:
+    """An ``nn.ConvTranspose1d`` with kernel ``stride`` or ``2 * stride`` as one matrix product.
+
+    Output frame ``j`` (``stride`` samples) is ``W[:, :, :stride]`` applied to input frame
+    ``j`` plus ``W[:, :, stride:]`` applied to frame ``j - 1`` (the causal decoder trims the
+    rest): both taps in one product over ``[x_j; x_{j-1}]``.
+
+    Attributes:
+        weight: [out * stride, in * taps], row ``o * stride + r``, column ``tap * in + c``
+            (tap 0: the current frame, 1: the previous one).
+        bias: [out], or None.
+        stride: samples an input frame becomes.
+        taps: ``kernel // stride`` (1 or 2).
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    stride: int
+    taps: int
+
+    @classmethod
+    def of(cls, conv: nn.ConvTranspose1d) -> TransConvProduct | None:
+        """The product form of ``conv``, or None where it does not apply."""
+        kernel, stride = conv.kernel_size[0], conv.stride[0]
+        if (
+            conv.groups != 1 or conv.padding != (0,) or conv.output_padding != (0,)
+            or conv.dilation != (1,) or kernel not in (stride, 2 * stride)
+        ):
+            return None
+        taps = kernel // stride
+        w = conv.weight.detach()  # [in, out, kernel]
+        channels_in, channels_out = w.shape[0], w.shape[1]
+        weight = w.reshape(channels_in, channels_out, taps, stride).permute(1, 3, 2, 0)
+        weight = weight.reshape(channels_out * stride, taps * channels_in).contiguous()
+        bias = None if conv.bias is None else conv.bias.detach()
+        return cls(weight, bias, stride, taps)
+
+    def __call__(self, x: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+        """The convolution's output frames for input frames ``x``, without the bias.
+
+        Args:
+            x: [B, in, n] input frames.
+            previous: [B, in, n], the frame before each (the first from the stream's past);
+                None when ``taps`` is 1.
+
+        Returns:
+            [B, out, n * stride], in ``x``'s dtype (contiguous for n = 1).
+        """
+        columns = x if previous is None else torch.cat([x, previous], dim=1)
+        y = torch.matmul(self.weight, columns)  # [B, out * stride, n]
+        b, _, n = y.shape
+        y = y.view(b, -1, self.stride, n)
+        return y[..., 0] if n == 1 else y.transpose(2, 3).reshape(b, -1, n * self.stride)
