@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -118,6 +120,20 @@ def test_snake_kernel_is_the_eager_form_and_the_librarys_snake(device: str, dtyp
                 close(h, plain, dtype)
 
 
+@contextmanager
+def _no_tf32() -> Iterator[None]:
+    """Float32 matrix products and cuDNN convolutions in float32, not TF32 (cuDNN's default
+    allows TF32, whose 10-bit mantissa is ~1e-3 relative: it would hide nothing and fail
+    float32's tolerances)."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 def _product_close(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
     """float32: the same sums in another order (1e-5 of the output's scale); bfloat16: both
     round a float32 sum once, so within two bf16 steps (2**-7 relative) of the output's scale."""
@@ -130,7 +146,14 @@ def _product_close(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> No
 def test_convolution_products_are_the_convolutions(device: str, dtype: torch.dtype) -> None:
     """``ConvProduct`` (kernel 7 at dilations 1, 3 and 9, kernel 1) and ``TransConvProduct``
     (kernel 2 x stride, and kernel = stride) give what ``nn.Conv1d`` and ``nn.ConvTranspose1d``
-    give (the causal decoder's trim of it), bias added apart, for one frame and several."""
+    give (the causal decoder's trim of it), bias added apart, for one frame and several
+    (TF32 off)."""
+    with _no_tf32():
+        _check_products(device, dtype)
+
+
+def _check_products(device: str, dtype: torch.dtype) -> None:
+    """The body of ``test_convolution_products_are_the_convolutions``."""
     gen = torch.Generator().manual_seed(4)
     small = device == "cpu"
     b, c_in, c_out = (2, 6, 5) if small else (4, 96, 96)
@@ -224,25 +247,20 @@ def test_decoder_kernels_on_cuda_decode_the_eager_pcm(
     the module docstring)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with _no_tf32():
         decoder = _load(checkpoints, "cuda", dtype)
         codes = torch.randint(0, 2048, (3, 16, 8), generator=torch.Generator().manual_seed(5)).cuda()
         chunks = [1, 2, 1, 3, 1]
-        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-            monkeypatch.delenv("QWEN3TTS_KERNELS", raising=False)
-            fused = StreamingDecoder(decoder, 3)
-            monkeypatch.setenv("QWEN3TTS_KERNELS", "eager")
-            eager = StreamingDecoder(decoder, 3)
-            assert fused.fused and not eager.fused
-            pcm, pcm_eager = _decode(fused, codes, chunks), _decode(eager, codes, chunks)
-            if dtype == torch.float32:
-                torch.testing.assert_close(pcm, pcm_eager, atol=1e-4, rtol=0)
-                return
-            exact = _decode(StreamingDecoder(copy.deepcopy(decoder).float(), 3), codes, chunks)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
+        monkeypatch.delenv("QWEN3TTS_KERNELS", raising=False)
+        fused = StreamingDecoder(decoder, 3)
+        monkeypatch.setenv("QWEN3TTS_KERNELS", "eager")
+        eager = StreamingDecoder(decoder, 3)
+        assert fused.fused and not eager.fused
+        pcm, pcm_eager = _decode(fused, codes, chunks), _decode(eager, codes, chunks)
+        if dtype == torch.float32:
+            torch.testing.assert_close(pcm, pcm_eager, atol=1e-4, rtol=0)
+            return
+        exact = _decode(StreamingDecoder(copy.deepcopy(decoder).float(), 3), codes, chunks)
 
     def error(p: torch.Tensor, ref: torch.Tensor) -> float:
         return float((p - ref).norm() / ref.norm())
