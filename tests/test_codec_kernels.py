@@ -161,17 +161,24 @@ def _check_products(device: str, dtype: torch.dtype) -> None:
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
 
-    for kernel, dilation, t in [(7, 1, 11), (7, 3, 4), (7, 9, 37 if small else 1920), (1, 1, 9)]:
+    # Lengths from KERNEL_MIN_SAMPLES on run as kernels.causal_conv unless kernel=False.
+    for kernel, dilation, t in [(7, 1, 11), (7, 3, 4), (7, 9, 130 if small else 1920), (7, 1, 160), (1, 1, 9)]:
         conv = torch.nn.Conv1d(c_in, c_out, kernel, dilation=dilation).to(device=device, dtype=dtype)
         product = ConvProduct.of(conv)
         assert product is not None and product.context == (kernel - 1) * dilation
         full = rand(b, c_in, product.context + t)
         with torch.no_grad():
             ref = conv(full)
-        y = product(full)
-        assert y.shape == (b, c_out, t) and y.dtype == dtype and y.is_contiguous()
-        assert product.bias is not None
-        _product_close(y.float() + product.bias.float()[:, None], ref, dtype)
+        past = full[..., : product.context] if product.context else None
+        for use_kernel in (True, False):
+            y = product(past, full[..., product.context :], use_kernel)
+            assert y.shape == (b, c_out, t) and y.dtype == dtype and y.is_contiguous()
+            assert product.bias is not None
+            _product_close(y.float() + product.bias.float()[:, None], ref, dtype)
+    with pytest.raises(ValueError, match="needs the past"):
+        product7 = ConvProduct.of(torch.nn.Conv1d(4, 4, 7))
+        assert product7 is not None
+        product7(None, torch.zeros(1, 4, 3))
     assert ConvProduct.of(torch.nn.Conv1d(4, 4, 7, groups=4)) is None  # depthwise: cuDNN's
     assert ConvProduct.of(torch.nn.Conv1d(4, 4, 3, padding=1)) is None
 
@@ -193,6 +200,39 @@ def _check_products(device: str, dtype: torch.dtype) -> None:
             assert trans.bias is not None
             _product_close(y.float() + trans.bias.float()[:, None], ref, dtype)
     assert TransConvProduct.of(torch.nn.ConvTranspose1d(4, 4, 5, stride=2)) is None
+
+
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_causal_conv_kernel_is_the_convolution(device: str, dtype: torch.dtype) -> None:
+    """``kernels.causal_conv`` against its eager form and ``nn.Conv1d`` over the past and
+    the input: one output channel (the decoder's last convolution) and several, inputs shorter
+    and longer than the context and than a tile, the past as the first rows of a larger state
+    buffer and the input a strided view (TF32 off)."""
+    from wyoming_qwen3tts.engine.batched.kernels.causal_conv import causal_conv, causal_conv_eager, tap_major
+
+    gen = torch.Generator().manual_seed(8)
+    small = device == "cpu"
+    b, c_in = (3, 6) if small else (5, 96)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    with _no_tf32():
+        for c_out, dilation, t in [(1, 1, 20), (5 if small else 96, 9, 30), (5 if small else 192, 3, 200)]:
+            conv = torch.nn.Conv1d(c_in, c_out, 7, dilation=dilation, bias=False).to(device=device, dtype=dtype)
+            context = 6 * dilation
+            state = rand(b + 2, c_in, context)
+            past = state[:b]
+            x = rand(b, 2 * c_in, t)[:, 1 : 1 + c_in]  # channel stride t, batch stride 2 * c_in * t
+            weight = tap_major(conv.weight)
+            y = causal_conv(past, x, weight, dilation)
+            with torch.no_grad():
+                ref = conv(torch.cat([past, x], dim=-1))
+            assert y.shape == (b, c_out, t) and y.dtype == dtype and y.is_contiguous()
+            _product_close(y, ref, dtype)
+            _product_close(causal_conv_eager(past, x, weight, dilation), ref, dtype)
+        with pytest.raises(ValueError, match="past"):
+            causal_conv(past[..., 1:], x, weight, dilation)
 
 
 def _load(checkpoints: Path, device: str, dtype: torch.dtype) -> torch.nn.Module:

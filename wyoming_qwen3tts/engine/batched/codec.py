@@ -16,7 +16,9 @@ On CUDA (``kernels.enabled``; ``QWEN3TTS_KERNELS=eager`` switches it off) the de
 runs leaner, same arithmetic: each SnakeBeta is one Triton kernel (``kernels.snake``; its
 per-channel factors taken once, here, instead of at every call: seven elementwise kernels
 become one), and every convolution but ConvNeXt's depthwise ones is one matrix product on
-[B, C, T] (``conv_products``: tensor cores, no cuDNN layout conversions). In the decoder
+[B, C, T] (``conv_products``: tensor cores, no cuDNN layout conversions; the long ones as
+``kernels.causal_conv``, reading the stream's past and the input without copying them
+together). In the decoder
 blocks a product's bias, and a residual unit's residual add, are left to the SnakeBeta that
 always follows, which adds them in the same kernel. On the CPU the library's modules run as
 they are.
@@ -24,6 +26,7 @@ they are.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -58,6 +61,16 @@ def _settle(h: torch.Tensor, branch: torch.Tensor | None, bias: torch.Tensor | N
     return h + (branch if bias is None else branch + bias[:, None])
 
 
+def _advance(past: torch.Tensor, x: torch.Tensor) -> None:
+    """Set ``past`` [B, C, context] to the last ``context`` samples of ``past`` followed by
+    ``x`` [B, C, T] (after the convolution that read both)."""
+    context, length = past.shape[-1], x.shape[-1]
+    if length >= context:
+        past.copy_(x[..., length - context :])
+    else:
+        past.copy_(torch.cat([past[..., length:], x], dim=-1))
+
+
 class StreamingDecoder:
     """Decode codec frames of up to ``slots`` streams at once, each continuing its past.
 
@@ -79,6 +92,10 @@ class StreamingDecoder:
         param = next(decoder.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.fused = kernels.enabled(param) if fused is None else fused
+        #: Whether long convolutions run as ``kernels.causal_conv`` (implicit GEMM) on the
+        #: fused path, rather than im2col + cuBLAS (``QWEN3TTS_CONV=im2col``;
+        #: ``conv_products.KERNEL_MIN_SAMPLES``). Read at each call: set it before capture.
+        self.conv_kernel = os.environ.get("QWEN3TTS_CONV", "kernel").lower() != "im2col"
         self.samples_per_frame = int(decoder.total_upsample)
         #: Ids per codebook (2048): codes must be below it.
         self.codebook_size = int(decoder.config.codebook_size)
@@ -175,16 +192,17 @@ class StreamingDecoder:
         (output [B, out, T], None, bias not yet added or None): ``_settle``'s arguments."""
         state = self._conv_state.get(id(module))
         product = self._products.get(id(module))
-        if state is None:
-            full = x
-        else:
-            context = state.shape[-1]
-            rows = state[: x.shape[0]]
-            full = torch.cat([rows, x], dim=-1)
-            rows.copy_(full[..., -context:])
-        if product is None:
-            return module.conv(full), None, None
-        return product(full), None, product.bias
+        rows = None if state is None else state[: x.shape[0]]
+        if product is not None:
+            y = product(rows, x, self.conv_kernel)
+            if rows is not None:
+                _advance(rows, x)
+            return y, None, product.bias
+        if rows is None:
+            return module.conv(x), None, None
+        full = torch.cat([rows, x], dim=-1)
+        rows.copy_(full[..., -rows.shape[-1]:])
+        return module.conv(full), None, None
 
     def _trans_conv(self, module: Any, x: torch.Tensor) -> torch.Tensor:
         return _settle(*self._trans_conv_parts(module, x))

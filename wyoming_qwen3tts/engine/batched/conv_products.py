@@ -10,6 +10,8 @@ Written as one matrix product each, the same arithmetic runs on tensor cores in 
 * a causal convolution (kernel ``k``, dilation ``d``, stride 1, no padding of its own: the
   stream's past is the padding) reads its input as columns ``[B, C * k, T]`` (im2col: the
   ``k`` taps of each channel, a strided view copied once) times its weight ``[out, C * k]``;
+  where the columns would be large (long inputs) it runs instead as ``kernels.causal_conv``,
+  the same product summed tile by tile from the past and the input where they lie;
 * a transposed convolution with kernel ``stride`` or ``2 * stride`` (each output frame of
   ``stride`` samples made of the current input frame and the previous one) is
   ``[out * stride, C * taps]`` times the frames with the previous frame stacked under them.
@@ -27,18 +29,31 @@ import torch
 from torch import nn
 
 
+#: Samples per row from which a convolution with a past runs as ``kernels.causal_conv``
+#: (implicit GEMM, no columns) rather than im2col + cuBLAS: the decoder's last three blocks
+#: (160, 640 and 1920 samples a frame), where the columns are large. Below it (the first
+#: block's 32 samples a frame, the convolutions before the blocks) a kernel program's share
+#: of the sum is long and the grid small, and the columns are small.
+KERNEL_MIN_SAMPLES = 128
+
+
 @dataclass(frozen=True)
 class ConvProduct:
-    """A stride-1 ``nn.Conv1d`` as one matrix product over im2col columns.
+    """A stride-1 ``nn.Conv1d`` continuing a stream's past, as one matrix product: over im2col
+    columns (cuBLAS), or, for long inputs, as the implicit-GEMM kernel
+    ``kernels.causal_conv`` that reads the past and the input where they lie.
 
     Attributes:
         weight: [out, in * kernel] (a view of the convolution's weight, tap fastest).
+        taps_weight: [kernel, out, in], contiguous (``causal_conv.tap_major``), or None
+            where the kernel does not serve (kernel 1).
         bias: [out], or None.
         kernel: taps.
         dilation: samples between taps.
     """
 
     weight: torch.Tensor
+    taps_weight: torch.Tensor | None
     bias: torch.Tensor | None
     kernel: int
     dilation: int
@@ -51,26 +66,42 @@ class ConvProduct:
             return None
         weight = conv.weight.detach()
         bias = None if conv.bias is None else conv.bias.detach()
-        return cls(weight.reshape(weight.shape[0], -1), bias, conv.kernel_size[0], conv.dilation[0])
+        taps = conv.kernel_size[0]
+        taps_weight = None
+        if taps > 1:
+            from .kernels.causal_conv import tap_major
+
+            taps_weight = tap_major(weight)
+        return cls(weight.reshape(weight.shape[0], -1), taps_weight, bias, taps, conv.dilation[0])
 
     @property
     def context(self) -> int:
         """Input samples before the first output's: ``(kernel - 1) * dilation``."""
         return (self.kernel - 1) * self.dilation
 
-    def __call__(self, full: torch.Tensor) -> torch.Tensor:
-        """The convolution of ``full`` without its bias.
+    def __call__(self, past: torch.Tensor | None, x: torch.Tensor, kernel: bool = True) -> torch.Tensor:
+        """The convolution of ``x`` continuing ``past``, without its bias.
 
         Args:
-            full: [B, in, context + T]: the stream's past (``context`` samples), then the input.
+            past: [B, in, context], the stream's last input samples; None when ``context`` is 0.
+            x: [B, in, T], the input.
+            kernel: whether ``kernels.causal_conv`` may serve (from ``KERNEL_MIN_SAMPLES`` on);
+                False: im2col columns and cuBLAS always.
 
         Returns:
-            [B, out, T], contiguous, in ``full``'s dtype.
+            [B, out, T], contiguous, in ``x``'s dtype.
         """
+        if past is None:
+            if self.context:
+                raise ValueError(f"a convolution with {self.context} samples of context needs the past")
+            return torch.matmul(self.weight, x)
+        if kernel and self.taps_weight is not None and x.shape[-1] >= KERNEL_MIN_SAMPLES:
+            from .kernels.causal_conv import causal_conv
+
+            return causal_conv(past, x, self.taps_weight, self.dilation)
+        full = torch.cat([past, x], dim=-1)
         b, channels, length = full.shape
         t = length - self.context
-        if self.kernel == 1:
-            return torch.matmul(self.weight, full)
         s0, s1, s2 = full.stride()
         columns = full.as_strided((b, channels, self.kernel, t), (s0, s1, self.dilation * s2, s2), full.storage_offset())
         return torch.matmul(self.weight, columns.reshape(b, channels * self.kernel, t))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Stop 39's device calls (issue 27), `.whl` carried. At 82f6f4e: the codec's convolutions as
-# cuBLAS products (engine/batched/conv_products.py), after stop 38's workspace fix.
+# Stop 39's and 40's device calls (issue 27), `.whl` carried. Stop 39 at 82f6f4e: the codec's
+# convolutions as cuBLAS products (engine/batched/conv_products.py). Stop 40: the long ones as
+# the implicit-GEMM kernel kernels/causal_conv.py (profile_step times im2col beside it).
 #   1: the checkpoints (background) beside the codec, kernel and engine GPU tests; the frame
 #      profile at batch 1, 8 and 32; then the other GPU test files with the time left
 #   2: the Wyoming door's Poisson rows, every voice kind, 1-40 req/s, 20 s each, --max-streams 48
