@@ -264,17 +264,22 @@ def _decode(decoder: StreamingDecoder, codes: torch.Tensor, chunks: list[int]) -
 
 
 def test_fused_decoder_under_the_interpreter_is_the_eager_decoder(checkpoints: Path) -> None:
-    """On the CPU, ``fused=True`` (kernel in the interpreter, 1x1 convolutions as matrix
-    products, residual adds folded) gives the eager decoder's PCM across step boundaries."""
+    """On the CPU, ``fused=True`` (kernels in the interpreter, convolutions as matrix
+    products, residual adds folded) gives the eager decoder's PCM across step boundaries,
+    with the long convolutions as im2col products (the default) and as ``causal_conv``."""
     if torch.cuda.is_available():
         pytest.skip("the interpreter runs where no CUDA device is")
     torch.set_num_threads(1)
     decoder = _load(checkpoints, "cpu", torch.float32)
     codes = torch.randint(0, 2048, (2, 16, 4), generator=torch.Generator().manual_seed(3))
-    fused, eager = StreamingDecoder(decoder, 2, fused=True), StreamingDecoder(decoder, 2)
-    assert fused.fused and not eager.fused  # the CPU default is the library's modules
-    pcm = _decode(fused, codes, [1, 3])
-    torch.testing.assert_close(pcm, _decode(eager, codes, [1, 3]), atol=5e-5, rtol=0)
+    eager = StreamingDecoder(decoder, 2)
+    expected = _decode(eager, codes, [1, 3])
+    for conv_kernel in (False, True):
+        fused = StreamingDecoder(decoder, 2, fused=True)
+        assert fused.fused and not eager.fused  # the CPU default is the library's modules
+        assert not fused.conv_kernel  # QWEN3TTS_CONV's default
+        fused.conv_kernel = conv_kernel
+        torch.testing.assert_close(_decode(fused, codes, [1, 3]), expected, atol=5e-5, rtol=0)
 
 
 @pytest.mark.gpu

@@ -16,9 +16,9 @@ On CUDA (``kernels.enabled``; ``QWEN3TTS_KERNELS=eager`` switches it off) the de
 runs leaner, same arithmetic: each SnakeBeta is one Triton kernel (``kernels.snake``; its
 per-channel factors taken once, here, instead of at every call: seven elementwise kernels
 become one), and every convolution but ConvNeXt's depthwise ones is one matrix product on
-[B, C, T] (``conv_products``: tensor cores, no cuDNN layout conversions; the long ones as
-``kernels.causal_conv``, reading the stream's past and the input without copying them
-together). In the decoder
+[B, C, T] (``conv_products``: tensor cores, no cuDNN layout conversions; with
+``QWEN3TTS_CONV=kernel`` the long ones as ``kernels.causal_conv``, reading the stream's past
+and the input without copying them together). In the decoder
 blocks a product's bias, and a residual unit's residual add, are left to the SnakeBeta that
 always follows, which adds them in the same kernel. On the CPU the library's modules run as
 they are.
@@ -93,9 +93,10 @@ class StreamingDecoder:
         self.device, self.dtype = param.device, param.dtype
         self.fused = kernels.enabled(param) if fused is None else fused
         #: Whether long convolutions run as ``kernels.causal_conv`` (implicit GEMM) on the
-        #: fused path, rather than im2col + cuBLAS (``QWEN3TTS_CONV=im2col``;
-        #: ``conv_products.KERNEL_MIN_SAMPLES``). Read at each call: set it before capture.
-        self.conv_kernel = os.environ.get("QWEN3TTS_CONV", "kernel").lower() != "im2col"
+        #: fused path rather than im2col + cuBLAS: ``QWEN3TTS_CONV=kernel``; off by default, as
+        #: it is no faster yet (``conv_products.KERNEL_MIN_SAMPLES``). Read at each call: set
+        #: it before capture.
+        self.conv_kernel = os.environ.get("QWEN3TTS_CONV", "im2col").lower() == "kernel"
         self.samples_per_frame = int(decoder.total_upsample)
         #: Ids per codebook (2048): codes must be below it.
         self.codebook_size = int(decoder.config.codebook_size)

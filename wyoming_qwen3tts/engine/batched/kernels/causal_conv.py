@@ -15,6 +15,12 @@ row, summing over the taps and over the input channels in tiles of ``BLOCK_C``
 the input where it is >= 0 and from the stream's past otherwise, read where they lie. The
 weight is laid out tap-major ``[taps, out, in]`` once, so each tile's weights are contiguous.
 
+Not the default: on the H200 (stop 40) its ten launches took 0.98 ms of the batch-32 decode,
+about what the copies cost, so the decode was no faster (``conv_products.KERNEL_MIN_SAMPLES``).
+Each program's loads are shifted by ``tap * dilation - context`` samples, not 16-byte aligned,
+and its channel tiles of 32 make short ``tl.dot`` steps: the places to look next.
+``StreamingDecoder`` uses it with ``QWEN3TTS_CONV=kernel``.
+
 Same arithmetic as the convolution, summed in another order: equal within rounding
 (``tests/test_codec_kernels.py``: float32 with ``input_precision="ieee"``, no TF32).
 """
