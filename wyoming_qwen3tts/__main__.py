@@ -364,7 +364,7 @@ async def _prepare_clips(engines: dict[ModelKind, Engine], catalog: VoiceCatalog
     def clones() -> list[Reference]:
         return [v.reference for v in catalog.voices() if v.kind is ModelKind.BASE and v.reference is not None]
 
-    preparer = ClipPreparer(base, [clones] + ([anchors.ready_references] if anchors is not None else []), catalog.refresh)
+    preparer = ClipPreparer(base, [clones] + ([anchors.ready_references] if anchors is not None else []), catalog.refresh_async)
     started = time.monotonic()
     count = await preparer.prepare_new()
     if count:

@@ -538,7 +538,7 @@ class Anchors:
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 except asyncio.TimeoutError:
                     pass
-                self.catalog.refresh()
+                await self.catalog.refresh_async()
                 continue
             await self._render_one(voice, render)
 

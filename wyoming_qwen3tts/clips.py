@@ -16,9 +16,10 @@ engine, on-demand models) are watched; the GGML engine primes its default voice 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from .engine import Engine
 from .voices import Reference
@@ -36,11 +37,15 @@ class ClipPreparer:
         engine: the Base model's engine (``prime_any_time``).
         sources: each returns the references to prepare now (the clone library's clips,
             the presets' stored anchors).
-        refresh: re-reads the clone library before each look (``VoiceCatalog.refresh``).
+        refresh: re-reads the clone library before each look: ``VoiceCatalog.refresh_async``
+            (new clips decoded on a worker thread, not the event loop), or a plain function.
     """
 
     def __init__(
-        self, engine: Engine, sources: Sequence[Callable[[], Iterable[Reference]]], refresh: Callable[[], None] = lambda: None
+        self,
+        engine: Engine,
+        sources: Sequence[Callable[[], Iterable[Reference]]],
+        refresh: Callable[[], Awaitable[None] | None] = lambda: None,
     ) -> None:
         self.engine = engine
         self.sources = sources
@@ -55,8 +60,7 @@ class ClipPreparer:
         return set(self._done)
 
     def references(self) -> dict[str, Reference]:
-        """Every reference the sources give now, by digest."""
-        self.refresh()
+        """Every reference the sources give now, by digest (as of the last refresh)."""
         found: dict[str, Reference] = {}
         for source in self.sources:
             for reference in source():
@@ -66,6 +70,9 @@ class ClipPreparer:
     async def prepare_new(self) -> int:
         """Prepare the references not prepared yet; returns how many it prepared. A clip the
         model cannot encode is logged and not tried again (its request says why)."""
+        refreshed = self.refresh()
+        if inspect.isawaitable(refreshed):
+            await refreshed
         found = self.references()
         forget = getattr(self.engine, "forget", None)
         if forget is not None:

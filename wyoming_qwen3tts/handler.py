@@ -298,7 +298,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
 
     async def _dispatch(self, event: Event) -> None:
         if Describe.is_type(event.type):
-            self._service.catalog.refresh()
+            await self._service.catalog.refresh_async()
             await self._write(build_info(self._service.catalog.voices(), self._service.backend).event())
         elif SynthesizeStart.is_type(event.type):
             await self._start_stream(event)
@@ -348,6 +348,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         there, so an error alone would leave it waiting. A blank text (no text at all) is
         answered the same way.
         """
+        await self._service.catalog.refresh_async()  # new clips read off the loop
         text = event.data["text"]
         if not isinstance(text, str):
             raise TypeError("text must be a string")
@@ -373,6 +374,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         if self._stream is not None:
             raise RequestError("synthesize-start while a stream is already open")
         self._stream_refused = False
+        await self._service.catalog.refresh_async()  # new clips read off the loop
         try:
             self._stream = self._service.open(self._request(event.data))
         except (RequestError, TypeError, ValueError, AttributeError):

@@ -117,6 +117,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
         raise ApiError(
             503, "The models are still warming up; retry shortly", "not-ready", kind="server_error"
         )
+    await service.catalog.refresh_async()  # new clips read off the loop
     name = pick_voice(service, params)
     stream = service.speak(
         SpeechRequest(name, params.language, params.instructions, params.seed, door="http"),
@@ -330,7 +331,7 @@ async def voices(request: web.Request) -> web.Response:
     selects its kind), ``summary``, ``languages`` (BCP-47), ``aliases``.
     """
     service = request.app[_SERVICE_KEY]
-    service.catalog.refresh()
+    await service.catalog.refresh_async()
     listed = sorted(service.catalog.voices(), key=lambda v: v.name)
     return web.json_response(
         {

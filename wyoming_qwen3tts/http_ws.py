@@ -259,6 +259,7 @@ class SpeechSession:
             raise ApiError(
                 503, "The models are still warming up; retry shortly", "not-ready", kind="server_error"
             )
+        await self._service.catalog.refresh_async()  # new clips read off the loop
         name = pick_voice(self._service, params)
         request = SpeechRequest(name, params.language, params.instructions, params.seed, door=DOOR)
         self._stream = self._service.open(request)

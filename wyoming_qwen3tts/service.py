@@ -243,7 +243,9 @@ class TtsService:
         Raises:
             VoiceNotFoundError: unknown name.
         """
-        self.catalog.refresh()
+        # The doors awaited catalog.refresh_async (new clips read off the loop): this finds
+        # nothing to read, and does not wait for a refresh another thread is running.
+        self.catalog.refresh(wait=False)
         try:
             return self.catalog.get(name or self.default_voice)
         except UnknownVoiceError as err:

@@ -187,6 +187,7 @@ def _voice(service: TtsService, name: str) -> Voice:
 async def sample(request: web.Request) -> web.Response:
     """``GET /v1/audio/voices/{id}/sample``: WAV of the clip the voice speaks from."""
     service = request.app[_SERVICE_KEY]
+    await service.catalog.refresh_async()
     voice = _voice(service, request.match_info["voice"])
     if voice.reference is not None:
         return _wav_response(voice.reference.audio, voice.reference.sample_rate, voice.name)

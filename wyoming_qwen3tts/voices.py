@@ -18,9 +18,11 @@ sharing the folder): every request checks their files' signatures first.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import hashlib
 import logging
+import threading
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -296,9 +298,11 @@ class VoiceCatalog:
         self._reported: set[tuple[str, int, int, int]] = set()
         #: Each clip as last read, by its file's and its transcript's (name, mtime ns, size,
         #: inode): a Reference, or why it was skipped. A rescan reads only the clips whose
-        #: file or transcript changed (it runs on the event loop: re-reading 20 clips of
-        #: 30 s held every client for 0.8 s in the new-user trial).
+        #: file or transcript changed (re-reading 20 clips of 30 s held every client for
+        #: 0.8 s in a new-user trial, when rescans ran on the event loop).
         self._read: dict[_ClipKey, Reference | str] = {}
+        #: One refresh at a time (``refresh_async`` runs it on a worker thread).
+        self._lock = threading.Lock()
         self.refresh()
 
     @property
@@ -306,36 +310,57 @@ class VoiceCatalog:
         """The user's presets file (it may not exist)."""
         return self.voices_dir / PRESETS_FILE if self.voices_dir else None
 
-    def refresh(self, force: bool = False) -> None:
+    def refresh(self, force: bool = False, wait: bool = True) -> None:
         """Re-read the user's presets and the clone library if any of their files changed
         (added, removed, edited); ``force`` rescans them regardless. Only the clips whose file
-        or transcript changed (name, mtime, size or inode) are read again."""
-        self._refresh_presets(force)
-        self._refresh_clones(force)
+        or transcript changed (name, mtime, size or inode) are read again.
 
-    def _refresh_presets(self, force: bool) -> None:
-        path = self.presets_path
-        if ModelKind.VOICE_DESIGN not in self.kinds or path is None:
+        This decodes new clips where it is called (about 40 ms for 30 s of FLAC): on the
+        event loop, await ``refresh_async`` first, so that this finds nothing to read, and
+        pass ``wait=False``: while another thread is refreshing, return at once with the
+        catalogue as it is rather than wait for that thread's reads."""
+        if not self._lock.acquire(blocking=wait):
             return
         try:
-            st = path.stat()
-            # The inode too: every write replaces the file (another server's included), so
-            # two writes within one mtime tick of a coarse file system still differ.
-            signature: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
-        except OSError:
-            signature = None
-        if signature == self._presets_signature and not force:
-            return
-        self._presets_signature = signature
-        problems: list[str] = []
-        self._user_presets = load_presets([path], VoiceSource.USER, self.shipped, problems) if signature else {}
-        self._presets_problems = problems
-        if signature:
-            _LOGGER.info("User presets %s: %d voice(s)", path, len(self._user_presets))
+            self._refresh_presets(force)
+            self._refresh_clones(force)
+        finally:
+            self._lock.release()
 
-    def _refresh_clones(self, force: bool) -> None:
+    def stale(self) -> bool:
+        """Whether ``refresh`` would read anything: the presets file or a file of the clone
+        library was added, removed or changed since the last refresh (file metadata only)."""
+        if ModelKind.VOICE_DESIGN in self.kinds and self._presets_signature_now() != self._presets_signature:
+            return True
+        scan = self._clone_scan()
+        return scan is not None and tuple(scan[1]) != self._signature
+
+    async def refresh_async(self, force: bool = False) -> None:
+        """``refresh`` on a worker thread when anything changed (or ``force``), so that reading
+        new clips never holds the event loop (copying 20 clips of 30 s into the folder while
+        another client streamed left a 1.9 s gap in its audio when this ran on the loop). The
+        doors await it before looking a voice up; the lookup's own ``refresh`` then finds
+        nothing to read. Unchanged folders cost one directory listing, on the loop."""
+        if force or self.stale():
+            await asyncio.to_thread(self.refresh, force)
+
+    def _presets_signature_now(self) -> tuple[int, int, int] | None:
+        path = self.presets_path
+        if path is None:
+            return None
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        # The inode too: every write replaces the file (another server's included), so two
+        # writes within one mtime tick of a coarse file system still differ.
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def _clone_scan(self) -> tuple[list[Path], list[tuple[str, int, int, int]]] | None:
+        """The clone library's audio and transcript files and their (name, mtime ns, size,
+        inode), sorted by name; None when clones are not served or there is no folder."""
         if ModelKind.BASE not in self.kinds or self.voices_dir is None or not self.voices_dir.is_dir():
-            return
+            return None
         signature_items: list[tuple[str, int, int, int]] = []
         files: list[Path] = []
         for path in sorted(self.voices_dir.iterdir()):
@@ -348,6 +373,27 @@ class VoiceCatalog:
                 continue
             files.append(path)
             signature_items.append((path.name, st.st_mtime_ns, st.st_size, st.st_ino))
+        return files, signature_items
+
+    def _refresh_presets(self, force: bool) -> None:
+        path = self.presets_path
+        if ModelKind.VOICE_DESIGN not in self.kinds or path is None:
+            return
+        signature = self._presets_signature_now()
+        if signature == self._presets_signature and not force:
+            return
+        self._presets_signature = signature
+        problems: list[str] = []
+        self._user_presets = load_presets([path], VoiceSource.USER, self.shipped, problems) if signature else {}
+        self._presets_problems = problems
+        if signature:
+            _LOGGER.info("User presets %s: %d voice(s)", path, len(self._user_presets))
+
+    def _refresh_clones(self, force: bool) -> None:
+        scan = self._clone_scan()
+        if scan is None:
+            return
+        files, signature_items = scan
         signature = tuple(signature_items)
         if signature == self._signature and not force:
             return
@@ -386,6 +432,7 @@ class VoiceCatalog:
         self._reported = reported
         self._read = read
         self._clone_problems = {stem: why for stem, why in problems.items() if stem not in {c.lower() for c in clones}}
+        assert self.voices_dir is not None  # _clone_scan found the folder
         _LOGGER.info("Clone library %s: %d voice(s)", self.voices_dir.resolve(), len(clones))
 
     @staticmethod
