@@ -85,6 +85,37 @@ async def test_refresh_async_reads_new_clips_on_a_worker_thread(tmp_path: Path, 
     assert catalog.find("cy") is not None
 
 
+async def test_a_lookup_during_another_threads_reads_waits_for_them_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the clip preparer's refresh reads a new clip on its thread, the catalogue stays
+    ``stale``, so a door's ``refresh_async`` waits for those reads (on a worker thread) and
+    then finds the clip, instead of answering from the catalogue as it was (unknown voice);
+    the loop is free meanwhile."""
+    _write_clip(tmp_path, "ann")
+    catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
+    started, release = threading.Event(), threading.Event()
+    original = Reference.load.__func__  # type: ignore[attr-defined]
+
+    def slow(cls: type[Reference], path: Path) -> Reference:
+        started.set()
+        assert release.wait(10)
+        return original(cls, path)
+
+    monkeypatch.setattr(Reference, "load", classmethod(slow))
+    _write_clip(tmp_path, "newcomer")
+    preparer = asyncio.create_task(catalog.refresh_async())
+    assert await asyncio.to_thread(started.wait, 10)
+    assert catalog.stale()  # the reads are under way
+    door = asyncio.create_task(catalog.refresh_async())
+    await asyncio.sleep(0.05)  # the loop runs on while both wait
+    assert not door.done()
+    catalog.refresh(wait=False)  # the lookup's own refresh: returns at once
+    release.set()
+    await asyncio.wait_for(asyncio.gather(preparer, door), 10)
+    assert catalog.get("newcomer").reference is not None and not catalog.stale()
+
+
 def _service(folder: Path) -> TtsService:
     engines: dict[ModelKind, Engine] = {ModelKind.BASE: StubEngine(ModelKind.BASE, frames=2)}
     for engine in engines.values():

@@ -382,10 +382,10 @@ class VoiceCatalog:
         signature = self._presets_signature_now()
         if signature == self._presets_signature and not force:
             return
-        self._presets_signature = signature
         problems: list[str] = []
         self._user_presets = load_presets([path], VoiceSource.USER, self.shipped, problems) if signature else {}
         self._presets_problems = problems
+        self._presets_signature = signature  # last, as the clones' (``_refresh_clones``)
         if signature:
             _LOGGER.info("User presets %s: %d voice(s)", path, len(self._user_presets))
 
@@ -397,7 +397,6 @@ class VoiceCatalog:
         signature = tuple(signature_items)
         if signature == self._signature and not force:
             return
-        self._signature = signature
         clones: dict[str, Voice] = {}
         problems: dict[str, str] = {}
         reported: set[tuple[str, int, int, int]] = set()
@@ -432,6 +431,9 @@ class VoiceCatalog:
         self._reported = reported
         self._read = read
         self._clone_problems = {stem: why for stem, why in problems.items() if stem not in {c.lower() for c in clones}}
+        # Last: while the clips are read, ``stale`` still says so, and a door's
+        # ``refresh_async`` waits for these reads instead of looking up the old catalogue.
+        self._signature = signature
         assert self.voices_dir is not None  # _clone_scan found the folder
         _LOGGER.info("Clone library %s: %d voice(s)", self.voices_dir.resolve(), len(clones))
 
