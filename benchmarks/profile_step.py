@@ -35,6 +35,7 @@ import torch
 
 from wyoming_qwen3tts.engine import MAX_SEQ_LEN, Segment, Work
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
+from wyoming_qwen3tts.engine.batched.conv_products import CONV_MODES
 from wyoming_qwen3tts.engine.batched.kernels import pdl_scope
 from wyoming_qwen3tts.testing.checkpoint import build_checkpoint
 from wyoming_qwen3tts.voices import ModelKind
@@ -275,15 +276,20 @@ def main(argv: list[str] | None = None) -> None:
             row["decoder_ms_cudnn_benchmark"] = timed_replay(lambda: engine.decoder.step(codes))
         finally:
             torch.backends.cudnn.benchmark = False
-        # And with the long convolutions as kernels.causal_conv if the decoder runs them as
-        # im2col + cuBLAS (the default), or as im2col if it runs the kernel (QWEN3TTS_CONV).
-        kernel = engine.decoder.conv_kernel
-        engine.decoder.conv_kernel = not kernel
+        # And with the causal convolutions formed each other way (QWEN3TTS_CONV's modes: the
+        # columns by kernels.im2col or by PyTorch, the long ones as kernels.causal_conv).
+        mode = engine.decoder.conv_mode
+        row["decoder_conv_mode"] = mode
+        row["decoder_ms_by_mode"] = {mode: row["decoder_ms"]}
+        row["decoder_kernels_by_mode"] = {mode: row["kernels_decoder"]["count"]}
         try:
-            row["decoder_ms_causal_conv" if not kernel else "decoder_ms_im2col"] = timed_replay(
-                lambda: engine.decoder.step(codes))
+            for other in CONV_MODES:
+                if other != mode:
+                    engine.decoder.conv_mode = other
+                    row["decoder_ms_by_mode"][other] = timed_replay(lambda: engine.decoder.step(codes))
+                    row["decoder_kernels_by_mode"][other] = kernels(lambda: engine.decoder.step(codes))[0]
         finally:
-            engine.decoder.conv_kernel = kernel
+            engine.decoder.conv_mode = mode
         steps, wall = drain(engine)
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -301,12 +307,9 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         print(f"| batch {r['batch']}: decoder with cudnn.benchmark | {r['decoder_ms_cudnn_benchmark']:.2f} ms "
               f"(heuristics {r['decoder_ms']:.2f}) |")
-        if "decoder_ms_causal_conv" in r:
-            print(f"| batch {r['batch']}: decoder with the causal_conv kernel | {r['decoder_ms_causal_conv']:.2f} ms "
-                  f"(im2col {r['decoder_ms']:.2f}) |")
-        else:
-            print(f"| batch {r['batch']}: decoder with im2col products only | {r['decoder_ms_im2col']:.2f} ms "
-                  f"(causal_conv kernel {r['decoder_ms']:.2f}) |")
+        print(f"| batch {r['batch']}: decoder by convolution mode | " + "; ".join(
+            f"{m} {ms:.2f} ms ({r['decoder_kernels_by_mode'][m]} kernels)" for m, ms in r["decoder_ms_by_mode"].items())
+            + f" (engine: {r['decoder_conv_mode']}) |")
     for r in rows:
         top = r["kernels_decoder"]["top"][:5]
         print(f"| batch {r['batch']}: decoder's top kernels | " + "; ".join(

@@ -47,7 +47,7 @@ from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import SnakeBe
 
 from wyoming_qwen3tts.engine.batched.codec import StreamingDecoder  # noqa: E402
 from wyoming_qwen3tts.engine.batched.kernels import snake  # noqa: E402
-from wyoming_qwen3tts.engine.batched.conv_products import ConvProduct, TransConvProduct  # noqa: E402
+from wyoming_qwen3tts.engine.batched.conv_products import CONV_MODES, ConvProduct, TransConvProduct  # noqa: E402
 
 CASES = [
     pytest.param("cpu", torch.float32, id="interpreter-f32"),
@@ -161,7 +161,7 @@ def _check_products(device: str, dtype: torch.dtype) -> None:
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
 
-    # Lengths from KERNEL_MIN_SAMPLES on run as kernels.causal_conv unless kernel=False.
+    # Lengths from KERNEL_MIN_SAMPLES on run as kernels.causal_conv in mode "kernel".
     for kernel, dilation, t in [(7, 1, 11), (7, 3, 4), (7, 9, 130 if small else 1920), (7, 1, 160), (1, 1, 9)]:
         conv = torch.nn.Conv1d(c_in, c_out, kernel, dilation=dilation).to(device=device, dtype=dtype)
         product = ConvProduct.of(conv)
@@ -170,11 +170,13 @@ def _check_products(device: str, dtype: torch.dtype) -> None:
         with torch.no_grad():
             ref = conv(full)
         past = full[..., : product.context] if product.context else None
-        for use_kernel in (True, False):
-            y = product(past, full[..., product.context :], use_kernel)
+        for mode in CONV_MODES:
+            y = product(past, full[..., product.context :], mode)
             assert y.shape == (b, c_out, t) and y.dtype == dtype and y.is_contiguous()
             assert product.bias is not None
             _product_close(y.float() + product.bias.float()[:, None], ref, dtype)
+    with pytest.raises(ValueError, match="convolution mode 'cudnn'"):
+        product(None, full, "cudnn")
     with pytest.raises(ValueError, match="needs the past"):
         product7 = ConvProduct.of(torch.nn.Conv1d(4, 4, 7))
         assert product7 is not None
@@ -235,6 +237,35 @@ def test_causal_conv_kernel_is_the_convolution(device: str, dtype: torch.dtype) 
             causal_conv(past[..., 1:], x, weight, dilation)
 
 
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_im2col_kernel_builds_pytorchs_columns(device: str, dtype: torch.dtype) -> None:
+    """``kernels.im2col`` writes exactly ``im2col_eager``'s columns (a copy: bit for bit):
+    inputs shorter and longer than the context and than a tile, one channel and several, the
+    past as the first rows of a larger state buffer and the input a strided view; a past of
+    the wrong shape is refused."""
+    from wyoming_qwen3tts.engine.batched.kernels.im2col import im2col, im2col_eager
+
+    gen = torch.Generator().manual_seed(9)
+    small = device == "cpu"
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    b = 3
+    for channels, taps, dilation, t in [(1, 7, 1, 20), (5, 7, 9, 32), (4, 3, 1, 1), (6 if small else 96, 7, 3, 200 if small else 1920)]:
+        context = (taps - 1) * dilation
+        past = rand(b + 2, channels, context)[:b]
+        x = rand(b, 2 * channels, t)[:, 1 : 1 + channels]  # channel stride t, batch stride 2 * channels * t
+        columns = im2col(past, x, taps, dilation)
+        expected = im2col_eager(past, x, taps, dilation)
+        assert columns.shape == (b, channels * taps, t) and columns.is_contiguous() and columns.dtype == dtype
+        assert torch.equal(columns, expected)
+        # row c * taps + j is tap j of channel c: sample 0 of tap 0 is the past's first sample
+        assert torch.equal(columns[:, 0, 0], past[:, 0, 0] if context else x[:, 0, 0])
+    with pytest.raises(ValueError, match="past"):
+        im2col(past[..., 1:], x, taps, dilation)
+
+
 def _load(checkpoints: Path, device: str, dtype: torch.dtype) -> torch.nn.Module:
     """The tiny base checkpoint's decoder with random SnakeBeta parameters and convolution
     biases (the 1x1 ones, the dilated ones, the transposed ones, the first and the last)."""
@@ -266,7 +297,8 @@ def _decode(decoder: StreamingDecoder, codes: torch.Tensor, chunks: list[int]) -
 def test_fused_decoder_under_the_interpreter_is_the_eager_decoder(checkpoints: Path) -> None:
     """On the CPU, ``fused=True`` (kernels in the interpreter, convolutions as matrix
     products, residual adds folded) gives the eager decoder's PCM across step boundaries,
-    with the long convolutions as im2col products (the default) and as ``causal_conv``."""
+    with every convolution mode: columns by ``kernels.im2col`` (the default) or by PyTorch,
+    and the long convolutions as ``causal_conv``."""
     if torch.cuda.is_available():
         pytest.skip("the interpreter runs where no CUDA device is")
     torch.set_num_threads(1)
@@ -274,12 +306,23 @@ def test_fused_decoder_under_the_interpreter_is_the_eager_decoder(checkpoints: P
     codes = torch.randint(0, 2048, (2, 16, 4), generator=torch.Generator().manual_seed(3))
     eager = StreamingDecoder(decoder, 2)
     expected = _decode(eager, codes, [1, 3])
-    for conv_kernel in (False, True):
+    for mode in CONV_MODES:
         fused = StreamingDecoder(decoder, 2, fused=True)
         assert fused.fused and not eager.fused  # the CPU default is the library's modules
-        assert not fused.conv_kernel  # QWEN3TTS_CONV's default
-        fused.conv_kernel = conv_kernel
+        assert fused.conv_mode == "im2col"  # QWEN3TTS_CONV's default
+        fused.conv_mode = mode
         torch.testing.assert_close(_decode(fused, codes, [1, 3]), expected, atol=5e-5, rtol=0)
+
+
+def test_an_unknown_convolution_mode_is_refused_by_name(checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``QWEN3TTS_CONV`` takes ``im2col``, ``copy`` or ``kernel`` (any case); anything else stops
+    the decoder's construction with an error naming the value and the choices."""
+    decoder = _load(checkpoints, "cpu", torch.float32)
+    monkeypatch.setenv("QWEN3TTS_CONV", " Copy")
+    assert StreamingDecoder(decoder, 1, fused=True).conv_mode == "copy"
+    monkeypatch.setenv("QWEN3TTS_CONV", "cudnn")
+    with pytest.raises(ValueError, match="QWEN3TTS_CONV='cudnn': expected one of im2col, copy, kernel"):
+        StreamingDecoder(decoder, 1, fused=True)
 
 
 @pytest.mark.gpu

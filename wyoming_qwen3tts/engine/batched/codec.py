@@ -16,9 +16,9 @@ On CUDA (``kernels.enabled``; ``QWEN3TTS_KERNELS=eager`` switches it off) the de
 runs leaner, same arithmetic: each SnakeBeta is one Triton kernel (``kernels.snake``; its
 per-channel factors taken once, here, instead of at every call: seven elementwise kernels
 become one), and every convolution but ConvNeXt's depthwise ones is one matrix product on
-[B, C, T] (``conv_products``: tensor cores, no cuDNN layout conversions; with
-``QWEN3TTS_CONV=kernel`` the long ones as ``kernels.causal_conv``, reading the stream's past
-and the input without copying them together). In the decoder
+[B, C, T] (``conv_products``: tensor cores, no cuDNN layout conversions; a causal
+convolution's columns built by one kernel, ``kernels.im2col``, from the stream's past and
+the input where they lie; ``QWEN3TTS_CONV`` chooses another form). In the decoder
 blocks a product's bias, and a residual unit's residual add, are left to the SnakeBeta that
 always follows, which adds them in the same kernel. On the CPU the library's modules run as
 they are.
@@ -48,7 +48,7 @@ from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (
 from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import SnakeBeta
 
 from . import kernels
-from .conv_products import ConvProduct, TransConvProduct
+from .conv_products import CONV_MODES, ConvProduct, TransConvProduct
 from .layers import FusedLayer, attention_mask, rope_tables
 
 
@@ -59,6 +59,18 @@ def _settle(h: torch.Tensor, branch: torch.Tensor | None, bias: torch.Tensor | N
     if branch is None:
         return h if bias is None else h + bias[:, None]
     return h + (branch if bias is None else branch + bias[:, None])
+
+
+def _conv_mode(value: str) -> str:
+    """``QWEN3TTS_CONV``'s value as one of ``conv_products.CONV_MODES``.
+
+    Raises:
+        ValueError: another value (named with the ones accepted).
+    """
+    mode = value.strip().lower()
+    if mode not in CONV_MODES:
+        raise ValueError(f"QWEN3TTS_CONV={value!r}: expected one of {', '.join(CONV_MODES)}")
+    return mode
 
 
 def _advance(past: torch.Tensor, x: torch.Tensor) -> None:
@@ -92,11 +104,12 @@ class StreamingDecoder:
         param = next(decoder.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.fused = kernels.enabled(param) if fused is None else fused
-        #: Whether long convolutions run as ``kernels.causal_conv`` (implicit GEMM) on the
-        #: fused path rather than im2col + cuBLAS: ``QWEN3TTS_CONV=kernel``; off by default, as
-        #: it is no faster yet (``conv_products.KERNEL_MIN_SAMPLES``). Read at each call: set
-        #: it before capture.
-        self.conv_kernel = os.environ.get("QWEN3TTS_CONV", "im2col").lower() == "kernel"
+        #: How the fused path forms a causal convolution's product (``conv_products.CONV_MODES``):
+        #: ``QWEN3TTS_CONV``, default ``im2col`` (columns by ``kernels.im2col``, then cuBLAS);
+        #: ``copy`` builds the columns with PyTorch (stop 39), ``kernel`` runs the long ones as
+        #: ``kernels.causal_conv`` (no faster on the H200: ``conv_products.KERNEL_MIN_SAMPLES``).
+        #: Read at each call: set it before capture.
+        self.conv_mode = _conv_mode(os.environ.get("QWEN3TTS_CONV", "im2col"))
         self.samples_per_frame = int(decoder.total_upsample)
         #: Ids per codebook (2048): codes must be below it.
         self.codebook_size = int(decoder.config.codebook_size)
@@ -195,7 +208,7 @@ class StreamingDecoder:
         product = self._products.get(id(module))
         rows = None if state is None else state[: x.shape[0]]
         if product is not None:
-            y = product(rows, x, self.conv_kernel)
+            y = product(rows, x, self.conv_mode)
             if rows is not None:
                 _advance(rows, x)
             return y, None, product.bias

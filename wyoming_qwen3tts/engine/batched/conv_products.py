@@ -9,10 +9,13 @@ Written as one matrix product each, the same arithmetic runs on tensor cores in 
 
 * a causal convolution (kernel ``k``, dilation ``d``, stride 1, no padding of its own: the
   stream's past is the padding) reads its input as columns ``[B, C * k, T]`` (im2col: the
-  ``k`` taps of each channel, a strided view copied once) times its weight ``[out, C * k]``;
-  where the columns would be large (long inputs) it can run instead as
-  ``kernels.causal_conv``, the same product summed tile by tile from the past and the input
-  where they lie (``QWEN3TTS_CONV=kernel``; ``KERNEL_MIN_SAMPLES``);
+  ``k`` taps of each channel) times its weight ``[out, C * k]``. The columns are built by
+  one kernel reading the past and the input where they lie (``kernels.im2col``; mode
+  ``im2col``, the default), or with PyTorch (mode ``copy``: concatenation, then a strided
+  copy; stop 39's form). Where the columns would be large (long inputs) the convolution can
+  run instead as ``kernels.causal_conv``, the same product summed tile by tile from the past
+  and the input (mode ``kernel``; ``KERNEL_MIN_SAMPLES``). ``StreamingDecoder`` takes the
+  mode from ``QWEN3TTS_CONV``;
 * a transposed convolution with kernel ``stride`` or ``2 * stride`` (each output frame of
   ``stride`` samples made of the current input frame and the previous one) is
   ``[out * stride, C * taps]`` times the frames with the previous frame stacked under them.
@@ -39,6 +42,11 @@ from torch import nn
 #: but its ten launches took 0.98 ms at batch 32, and the decode was no faster (3.64 ms
 #: against 3.60 with im2col; 1.33 against 1.27 at batch 1, 1.96 against 2.06 at batch 8).
 KERNEL_MIN_SAMPLES = 128
+
+#: How a causal convolution's product is formed (``ConvProduct.__call__``): im2col columns
+#: built by ``kernels.im2col``, the same columns built by PyTorch, or ``kernels.causal_conv``
+#: for long inputs.
+CONV_MODES = ("im2col", "copy", "kernel")
 
 
 @dataclass(frozen=True)
@@ -83,32 +91,37 @@ class ConvProduct:
         """Input samples before the first output's: ``(kernel - 1) * dilation``."""
         return (self.kernel - 1) * self.dilation
 
-    def __call__(self, past: torch.Tensor | None, x: torch.Tensor, kernel: bool = True) -> torch.Tensor:
+    def __call__(self, past: torch.Tensor | None, x: torch.Tensor, mode: str = "im2col") -> torch.Tensor:
         """The convolution of ``x`` continuing ``past``, without its bias.
 
         Args:
             past: [B, in, context], the stream's last input samples; None when ``context`` is 0.
             x: [B, in, T], the input.
-            kernel: whether ``kernels.causal_conv`` may serve (from ``KERNEL_MIN_SAMPLES`` on);
-                False: im2col columns and cuBLAS always.
+            mode: one of ``CONV_MODES``: ``im2col`` (columns by ``kernels.im2col``, then
+                cuBLAS), ``copy`` (columns by PyTorch, then cuBLAS), ``kernel``
+                (``kernels.causal_conv`` from ``KERNEL_MIN_SAMPLES`` on, ``im2col`` below).
+                The Triton kernels need CUDA, or Triton's interpreter on the CPU.
 
         Returns:
             [B, out, T], contiguous, in ``x``'s dtype.
+
+        Raises:
+            ValueError: no past for a convolution with context, or an unknown mode.
         """
+        if mode not in CONV_MODES:
+            raise ValueError(f"convolution mode {mode!r}: expected one of {CONV_MODES}")
         if past is None:
             if self.context:
                 raise ValueError(f"a convolution with {self.context} samples of context needs the past")
             return torch.matmul(self.weight, x)
-        if kernel and self.taps_weight is not None and x.shape[-1] >= KERNEL_MIN_SAMPLES:
+        if mode == "kernel" and self.taps_weight is not None and x.shape[-1] >= KERNEL_MIN_SAMPLES:
             from .kernels.causal_conv import causal_conv
 
             return causal_conv(past, x, self.taps_weight, self.dilation)
-        full = torch.cat([past, x], dim=-1)
-        b, channels, length = full.shape
-        t = length - self.context
-        s0, s1, s2 = full.stride()
-        columns = full.as_strided((b, channels, self.kernel, t), (s0, s1, self.dilation * s2, s2), full.storage_offset())
-        return torch.matmul(self.weight, columns.reshape(b, channels * self.kernel, t))
+        from .kernels.im2col import im2col, im2col_eager
+
+        build = im2col_eager if mode == "copy" else im2col
+        return torch.matmul(self.weight, build(past, x, self.kernel, self.dilation))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Stop 41's device calls (issue 27), `.whl` carried. The causal convolutions' columns built by
+# one kernel (kernels/im2col.py, QWEN3TTS_CONV=im2col, the new default) instead of PyTorch's
+# concatenation and strided copy (QWEN3TTS_CONV=copy); pytest-xdist spreads the GPU tests.
+#   1: the checkpoints (background) beside the codec and kernel GPU tests (4 workers); the
+#      frame profile at batch 1, 8 and 32 (every convolution mode timed); the profile again
+#      with programmatic dependent launch on every graph (QWEN3TTS_PDL=1), batch 8 and 32
+#   2: the whole of `pytest -m gpu`: every file but test_memory_gpu.py over 4 workers, then
+#      test_memory_gpu.py alone (its tests hold the rest of the GPU from another process)
+#   3: the Poisson rows of both doors, every voice kind, 1-40 req/s, 10 s each
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+[ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export WHEELS_DONE=1 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD TRITON_CACHE_DIR="$HOME/.triton/cache"
+s=$(date +%s)
+since() { echo "$(( $(date +%s) - s )) s"; }
+profile() {  # profile OUT_DIR SECONDS BATCHES
+  mkdir -p "$1"
+  timeout -s ABRT "$2" python3 -X faulthandler -m benchmarks.profile_step --no-bare --batches "$3" \
+    --out "$1" > "$1/profile.log" 2>&1; echo "profile $1 rc $? at $(since)"
+  grep -E '^[|]|^Thread|^  File|Error' "$1/profile.log" | head -30
+}
+case "${1:-1}" in
+  1) CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
+     mkdir -p "$OUT/tests"
+     OUT="$OUT/tests" TESTS_S=200 TESTS="tests/test_codec_kernels.py tests/test_kernels.py -n 4 -rf" \
+       bash benchmarks/gpu.sh tests | tail -8
+     echo "tests at $(since)"
+     profile "$OUT/profile" 220 1,8,32
+     QWEN3TTS_PDL=1 profile "$OUT/profile-pdl" $(( 585 - ($(date +%s) - s) )) 8,32 ;;
+  2) mkdir -p "$OUT/tests" "$OUT/memory"
+     timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -n 4 -rf \
+       --ignore tests/test_memory_gpu.py 2>&1 | tee "$OUT/tests/gpu-tests.log" | tail -16
+     echo "tests at $(since)"
+     timeout $(( 585 - ($(date +%s) - s) )) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -rf \
+       tests/test_memory_gpu.py 2>&1 | tee "$OUT/memory/gpu-tests.log" | tail -12
+     echo "memory tests at $(since)" ;;
+  3) for door in wyoming http; do
+       OUT="$OUT/$door" POISSON_S=270 POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
+         POISSON_ARGS="--rates 1,10,20,30,40 --seconds 10 --warmup-s 1 --pause-s 0.5 --voices clone,preset,custom_voice --doors $door" \
+         bash benchmarks/gpu.sh poisson | tail -20
+     done ;;
+esac
