@@ -5,8 +5,9 @@
 #   1: the checkpoints (background) beside the codec and kernel GPU tests (4 workers); the
 #      frame profile at batch 1, 8 and 32 (every convolution mode timed); the profile again
 #      with programmatic dependent launch on every graph (QWEN3TTS_PDL=1), batch 8 and 32
-#   2: the whole of `pytest -m gpu`: every file but test_memory_gpu.py over 4 workers, then
-#      test_memory_gpu.py alone (its tests hold the rest of the GPU from another process)
+#   2: the whole of `pytest -m gpu`: every file but test_memory_gpu.py over 4 workers (the
+#      full-size checkpoints building beside them), then test_memory_gpu.py alone (its tests
+#      hold the rest of the GPU from another process, on those checkpoints)
 #   3: the Poisson rows of both doors, every voice kind, 1-40 req/s, 10 s each
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -28,10 +29,15 @@ case "${1:-1}" in
      echo "tests at $(since)"
      profile "$OUT/profile" 220 1,8,32
      QWEN3TTS_PDL=1 profile "$OUT/profile-pdl" $(( 585 - ($(date +%s) - s) )) 8,32 ;;
-  2) mkdir -p "$OUT/tests" "$OUT/memory"
-     timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -n 4 -rf \
+  2) CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
+     mkdir -p "$OUT/tests" "$OUT/memory"
+     timeout 320 python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -n 4 -rf \
        --ignore tests/test_memory_gpu.py 2>&1 | tee "$OUT/tests/gpu-tests.log" | tail -16
      echo "tests at $(since)"
+     for kind in voice_design base; do  # test_memory_gpu.py skips without them: wait for the builders
+       python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > /dev/null
+     done
+     echo "checkpoints at $(since)"
      timeout $(( 585 - ($(date +%s) - s) )) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -rf \
        tests/test_memory_gpu.py 2>&1 | tee "$OUT/memory/gpu-tests.log" | tail -12
      echo "memory tests at $(since)" ;;
