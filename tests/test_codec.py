@@ -34,6 +34,19 @@ def test_incremental_equals_whole_at_every_boundary(decoder: torch.nn.Module, ch
     np.testing.assert_allclose(np.concatenate(parts, axis=-1), whole, atol=5e-5)
 
 
+def test_a_first_chunk_longer_than_the_window_then_frame_by_frame_is_the_whole(decoder: torch.nn.Module) -> None:
+    """A reference clip's codes decoded at once (80 frames, past the 72-frame window: its last
+    72 keys fill the ring), then the stream frame by frame: the whole-sequence decode."""
+    frames, first = 90, 80
+    codes = torch.randint(0, 2048, (1, 16, frames), generator=torch.Generator().manual_seed(31))
+    with torch.inference_mode():
+        whole = decoder(codes)[:, 0].numpy()
+        streaming = StreamingDecoder(decoder, slots=1)
+        parts = [streaming.step(codes[:, :, :first]).numpy()]
+        parts += [streaming.step(codes[:, :, t : t + 1]).numpy() for t in range(first, frames)]
+    np.testing.assert_allclose(np.concatenate(parts, axis=-1), whole, atol=5e-5)
+
+
 def test_rows_are_independent_and_movable(decoder: torch.nn.Module) -> None:
     """Each row continues its own past; a reset row starts afresh; a moved row carries on."""
     codes = torch.randint(0, 2048, (2, 16, 20), generator=torch.Generator().manual_seed(7))

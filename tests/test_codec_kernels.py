@@ -325,6 +325,39 @@ def test_an_unknown_convolution_mode_is_refused_by_name(checkpoints: Path, monke
         StreamingDecoder(decoder, 1, fused=True)
 
 
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_the_transformers_ring_on_the_kernels_is_the_eager_window_past_its_end(
+    checkpoints: Path, device: str, dtype: torch.dtype
+) -> None:
+    """The codec transformer one frame a row on the kernels (each layer's keys and values a
+    ring of ``window`` slots written and attended by ``kernels.rope_attention``) against the
+    library's arithmetic (a mask over the ring), frame by frame for rows that started apart,
+    past the 72-frame window and round the ring again; then a chunk of several frames (the
+    eager form, as a reference clip's codes are decoded) continues the same ring (TF32 off)."""
+    if device == "cpu" and torch.cuda.is_available():
+        pytest.skip("the interpreter runs where no CUDA device is")
+    decoder = _load(checkpoints, device, dtype)
+    gen = torch.Generator().manual_seed(21)
+    with _no_tf32(), torch.inference_mode():
+        fused = StreamingDecoder(decoder, 2, fused=True)
+        eager = StreamingDecoder(decoder, 2, fused=False)
+        window = fused.window
+        latent = decoder.pre_transformer.input_proj.in_features
+        frames = torch.randn(2, 2 * window + 12, latent, generator=gen).to(device=device, dtype=dtype)
+        for t in range(frames.shape[1]):
+            if t == 5:  # row 1 starts afresh: its ring is 5 positions behind row 0's
+                fused.reset(1)
+                eager.reset(1)
+            x = frames[:, t : t + 1]
+            out, ref = fused._transformer(x), eager._transformer(x)
+            tol = 1e-4 if dtype == torch.float32 else 0.08 * float(ref.abs().max())
+            torch.testing.assert_close(out, ref, atol=tol, rtol=0, msg=f"frame {t}")
+        assert torch.equal(fused._key_pos, eager._key_pos)
+        assert sorted(fused._key_pos[0].tolist()) == list(range(frames.shape[1] - window, frames.shape[1]))
+        chunk = torch.randn(2, 3, latent, generator=gen).to(device=device, dtype=dtype)
+        torch.testing.assert_close(fused._transformer(chunk), eager._transformer(chunk), atol=tol, rtol=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_decoder_kernels_on_cuda_decode_the_eager_pcm(

@@ -304,31 +304,59 @@ class StreamingDecoder:
         return module(x)  # pointwise (SnakeBeta)
 
     def _transformer(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, n, latent] -> [B, n, latent] through the sliding-window transformer."""
+        """[B, n, latent] -> [B, n, latent] through the sliding-window transformer.
+
+        Each layer's keys and values are a ring of ``window`` slots per row: position ``p``
+        lives at slot ``p % window`` (``_key_pos`` says which position each slot holds), so
+        the window slides by writing the new positions' slots, with nothing shifted or copied.
+        On the kernels, one frame a row runs each layer as ``FusedLayer.fast`` (the ring
+        written and attended in one kernel, ``kernels.rope_attention``); otherwise the
+        library's arithmetic with a mask over the ring and the new positions."""
         model = self.decoder.pre_transformer
         b, n, _ = x.shape
         h = model.input_proj(x)
         positions = self._frames[:b, None] + torch.arange(n, device=self.device)[None, :]
         cos, sin = rope_tables(*model.rotary_emb(h, positions))
+        if self.fused and n == 1:
+            branch: torch.Tensor | None = None
+            for i, layer in enumerate(self._layers):
+                h, branch = layer.fast(h, branch, cos, sin, positions, self._keys[i][:b], self._values[i][:b],
+                                       window=self.window)
+            if branch is not None:
+                h = h + branch
+            self._key_pos[:b].scatter_(1, positions % self.window, positions)
+        else:
+            h = self._transformer_eager(h, cos, sin, positions)
+        self._frames[:b] += n
+        return model.output_proj(model.norm(h))
+
+    def _transformer_eager(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``_transformer``'s layers with the library's arithmetic (``FusedLayer.__call__``):
+        each of the ``n`` new positions attends to the ring's keys and the new ones within the
+        window, then the last ``min(n, window)`` new keys and values go to their slots."""
+        b, n = positions.shape
         key_pos = torch.cat([self._key_pos[:b], positions], dim=-1)  # [B, window + n]
         q = positions[:, :, None]
         k = key_pos[:, None, :]
         allowed = (k >= 0) & (k <= q) & (k > q - self.window)
         mask = attention_mask(allowed, self._layers[0].group, h.dtype)
+        keep = min(n, self.window)  # the positions still in the window after this step
+        newest = positions[:, n - keep :]
+        slots = (newest % self.window)[:, None, :, None]  # [B, 1, keep, 1]
         for i, layer in enumerate(self._layers):
             keys, values = self._keys[i][:b], self._values[i][:b]
 
             def kv(k_new: torch.Tensor, v_new: torch.Tensor, keys: torch.Tensor = keys, values: torch.Tensor = values) -> tuple[torch.Tensor, torch.Tensor]:
                 all_k = torch.cat([keys, k_new], dim=2)
                 all_v = torch.cat([values, v_new], dim=2)
-                keys.copy_(all_k[:, :, -self.window :])
-                values.copy_(all_v[:, :, -self.window :])
+                index = slots.expand(-1, k_new.shape[1], -1, k_new.shape[3])
+                keys.scatter_(2, index, k_new[:, :, n - keep :])
+                values.scatter_(2, index, v_new[:, :, n - keep :])
                 return all_k, all_v
 
             h = layer(h, cos, sin, kv, mask)
-        self._key_pos[:b].copy_(key_pos[:, -self.window :])
-        self._frames[:b] += n
-        return model.output_proj(model.norm(h))
+        self._key_pos[:b].scatter_(1, newest % self.window, newest)
+        return h
 
     # --- decoding -----------------------------------------------------------------------------
 

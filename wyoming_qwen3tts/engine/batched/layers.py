@@ -186,6 +186,7 @@ class FusedLayer:
     def fast(
         self, hidden: torch.Tensor, branch: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
         positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, splits: int = 1,
+        window: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One layer in Triton kernels (CUDA; see ``kernels``).
 
@@ -203,6 +204,8 @@ class FusedLayer:
                 row's keys ``0..position``.
             keys, values: this layer's cache, [B, kv_heads, L, head_dim]; written in place.
             splits: programs per head along the cache (``kernels.attention``).
+            window: 0, or the cache is a ring of ``window`` slots (one token a row, one
+                program a head: ``kernels.rope_attention``; the codec's sliding window).
 
         Returns:
             (the residual stream [B, n, hidden], the MLP output still to add [B, n, hidden] or
@@ -213,11 +216,11 @@ class FusedLayer:
         from .kernels.silu_mul import silu_mul
 
         b, n, _ = hidden.shape
-        if self.lean is not None and b * n == 1 and fused_matmul(hidden):
+        if self.lean is not None and b * n == 1 and fused_matmul(hidden) and not window:
             return self._lean(hidden if branch is None else hidden + branch, cos, sin, positions, keys, values, splits)
         hidden, x = add_rms_norm(hidden, branch, *self.norm1)
         qkv = self.qkv(x).view(b, n, self.heads + 2 * self.kv_heads, self.head_dim)
-        out = self.o_proj(self._attention(qkv, cos, sin, positions, keys, values, splits))
+        out = self.o_proj(self._attention(qkv, cos, sin, positions, keys, values, splits, window))
         if self.scale_attn is not None:
             out = out * self.scale_attn
         hidden, x = add_rms_norm(hidden, out, *self.norm2)
@@ -251,17 +254,23 @@ class FusedLayer:
 
     def _attention(
         self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-        keys: torch.Tensor, values: torch.Tensor, splits: int,
+        keys: torch.Tensor, values: torch.Tensor, splits: int, window: int = 0,
     ) -> torch.Tensor:
         """q/k norm + rotary + cache write + attention of ``qkv`` [B, n, heads + 2 kv, hd]:
-        one kernel for one token a row over a one-program cache (``kernels.rope_attention``),
-        else two (``qk_rope_kv``, ``decode_attention``). Returns [B, n, heads * hd]."""
+        one kernel for one token a row over a one-program cache (``kernels.rope_attention``;
+        a ring of ``window`` slots if ``window``), else two (``qk_rope_kv``,
+        ``decode_attention``). Returns [B, n, heads * hd].
+
+        Raises:
+            ValueError: a ring (``window``) for more than one token a row or a split cache."""
         from .kernels.attention import decode_attention
         from .kernels.rope import qk_rope_kv
         from .kernels.rope_attention import rope_attention
 
         if qkv.shape[1] == 1 and splits <= 1:
-            return rope_attention(qkv, self.qk_norm, cos, sin, positions, keys, values, self.heads, self.scale)
+            return rope_attention(qkv, self.qk_norm, cos, sin, positions, keys, values, self.heads, self.scale, window)
+        if window:
+            raise ValueError("a ring cache takes one token a row over one program a head")
         q = qk_rope_kv(qkv, self.qk_norm, cos, sin, positions, keys, values, self.heads)
         return decode_attention(q, keys, values, positions, self.scale, splits)
 

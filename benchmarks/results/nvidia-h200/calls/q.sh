@@ -9,6 +9,9 @@
 #      full-size checkpoints building beside them), then test_memory_gpu.py alone (its tests
 #      hold the rest of the GPU from another process, on those checkpoints)
 #   3: the Poisson rows of both doors, every voice kind, 1-40 req/s, 10 s each
+#   4: (after the codec transformer's keys became a ring, kernels/rope_attention.py's window)
+#      the voice_design checkpoint (background) beside the codec and engine GPU tests (4
+#      workers); the frame profile at batch 1 and 32
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -46,4 +49,11 @@ case "${1:-1}" in
          POISSON_ARGS="--rates 1,10,20,30,40 --seconds 10 --warmup-s 1 --pause-s 0.5 --voices clone,preset,custom_voice --doors $door" \
          bash benchmarks/gpu.sh poisson | tail -20
      done ;;
+  4) python3 -m wyoming_qwen3tts.testing.checkpoint .ckpt/full/voice_design --type voice_design --size full > /tmp/ckpt.log 2>&1 &
+     mkdir -p "$OUT/tests"
+     OUT="$OUT/tests" TESTS_S=150 TESTS="tests/test_codec_kernels.py tests/test_engine.py -n 4 -rf" \
+       bash benchmarks/gpu.sh tests | tail -8
+     echo "tests at $(since)"
+     wait
+     profile "$OUT/profile" $(( 265 - ($(date +%s) - s) )) 1,32 ;;
 esac
