@@ -91,6 +91,36 @@ def test_a_broken_clip_is_logged_once_until_it_changes(tmp_path: Path, caplog: p
             catalog.get("corrupt")
 
 
+def test_a_transcript_without_its_clip_is_reported_once_and_named_when_asked_for(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``orphan.txt`` with no ``orphan.wav`` (the clip not copied yet, or misnamed) is logged at
+    WARNING once, a request for it says what to add, and the clip arriving makes it a voice
+    (the new-user trial: it was ignored without a word, then "Unknown voice 'orphan'")."""
+    write_voice(tmp_path, "icl")
+    (tmp_path / "orphan.txt").write_text("What the clip would say.")
+
+    def warnings() -> list[str]:
+        found = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "orphan.txt" in r.getMessage()]
+        caplog.clear()
+        return found
+
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, ALL)
+        assert len(warnings()) == 1
+        with pytest.raises(UnknownVoiceError, match=r"'Orphan' has a transcript \(orphan.txt\) but no clip beside it: "
+                                                     r"add orphan.wav or orphan.flac"):
+            catalog.get("Orphan")
+        write_voice(tmp_path, "other")
+        catalog.refresh()
+        assert warnings() == []  # unchanged: not logged again
+        with pytest.raises(UnknownVoiceError, match="Unknown voice 'nobody'"):
+            catalog.get("nobody")
+        write_voice(tmp_path, "orphan")
+        catalog.refresh()
+        assert catalog.get("orphan").reference is not None and warnings() == []
+
+
 def test_a_rescan_reads_only_the_clips_that_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rescan runs on the event loop: it reads again only a clip whose file or transcript
     changed (the new-user trial: touching any file of a 20-clip folder re-read every clip

@@ -292,6 +292,7 @@ class VoiceCatalog:
         self._presets_problems: list[str] = []  # why parts of the user presets file were skipped
         self._clones: dict[str, Voice] = {}
         self._clone_problems: dict[str, str] = {}  # lower-case id: why its clip was skipped
+        self._orphans: dict[str, str] = {}  # lower-case id: a transcript's file name, no clip beside it
         self._signature: tuple[tuple[str, int, int, int], ...] | None = None
         #: The broken clips already logged at ERROR, as (name, mtime ns, size, inode): a rescan
         #: (any file of the folder changed) logs them again at DEBUG only, until they change.
@@ -402,8 +403,16 @@ class VoiceCatalog:
         reported: set[tuple[str, int, int, int]] = set()
         by_name = dict(zip((p.name for p in files), signature_items, strict=True))
         read: dict[_ClipKey, Reference | str] = {}
+        clip_stems = {p.stem for p in files if p.suffix.lower() in AUDIO_SUFFIXES}
+        orphans: dict[str, str] = {}
         for path, item in zip(files, signature_items, strict=True):
             if path.suffix.lower() not in AUDIO_SUFFIXES:
+                if path.stem not in clip_stems:  # a transcript alone: say so once, as a broken clip
+                    level = logging.DEBUG if item in self._reported else logging.WARNING
+                    _LOGGER.log(level, "Transcript %s has no clip beside it (%s.wav or .flac): not a voice yet",
+                                path, path.stem)
+                    reported.add(item)
+                    orphans[path.stem.lower()] = path.name
                 continue
             key = (item, by_name.get(path.with_suffix(".txt").name))
             clip = self._read.get(key)  # (``force`` too: every write replaces the file)
@@ -431,6 +440,7 @@ class VoiceCatalog:
         self._reported = reported
         self._read = read
         self._clone_problems = {stem: why for stem, why in problems.items() if stem not in {c.lower() for c in clones}}
+        self._orphans = {stem: name for stem, name in orphans.items() if stem not in {c.lower() for c in clones}}
         # Last: while the clips are read, ``stale`` still says so, and a door's
         # ``refresh_async`` waits for these reads instead of looking up the old catalogue.
         self._signature = signature
@@ -499,6 +509,12 @@ class VoiceCatalog:
             raise UnknownVoiceError(
                 f"Voice {name!r} is a clone whose clip could not be used ({self._clone_problems[wanted]}); "
                 f"replace the file in the voices folder; available: {shown}"
+            )
+        if wanted in self._orphans:  # a transcript waiting for its clip
+            txt = self._orphans[wanted]
+            raise UnknownVoiceError(
+                f"Voice {name!r} has a transcript ({txt}) but no clip beside it: add "
+                f"{txt[:-4]}.wav or {txt[:-4]}.flac to the voices folder; available: {shown}"
             )
         problems = self._presets_problems
         hint = f". Note: {problems[0]}" + (f" (and {len(problems) - 1} more, see the log)" if len(problems) > 1 else "") if problems else ""
