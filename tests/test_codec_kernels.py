@@ -172,7 +172,8 @@ def _check_products(device: str, dtype: torch.dtype) -> None:
         past = full[..., : product.context] if product.context else None
         for mode in CONV_MODES:
             y = product(past, full[..., product.context :], mode)
-            assert y.shape == (b, c_out, t) and y.dtype == dtype and y.is_contiguous()
+            assert y.shape == (b, c_out, t) and y.dtype == dtype and y.stride(2) == 1
+            assert y.is_contiguous() or (mode == "folded" and past is not None)
             assert product.bias is not None
             _product_close(y.float() + product.bias.float()[:, None], ref, dtype)
     with pytest.raises(ValueError, match="convolution mode 'cudnn'"):
@@ -260,6 +261,9 @@ def test_im2col_kernel_builds_pytorchs_columns(device: str, dtype: torch.dtype) 
         expected = im2col_eager(past, x, taps, dilation)
         assert columns.shape == (b, channels * taps, t) and columns.is_contiguous() and columns.dtype == dtype
         assert torch.equal(columns, expected)
+        folded = im2col(past, x, taps, dilation, folded=True)
+        assert folded.shape == (channels * taps, b, t) and folded.is_contiguous()
+        assert torch.equal(folded, expected.transpose(0, 1)) and torch.equal(folded, im2col_eager(past, x, taps, dilation, True))
         # row c * taps + j is tap j of channel c: sample 0 of tap 0 is the past's first sample
         assert torch.equal(columns[:, 0, 0], past[:, 0, 0] if context else x[:, 0, 0])
     with pytest.raises(ValueError, match="past"):
@@ -321,7 +325,7 @@ def test_an_unknown_convolution_mode_is_refused_by_name(checkpoints: Path, monke
     monkeypatch.setenv("QWEN3TTS_CONV", " Copy")
     assert StreamingDecoder(decoder, 1, fused=True).conv_mode == "copy"
     monkeypatch.setenv("QWEN3TTS_CONV", "cudnn")
-    with pytest.raises(ValueError, match="QWEN3TTS_CONV='cudnn': expected one of im2col, copy, kernel"):
+    with pytest.raises(ValueError, match="QWEN3TTS_CONV='cudnn': expected one of im2col, copy, kernel, folded"):
         StreamingDecoder(decoder, 1, fused=True)
 
 

@@ -44,9 +44,10 @@ from torch import nn
 KERNEL_MIN_SAMPLES = 128
 
 #: How a causal convolution's product is formed (``ConvProduct.__call__``): im2col columns
-#: built by ``kernels.im2col``, the same columns built by PyTorch, or ``kernels.causal_conv``
-#: for long inputs.
-CONV_MODES = ("im2col", "copy", "kernel")
+#: built by ``kernels.im2col``, the same columns built by PyTorch, ``kernels.causal_conv`` for
+#: long inputs, or the columns with the batch folded into the samples and one product (not yet
+#: timed on a GPU: ``benchmarks.profile_step`` times every mode).
+CONV_MODES = ("im2col", "copy", "kernel", "folded")
 
 
 @dataclass(frozen=True)
@@ -99,11 +100,14 @@ class ConvProduct:
             x: [B, in, T], the input.
             mode: one of ``CONV_MODES``: ``im2col`` (columns by ``kernels.im2col``, then
                 cuBLAS), ``copy`` (columns by PyTorch, then cuBLAS), ``kernel``
-                (``kernels.causal_conv`` from ``KERNEL_MIN_SAMPLES`` on, ``im2col`` below).
-                The Triton kernels need CUDA, or Triton's interpreter on the CPU.
+                (``kernels.causal_conv`` from ``KERNEL_MIN_SAMPLES`` on, ``im2col`` below),
+                ``folded`` (columns [C * k, B, T] by ``kernels.im2col``, one product
+                ``[out, C * k] @ [C * k, B * T]``). The Triton kernels need CUDA, or Triton's
+                interpreter on the CPU.
 
         Returns:
-            [B, out, T], contiguous, in ``x``'s dtype.
+            [B, out, T] in ``x``'s dtype: contiguous, except in mode ``folded`` with a past
+            (a view of [out, B, T]: the last dimension contiguous).
 
         Raises:
             ValueError: no past for a convolution with context, or an unknown mode.
@@ -120,6 +124,10 @@ class ConvProduct:
             return causal_conv(past, x, self.taps_weight, self.dilation)
         from .kernels.im2col import im2col, im2col_eager
 
+        if mode == "folded":
+            columns = im2col(past, x, self.kernel, self.dilation, folded=True)
+            b, t = x.shape[0], x.shape[-1]
+            return torch.mm(self.weight, columns.view(columns.shape[0], b * t)).view(-1, b, t).transpose(0, 1)
         build = im2col_eager if mode == "copy" else im2col
         return torch.matmul(self.weight, build(past, x, self.kernel, self.dilation))
 
