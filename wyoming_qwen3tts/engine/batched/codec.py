@@ -107,7 +107,8 @@ class StreamingDecoder:
         #: How the fused path forms a causal convolution's product (``conv_products.CONV_MODES``):
         #: ``QWEN3TTS_CONV``, default ``im2col`` (columns by ``kernels.im2col``, then cuBLAS);
         #: ``copy`` builds the columns with PyTorch (stop 39), ``kernel`` runs the long ones as
-        #: ``kernels.causal_conv`` (no faster on the H200: ``conv_products.KERNEL_MIN_SAMPLES``).
+        #: ``kernels.causal_conv`` (no faster on the H200: ``conv_products.KERNEL_MIN_SAMPLES``),
+        #: ``folded`` folds the batch into the columns for one product (not yet timed on a GPU).
         #: Read at each call: set it before capture.
         self.conv_mode = _conv_mode(os.environ.get("QWEN3TTS_CONV", "im2col"))
         self.samples_per_frame = int(decoder.total_upsample)
