@@ -298,6 +298,35 @@ async def test_two_uploads_of_one_name_at_once(studio: Server, folders: tuple[Pa
     assert not [p for p in folders[0].iterdir() if p.name.startswith(".") and p.name != LOCK_FILE]  # no temporary files left
 
 
+async def test_an_edit_waiting_for_another_servers_lock_holds_up_no_other_request(
+    studio: Server, folders: tuple[Path, Path]
+) -> None:
+    """Another server (here the test) holds the voices folder's lock: a rename waits for it on
+    a worker thread, and meanwhile the server answers the voice list and a Wyoming describe
+    (the edit ran on the event loop: every request and every stream's audio waited up to the
+    lock's 10 s timeout). Once the lock is let go, the rename goes through."""
+    import filelock
+
+    status, body = await call(studio, "POST", "/v1/audio/voices", data=upload("waiter", encoded(tone(2.0), "wav"), "Words."))
+    assert status == 201, body
+    lock = filelock.FileLock(folders[0] / LOCK_FILE)
+    lock.acquire()
+    try:
+        rename = asyncio.create_task(call(studio, "PATCH", "/v1/audio/voices/waiter", json={"name": "waited"}))
+        await asyncio.sleep(1.0)  # the rename reaches the lock and waits there
+        status, listed = await call(studio, "GET", "/v1/audio/voices")
+        assert status == 200 and "waiter" in {v["name"] for v in json.loads(listed)["voices"]}
+        assert "waiter" in await wyoming_voices(studio)
+        assert not rename.done()  # both answered while the rename still waited for the lock
+    finally:
+        lock.release()
+    status, body = await rename
+    assert status == 200 and json.loads(body)["name"] == "waited", body
+    assert "waited" in await wyoming_voices(studio)
+    status, _ = await call(studio, "DELETE", "/v1/audio/voices/waited")
+    assert status == 200 and studio.alive()
+
+
 async def test_rename_and_delete(studio: Server, folders: tuple[Path, Path]) -> None:
     status, body = await call(studio, "POST", "/v1/audio/voices", data=upload("tobe", encoded(tone(2.0), "wav"), "Words."))
     assert status == 201, body

@@ -76,6 +76,8 @@ _INGRESS_PATH_RE = re.compile(r"/[A-Za-z0-9_./-]*")
 _LIBRARY_KEY = web.AppKey("studio_library", VoiceLibrary)
 _CANDIDATES_KEY = web.AppKey("studio_candidates", OrderedDict)
 _SERVICE_KEY = web.AppKey("studio_service", TtsService)
+#: One studio edit at a time on this server (``_edit``).
+_EDITS_KEY = web.AppKey("studio_edits", asyncio.Lock)
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,20 @@ def _edits(handler: Handler) -> Handler:
 
     wrapped.__doc__ = handler.__doc__
     return wrapped
+
+
+async def _edit(request: web.Request, change: Callable[..., Voice], *args: Any, **kwargs: Any) -> Voice:
+    """``change(*args, **kwargs)``, a ``VoiceLibrary`` edit, on a worker thread, one at a time.
+
+    An edit holds the voices folder's lock, which another server on the folder may keep for
+    up to ``library.LOCK_TIMEOUT_S`` (10 s), and re-reads the catalogue under it: on the event
+    loop that held every stream's audio and every other request for as long.
+
+    Raises:
+        VoiceEditError: what ``change`` raises.
+    """
+    async with request.app[_EDITS_KEY]:
+        return await asyncio.to_thread(change, *args, **kwargs)
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -243,7 +259,7 @@ async def create_clone(request: web.Request) -> web.Response:
         if not data:
             raise ApiError(400, "The form has no 'file' field, or the file is empty", "missing-field", "file")
         audio = await asyncio.to_thread(decode_clip, data)
-        voice = library.add_clone(name, audio, transcript)
+        voice = await _edit(request, library.add_clone, name, audio, transcript)
     _LOGGER.info(
         "Voice studio: clone voice %s created from %s (%.1f s used, %s)",
         voice.name, filename or "an upload", len(audio) / SAMPLE_RATE,
@@ -268,7 +284,7 @@ async def rename(request: web.Request) -> web.Response:
     old = request.match_info["voice"]
     body = await _json_body(request)
     new = body.get("name")
-    voice = library.rename(old, new)
+    voice = await _edit(request, library.rename, old, new)
     if service.anchors is not None:
         service.anchors.changed()
     _LOGGER.info("Voice studio: %s renamed to %s", old, voice.name)
@@ -279,7 +295,7 @@ async def rename(request: web.Request) -> web.Response:
 async def delete(request: web.Request) -> web.Response:
     """``DELETE /v1/audio/voices/{id}``: ``{"deleted": name}``."""
     library = request.app[_LIBRARY_KEY]
-    voice = library.delete(request.match_info["voice"])
+    voice = await _edit(request, library.delete, request.match_info["voice"])
     _LOGGER.info("Voice studio: %s voice %s deleted", voice.source.value, voice.name)
     return web.json_response({"deleted": voice.name})
 
@@ -379,8 +395,8 @@ async def keep(request: web.Request) -> web.Response:
         raise ApiError(400, "'replace' must be true or false", "invalid-type", "replace")
     with library.reserve(body.get("name"), replace_shipped=replace) as name:
         spec = candidate.spec
-        voice = library.add_preset(
-            name, instruct=spec.instruct, language=candidate.code, summary=summary,
+        voice = await _edit(
+            request, library.add_preset, name, instruct=spec.instruct, language=candidate.code, summary=summary,
             seed=spec.seed, anchor_text=spec.text,
         )
     anchors = service.anchors
@@ -406,6 +422,7 @@ def add_routes(app: web.Application, service: TtsService) -> None:
     app[_SERVICE_KEY] = service
     app[_LIBRARY_KEY] = VoiceLibrary(service.catalog, service.default_voice)
     app[_CANDIDATES_KEY] = OrderedDict()
+    app[_EDITS_KEY] = asyncio.Lock()
     app.router.add_get("/", page)
     app.router.add_static("/studio/", WEB_DIR, append_version=False)
     app.router.add_post("/v1/audio/voices", create_clone)
