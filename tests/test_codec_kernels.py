@@ -319,7 +319,7 @@ def test_fused_decoder_under_the_interpreter_is_the_eager_decoder(checkpoints: P
 
 
 def test_an_unknown_convolution_mode_is_refused_by_name(checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``QWEN3TTS_CONV`` takes ``im2col``, ``copy`` or ``kernel`` (any case); anything else stops
+    """``QWEN3TTS_CONV`` takes ``im2col``, ``copy``, ``kernel`` or ``folded`` (any case); anything else stops
     the decoder's construction with an error naming the value and the choices."""
     decoder = _load(checkpoints, "cpu", torch.float32)
     monkeypatch.setenv("QWEN3TTS_CONV", " Copy")

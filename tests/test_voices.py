@@ -64,6 +64,13 @@ def test_voices_need_their_model(tmp_path: Path) -> None:
     assert {v.name for v in speakers.voices()} == {"ryan", "serena"}
 
 
+def taken_logs(caplog: pytest.LogCaptureFixture, level: int, needle: str) -> list[str]:
+    """The captured messages at ``level`` or above that mention ``needle``; clears the capture."""
+    found = [r.getMessage() for r in caplog.records if r.levelno >= level and needle in r.getMessage()]
+    caplog.clear()
+    return found
+
+
 def test_a_broken_clip_is_logged_once_until_it_changes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A rescan (another file of the folder changed) does not log an unchanged broken clip
     at ERROR again; the same clip rewritten, still broken, is logged again."""
@@ -71,9 +78,7 @@ def test_a_broken_clip_is_logged_once_until_it_changes(tmp_path: Path, caplog: p
     (tmp_path / "corrupt.wav").write_bytes(b"RIFF-not-really")
 
     def errors() -> list[str]:
-        found = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and "corrupt.wav" in r.getMessage()]
-        caplog.clear()
-        return found
+        return taken_logs(caplog, logging.ERROR, "corrupt.wav")
 
     with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
         catalog = VoiceCatalog(tmp_path, ALL)
@@ -101,9 +106,7 @@ def test_a_transcript_without_its_clip_is_reported_once_and_named_when_asked_for
     (tmp_path / "orphan.txt").write_text("What the clip would say.")
 
     def warnings() -> list[str]:
-        found = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "orphan.txt" in r.getMessage()]
-        caplog.clear()
-        return found
+        return taken_logs(caplog, logging.WARNING, "orphan.txt")
 
     with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
         catalog = VoiceCatalog(tmp_path, ALL)
