@@ -243,8 +243,10 @@ def test_im2col_kernel_builds_pytorchs_columns(device: str, dtype: torch.dtype) 
     """``kernels.im2col`` writes exactly ``im2col_eager``'s columns (a copy: bit for bit):
     inputs shorter and longer than the context and than a tile, one channel and several, the
     past as the first rows of a larger state buffer and the input a strided view; a past of
-    the wrong shape is refused."""
-    from wyoming_qwen3tts.engine.batched.kernels.im2col import im2col, im2col_eager
+    the wrong shape is refused. With ``advance`` the same columns, and the past moved on as
+    ``advance_eager`` moves it (in both layouts; the state's other rows untouched; inputs
+    spanning several tiles of samples, whose later tiles must not see the new past)."""
+    from wyoming_qwen3tts.engine.batched.kernels.im2col import MAX_BLOCK_T, advance_eager, im2col, im2col_eager
 
     gen = torch.Generator().manual_seed(9)
     small = device == "cpu"
@@ -253,7 +255,8 @@ def test_im2col_kernel_builds_pytorchs_columns(device: str, dtype: torch.dtype) 
         return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
 
     b = 3
-    for channels, taps, dilation, t in [(1, 7, 1, 20), (5, 7, 9, 32), (4, 3, 1, 1), (6 if small else 96, 7, 3, 200 if small else 1920)]:
+    cases = [(1, 7, 1, 20), (5, 7, 9, 32), (4, 3, 1, 1), (2, 7, 9, 300), (6 if small else 96, 7, 3, 200 if small else 1920)]
+    for channels, taps, dilation, t in cases:
         context = (taps - 1) * dilation
         past = rand(b + 2, channels, context)[:b]
         x = rand(b, 2 * channels, t)[:, 1 : 1 + channels]  # channel stride t, batch stride 2 * channels * t
@@ -266,8 +269,53 @@ def test_im2col_kernel_builds_pytorchs_columns(device: str, dtype: torch.dtype) 
         assert torch.equal(folded, expected.transpose(0, 1)) and torch.equal(folded, im2col_eager(past, x, taps, dilation, True))
         # row c * taps + j is tap j of channel c: sample 0 of tap 0 is the past's first sample
         assert torch.equal(columns[:, 0, 0], past[:, 0, 0] if context else x[:, 0, 0])
+        moved = past.clone()
+        advance_eager(moved, x)
+        assert not torch.equal(moved, past)
+        for fold in (False, True):
+            state = rand(b + 2, channels, context)
+            state[:b] = past
+            other = state[b:].clone()
+            got = im2col(state[:b], x, taps, dilation, folded=fold, advance=True)
+            assert torch.equal(got, folded if fold else columns)
+            assert torch.equal(state[:b], moved) and torch.equal(state[b:], other)
     with pytest.raises(ValueError, match="past"):
         im2col(past[..., 1:], x, taps, dilation)
+    long_past = rand(1, 1, MAX_BLOCK_T + 4)  # 7 taps, dilation 22
+    with pytest.raises(ValueError, match="advanced by copy"):
+        im2col(long_past, rand(1, 1, 4), 7, (MAX_BLOCK_T + 4) // 6, advance=True)
+
+
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_the_codebook_table_decodes_as_the_quantizer(checkpoints: Path, device: str, dtype: torch.dtype) -> None:
+    """``kernels.codebooks``: the sum of 16 rows of the projected table is the library's
+    quantizer decode (16 codebooks, usage clamped at epsilon, the two 1x1 projections) within
+    rounding, for a frame and for several, codes in any strides; the kernel is its eager form."""
+    from wyoming_qwen3tts.engine.batched.kernels.codebooks import codebook_sum, codebook_sum_eager, projected_table
+
+    quantizer = _load(checkpoints, "cpu", torch.float32).quantizer
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for group in (quantizer.rvq_first, quantizer.rvq_rest):
+            for layer in group.vq.layers:
+                book = layer._codebook
+                book.embedding_sum.copy_(torch.randn(book.embedding_sum.shape, generator=gen))
+                book.cluster_usage.copy_(torch.rand(book.cluster_usage.shape, generator=gen) * 2)
+                book.cluster_usage[:4] = 0.0  # clamped at epsilon
+    quantizer = quantizer.to(device=device, dtype=dtype)
+    table = projected_table(quantizer)
+    assert table.dtype == dtype and table.is_contiguous() and table.shape[0] == 16 * 2048
+    for n in (1, 3):
+        codes = torch.randint(0, 2048, (3, n, 16), generator=gen).transpose(1, 2).to(device)  # strided
+        codes[0, :, 0] = torch.arange(16)  # usage clamped
+        with torch.no_grad():
+            exact = copy.deepcopy(quantizer).float().decode(codes)  # float32 throughout
+        got = codebook_sum(table, codes)
+        assert got.shape == exact.shape == (3, table.shape[1], n) and got.is_contiguous() and got.dtype == dtype
+        torch.testing.assert_close(got, codebook_sum_eager(table, codes), rtol=0 if dtype == torch.float32 else 8e-3, atol=0)
+        scale = exact.abs().max().item()
+        tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+        assert (got.float() - exact).abs().max().item() <= tolerance * scale
 
 
 def _load(checkpoints: Path, device: str, dtype: torch.dtype) -> torch.nn.Module:

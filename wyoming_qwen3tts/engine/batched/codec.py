@@ -13,12 +13,15 @@ only the bookkeeping of the past is ours. State lives in static buffers with one
 slot, so a step over rows ``[0, B)`` can be captured in a CUDA graph.
 
 On CUDA (``kernels.enabled``; ``QWEN3TTS_KERNELS=eager`` switches it off) the decoder
-runs leaner, same arithmetic: each SnakeBeta is one Triton kernel (``kernels.snake``; its
-per-channel factors taken once, here, instead of at every call: seven elementwise kernels
-become one), and every convolution but ConvNeXt's depthwise ones is one matrix product on
-[B, C, T] (``conv_products``: tensor cores, no cuDNN layout conversions; a causal
-convolution's columns built by one kernel, ``kernels.im2col``, from the stream's past and
-the input where they lie; ``QWEN3TTS_CONV`` chooses another form). In the decoder
+runs leaner, same arithmetic: the quantizer's decode is one lookup in a table of its
+codebooks already projected (``kernels.codebooks``: one kernel instead of about 66), each
+SnakeBeta is one Triton kernel (``kernels.snake``; its per-channel factors taken once,
+here, instead of at every call: seven elementwise kernels become one), and every
+convolution but ConvNeXt's depthwise ones is one matrix product on [B, C, T]
+(``conv_products``: tensor cores, no cuDNN layout conversions; a causal convolution's
+columns built by one kernel, ``kernels.im2col``, from the stream's past and the input where
+they lie, the same kernel then moving the past on; ``QWEN3TTS_CONV`` chooses another
+form). In the decoder
 blocks a product's bias, and a residual unit's residual add, are left to the SnakeBeta that
 always follows, which adds them in the same kernel. On the CPU the library's modules run as
 they are.
@@ -27,6 +30,7 @@ they are.
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import torch
@@ -51,6 +55,11 @@ from . import kernels
 from .conv_products import CONV_MODES, ConvProduct, TransConvProduct
 from .layers import FusedLayer, attention_mask, rope_tables
 
+#: Each quantizer's ``kernels.codebooks.projected_table`` ([16 * 2048, 512], 32 MiB in
+#: bfloat16 at full size), built once and shared by every ``StreamingDecoder`` of it (the
+#: engine's, the prefill's scratch one).
+_TABLES: weakref.WeakKeyDictionary[Any, torch.Tensor] = weakref.WeakKeyDictionary()
+
 
 def _settle(h: torch.Tensor, branch: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
     """``h`` [B, C, T] plus a residual unit's unadded output ``branch`` [B, C, T] and a bias
@@ -71,16 +80,6 @@ def _conv_mode(value: str) -> str:
     if mode not in CONV_MODES:
         raise ValueError(f"QWEN3TTS_CONV={value!r}: expected one of {', '.join(CONV_MODES)}")
     return mode
-
-
-def _advance(past: torch.Tensor, x: torch.Tensor) -> None:
-    """Set ``past`` [B, C, context] to the last ``context`` samples of ``past`` followed by
-    ``x`` [B, C, T] (after the convolution that read both)."""
-    context, length = past.shape[-1], x.shape[-1]
-    if length >= context:
-        past.copy_(x[..., length - context :])
-    else:
-        past.copy_(torch.cat([past[..., length:], x], dim=-1))
 
 
 class StreamingDecoder:
@@ -134,6 +133,7 @@ class StreamingDecoder:
         self._snake: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._products: dict[int, ConvProduct] = {}
         self._trans_products: dict[int, TransConvProduct] = {}
+        self._codebooks: torch.Tensor | None = None
         if self.fused:
             self._build_fused()
 
@@ -161,8 +161,13 @@ class StreamingDecoder:
     def _build_fused(self) -> None:
         """The kernels' tables, taken once from the weights as loaded (the convolutions'
         product weights are views of theirs, the transposed ones' copies)."""
+        from .kernels.codebooks import projected_table
         from .kernels.snake import snake_factors
 
+        quantizer = self.decoder.quantizer
+        if quantizer not in _TABLES:
+            _TABLES[quantizer] = projected_table(quantizer)
+        self._codebooks = _TABLES[quantizer]
         with torch.no_grad():
             for module in self.decoder.modules():
                 if isinstance(module, SnakeBeta):
@@ -208,11 +213,8 @@ class StreamingDecoder:
         state = self._conv_state.get(id(module))
         product = self._products.get(id(module))
         rows = None if state is None else state[: x.shape[0]]
-        if product is not None:
-            y = product(rows, x, self.conv_mode)
-            if rows is not None:
-                _advance(rows, x)
-            return y, None, product.bias
+        if product is not None:  # the product moves the past on (``ConvProduct``'s ``advance``)
+            return product(rows, x, self.conv_mode, advance=rows is not None), None, product.bias
         if rows is None:
             return module.conv(x), None, None
         full = torch.cat([rows, x], dim=-1)
@@ -371,7 +373,12 @@ class StreamingDecoder:
             PCM [B, n * 1920] in [-1, 1], in the decoder's dtype.
         """
         d = self.decoder
-        h = self._conv(d.pre_conv, d.quantizer.decode(codes))
+        if self._codebooks is not None:
+            from .kernels.codebooks import codebook_sum
+
+            h = self._conv(d.pre_conv, codebook_sum(self._codebooks, codes))
+        else:
+            h = self._conv(d.pre_conv, d.quantizer.decode(codes))
         h = self._transformer(h.transpose(1, 2)).permute(0, 2, 1)
         for blocks in d.upsample:
             for block in blocks:

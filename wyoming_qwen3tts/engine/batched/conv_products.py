@@ -92,7 +92,9 @@ class ConvProduct:
         """Input samples before the first output's: ``(kernel - 1) * dilation``."""
         return (self.kernel - 1) * self.dilation
 
-    def __call__(self, past: torch.Tensor | None, x: torch.Tensor, mode: str = "im2col") -> torch.Tensor:
+    def __call__(
+        self, past: torch.Tensor | None, x: torch.Tensor, mode: str = "im2col", advance: bool = False,
+    ) -> torch.Tensor:
         """The convolution of ``x`` continuing ``past``, without its bias.
 
         Args:
@@ -104,6 +106,10 @@ class ConvProduct:
                 ``folded`` (columns [C * k, B, T] by ``kernels.im2col``, one product
                 ``[out, C * k] @ [C * k, B * T]``). The Triton kernels need CUDA, or Triton's
                 interpreter on the CPU.
+            advance: then set ``past`` (in place) to the last ``context`` samples of ``past``
+                followed by ``x``, the stream's past for its next input: in the column kernel
+                in modes ``im2col`` and ``folded`` (``kernels.im2col``'s ``advance``), by a
+                copy after the product in the others.
 
         Returns:
             [B, out, T] in ``x``'s dtype: contiguous, except in mode ``folded`` with a past
@@ -118,18 +124,26 @@ class ConvProduct:
             if self.context:
                 raise ValueError(f"a convolution with {self.context} samples of context needs the past")
             return torch.matmul(self.weight, x)
+        from .kernels.im2col import MAX_BLOCK_T, advance_eager, im2col, im2col_eager
+
         if mode == "kernel" and self.taps_weight is not None and x.shape[-1] >= KERNEL_MIN_SAMPLES:
             from .kernels.causal_conv import causal_conv
 
-            return causal_conv(past, x, self.taps_weight, self.dilation)
-        from .kernels.im2col import im2col, im2col_eager
-
-        if mode == "folded":
-            columns = im2col(past, x, self.kernel, self.dilation, folded=True)
-            b, t = x.shape[0], x.shape[-1]
-            return torch.mm(self.weight, columns.view(columns.shape[0], b * t)).view(-1, b, t).transpose(0, 1)
-        build = im2col_eager if mode == "copy" else im2col
-        return torch.matmul(self.weight, build(past, x, self.kernel, self.dilation))
+            y = causal_conv(past, x, self.taps_weight, self.dilation)
+        elif mode == "copy":
+            y = torch.matmul(self.weight, im2col_eager(past, x, self.kernel, self.dilation))
+        else:
+            in_kernel = advance and self.context <= MAX_BLOCK_T
+            columns = im2col(past, x, self.kernel, self.dilation, folded=mode == "folded", advance=in_kernel)
+            advance = advance and not in_kernel
+            if mode == "folded":
+                b, t = x.shape[0], x.shape[-1]
+                y = torch.mm(self.weight, columns.view(columns.shape[0], b * t)).view(-1, b, t).transpose(0, 1)
+            else:
+                y = torch.matmul(self.weight, columns)
+        if advance:
+            advance_eager(past, x)
+        return y
 
 
 @dataclass(frozen=True)
