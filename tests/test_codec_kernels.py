@@ -318,6 +318,32 @@ def test_the_codebook_table_decodes_as_the_quantizer(checkpoints: Path, device: 
         assert (got.float() - exact).abs().max().item() <= tolerance * scale
 
 
+@pytest.mark.parametrize(("device", "dtype"), CASES)
+def test_the_rope_table_kernel_is_the_librarys_rotary_embedding(checkpoints: Path, device: str, dtype: torch.dtype) -> None:
+    """``kernels.rope_tables``: the codec transformer's (cos, signed sin) for any positions
+    (a stream's first frames and ones far past the window and the model's 8,000), for one new
+    position a row and several, are the library's rotary embedding then ``layers.rope_tables``,
+    and the kernel is its eager form."""
+    from wyoming_qwen3tts.engine.batched.kernels.rope_tables import rope_cos_sin, rope_cos_sin_eager
+    from wyoming_qwen3tts.engine.batched.layers import rope_tables
+
+    rotary = _load(checkpoints, "cpu", torch.float32).pre_transformer.rotary_emb.to(device)
+    inv_freq = rotary.inv_freq.float().contiguous()
+    tolerance = 2e-6 if dtype == torch.float32 else 4e-3  # cosines of up to 1: an ulp or so
+    for starts in ([0, 1, 71], [5000, 9001, 123456]):
+        for n in (1, 3):
+            positions = torch.tensor(starts, device=device)[:, None] + torch.arange(n, device=device)[None, :]
+            probe = torch.zeros(3, n, 1, dtype=dtype, device=device)
+            expected = rope_tables(*rotary(probe, positions))
+            got = rope_cos_sin(positions, inv_freq, rotary.attention_scaling, dtype)
+            eager = rope_cos_sin_eager(positions, inv_freq, rotary.attention_scaling, dtype)
+            for g, e, r in zip(got, eager, expected, strict=True):
+                assert g.shape == r.shape == (3, n, 2 * inv_freq.shape[0]) and g.dtype == dtype and g.is_contiguous()
+                torch.testing.assert_close(g, r, rtol=0, atol=tolerance)
+                torch.testing.assert_close(g, e, rtol=0, atol=tolerance)
+            assert torch.equal(got[1][..., : inv_freq.shape[0]] < 0, expected[1][..., : inv_freq.shape[0]] < 0)
+
+
 def _load(checkpoints: Path, device: str, dtype: torch.dtype) -> torch.nn.Module:
     """The tiny base checkpoint's decoder with random SnakeBeta parameters and convolution
     biases (the 1x1 ones, the dilated ones, the transposed ones, the first and the last)."""

@@ -21,7 +21,8 @@ convolution but ConvNeXt's depthwise ones is one matrix product on [B, C, T]
 (``conv_products``: tensor cores, no cuDNN layout conversions; a causal convolution's
 columns built by one kernel, ``kernels.im2col``, from the stream's past and the input where
 they lie, the same kernel then moving the past on; ``QWEN3TTS_CONV`` chooses another
-form). In the decoder
+form). The transformer's rotary tables are one kernel too (``kernels.rope_tables``, about
+twelve before), and its last residual add with the final norm. In the decoder
 blocks a product's bias, and a residual unit's residual add, are left to the SnakeBeta that
 always follows, which adds them in the same kernel. On the CPU the library's modules run as
 they are.
@@ -134,6 +135,9 @@ class StreamingDecoder:
         self._products: dict[int, ConvProduct] = {}
         self._trans_products: dict[int, TransConvProduct] = {}
         self._codebooks: torch.Tensor | None = None
+        #: The transformer's inverse rotary frequencies, float32 [head_dim / 2], as its rotary
+        #: module uses them (``kernels.rope_tables``; fused path, default rope type only).
+        self._inv_freq: torch.Tensor | None = None
         if self.fused:
             self._build_fused()
 
@@ -168,6 +172,9 @@ class StreamingDecoder:
         if quantizer not in _TABLES:
             _TABLES[quantizer] = projected_table(quantizer)
         self._codebooks = _TABLES[quantizer]
+        rotary = self.decoder.pre_transformer.rotary_emb
+        if rotary.rope_type == "default":
+            self._inv_freq = rotary.inv_freq.detach().float().contiguous()
         with torch.no_grad():
             for module in self.decoder.modules():
                 if isinstance(module, SnakeBeta):
@@ -319,18 +326,26 @@ class StreamingDecoder:
         b, n, _ = x.shape
         h = model.input_proj(x)
         positions = self._frames[:b, None] + torch.arange(n, device=self.device)[None, :]
-        cos, sin = rope_tables(*model.rotary_emb(h, positions))
+        rotary = model.rotary_emb
+        if self._inv_freq is not None:
+            from .kernels.rope_tables import rope_cos_sin
+
+            cos, sin = rope_cos_sin(positions, self._inv_freq, rotary.attention_scaling, h.dtype)
+        else:
+            cos, sin = rope_tables(*rotary(h, positions))
+        branch: torch.Tensor | None = None
         if self.fused and n == 1:
-            branch: torch.Tensor | None = None
             for i, layer in enumerate(self._layers):
                 h, branch = layer.fast(h, branch, cos, sin, positions, self._keys[i][:b], self._values[i][:b],
                                        window=self.window)
-            if branch is not None:
-                h = h + branch
             self._key_pos[:b].scatter_(1, positions % self.window, positions)
         else:
             h = self._transformer_eager(h, cos, sin, positions)
         self._frames[:b] += n
+        if self.fused:  # the last layer's MLP output added and the final norm, in one kernel
+            from .kernels.rmsnorm import add_rms_norm
+
+            return model.output_proj(add_rms_norm(h, branch, model.norm.weight, model.norm.variance_epsilon)[1])
         return model.output_proj(model.norm(h))
 
     def _transformer_eager(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
