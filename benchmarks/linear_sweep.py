@@ -84,8 +84,11 @@ def sweep_tiles(m: int, element: int) -> list[Any]:
             if bm * bn * bk // shrink <= 16384:
                 out.append(Tiles(bm, bn, bk // shrink, warps=warps))
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
-    for bn, bk in [(16, 64), (16, 128), (16, 256), (32, 64), (32, 128), (32, 256)]:
-        out.append(Tiles(bm, bn, bk // shrink, warps=4, dot=True))
+    # The first sweep tried up to 256 inputs a step and 4 warps; at 32 rows the widest K won every
+    # product but gate/up (``results/linear``), so wider K, more warps and wider outputs too.
+    for bn, bk, warps in [(16, 64, 4), (16, 128, 4), (16, 256, 4), (32, 64, 4), (32, 128, 4), (32, 256, 4),
+                          (16, 512, 4), (32, 512, 4), (16, 256, 8), (32, 256, 8), (64, 128, 4), (64, 256, 8)]:
+        out.append(Tiles(bm, bn, bk // shrink, warps=warps, dot=True))
     return out
 
 

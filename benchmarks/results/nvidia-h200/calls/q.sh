@@ -12,6 +12,11 @@
 #   4: (after the codec transformer's keys became a ring, kernels/rope_attention.py's window)
 #      the voice_design checkpoint (background) beside the codec and engine GPU tests (4
 #      workers); the frame profile at batch 1 and 32
+# Stop 42 (no device was lent; written for the next session): the codec decode's new kernels
+# (kernels/codebooks.py, kernels/rope_tables.py, the past moved on inside kernels/im2col.py)
+# are tested by call 1's GPU tests and timed by its profile; call 5 sweeps the wider
+# fused_linear tiles at 8-32 rows for the predictor's products (benchmarks/linear_sweep.py).
+#   5: the linear sweep, predictor shapes, rows 8, 16 and 32, every tile
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -56,4 +61,8 @@ case "${1:-1}" in
      echo "tests at $(since)"
      wait
      profile "$OUT/profile" $(( 265 - ($(date +%s) - s) )) 1,32 ;;
+  5) mkdir -p "$OUT/linear"
+     timeout 580 python3 -m benchmarks.linear_sweep --out "$OUT/linear" --rows 8,16,32 --tiles \
+       --tile-rows 8,16,32 --shapes predictor > "$OUT/linear/sweep.log" 2>&1; echo "sweep rc $? at $(since)"
+     tail -20 "$OUT/linear/sweep.log" ;;
 esac
