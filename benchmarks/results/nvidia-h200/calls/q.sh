@@ -39,7 +39,7 @@ case "${1:-1}" in
      QWEN3TTS_PDL=1 profile "$OUT/profile-pdl" $(( 585 - ($(date +%s) - s) )) 8,32 ;;
   2) CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
      mkdir -p "$OUT/tests" "$OUT/memory"
-     timeout 320 python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -n 4 -rf \
+     timeout 320 python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -n 4 -rfs \
        --ignore tests/test_memory_gpu.py 2>&1 | tee "$OUT/tests/gpu-tests.log" | tail -16
      echo "tests at $(since)"
      for kind in voice_design base; do  # test_memory_gpu.py skips without them: wait for the builders
