@@ -124,6 +124,70 @@ def test_a_transcript_without_its_clip_is_reported_once_and_named_when_asked_for
         assert catalog.get("orphan").reference is not None and warnings() == []
 
 
+def test_a_clone_named_as_a_preset_takes_its_aliases_and_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A clone ``aria.wav`` shadows the shipped preset ``aria`` and takes over its OpenAI
+    aliases (``nova`` and the others reach the clone, not a 404), a clone ``Ryan.wav`` the
+    speaker ``ryan``; each shadow is logged once at WARNING, not at every lookup or rescan,
+    and the preset is back, aliases and all, once the clip is gone."""
+    write_voice(tmp_path, "aria")
+    write_voice(tmp_path, "Ryan")
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, ALL, custom_speakers=["ryan"])
+        for name in ("aria", "alloy", "nova", "shimmer", "coral"):
+            assert catalog.get(name).source is VoiceSource.CLONE and catalog.get(name).name == "aria", name
+        assert catalog.get("ryan").source is VoiceSource.CLONE
+        said = taken_logs(caplog, logging.WARNING, "takes the name")
+        assert len(said) == 2, said
+        assert any("shipped preset aria" in m and "nova" in m for m in said)
+        assert any("CustomVoice speaker ryan" in m for m in said)
+        catalog.refresh(force=True)
+        catalog.voices()
+        assert taken_logs(caplog, logging.WARNING, "takes the name") == []
+        (tmp_path / "aria.wav").unlink()
+        (tmp_path / "aria.txt").unlink()
+        catalog.refresh()
+        assert catalog.get("nova").source is VoiceSource.SHIPPED and catalog.get("nova").name == "aria"
+        assert taken_logs(caplog, logging.WARNING, "takes the name") == []
+        write_voice(tmp_path, "ARIA")
+        catalog.refresh()
+        assert catalog.get("nova").name == "ARIA"
+        assert len(taken_logs(caplog, logging.WARNING, "shipped preset aria")) == 1
+
+
+def test_clone_files_of_one_name_or_with_control_characters_are_reported_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two clips naming one voice (``GOODIE.wav`` and ``goodie.wav``; ``dup.flac`` and
+    ``dup.wav``): the first in name order is used and the other named in a WARNING; a clip
+    whose name holds a control character (a newline would split every log line naming it) is
+    skipped with a WARNING that shows it escaped. Each once, not again at a rescan."""
+    write_voice(tmp_path, "goodie", freq=200.0)
+    write_voice(tmp_path, "GOODIE", freq=300.0, transcript=None)
+    write_voice(tmp_path, "dup")
+    t = np.arange(24000) / 24000
+    sf.write(tmp_path / "dup.flac", 0.5 * np.sin(2 * np.pi * 250 * t), 24000)
+    write_voice(tmp_path, "new\nline")
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, ALL)
+        control = [r for r in caplog.records if "control characters" in r.getMessage()]
+        names = sorted(v.name for v in catalog.voices() if v.source is VoiceSource.CLONE)
+        assert names == ["GOODIE", "dup"], names
+        assert catalog.get("goodie").reference is not None and catalog.get("goodie").reference.transcript is None
+        same = taken_logs(caplog, logging.WARNING, "same voice name")
+        assert len(same) == 2, same
+        assert any("using GOODIE.wav, ignoring goodie.wav" in m for m in same)
+        assert any("using dup.flac, ignoring dup.wav" in m for m in same)
+        with pytest.raises(UnknownVoiceError):
+            catalog.get("new\nline")
+        catalog.refresh(force=True)
+        control += [r for r in caplog.records if "control characters" in r.getMessage()]
+        assert taken_logs(caplog, logging.WARNING, "same voice name") == []
+    message = "Skipping clone voice 'new\\nline.wav': its name holds control characters; rename the file"
+    assert [(r.levelno, r.getMessage()) for r in control] == [(logging.WARNING, message), (logging.DEBUG, message)]
+
+
 def test_a_rescan_reads_only_the_clips_that_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rescan runs on the event loop: it reads again only a clip whose file or transcript
     changed (the new-user trial: touching any file of a 20-clip folder re-read every clip
@@ -250,7 +314,7 @@ def test_dangling_links_long_clips_and_alias_rules(tmp_path: Path) -> None:
         ("", "empty"), ("   ", "empty"), (None, "empty"), ("x" * 49, "49 characters"),
         ("a/b", "path separator"), ("a\\b", "path separator"), ("..", "'..'"), ("a..b", "'..'"),
         (".hidden", "may hold only"), ("tab\there", "may hold only"), ("semi;colon", "may hold only"),
-        ("trailing.", "may hold only"), ("con", "device name"), ("NUL.txt", "device name"), ("com3", "device name"),
+        ("trailing.", "may not end with a dot"), ("con", "device name"), ("NUL.txt", "device name"), ("com3", "device name"),
     ],
 )
 def test_bad_names_are_named(name: object, reason: str) -> None:

@@ -81,8 +81,8 @@ def check_name(name: object) -> str:
     """A new voice name, stripped, or the reason it cannot be one.
 
     Names become file names (``<name>.wav``) and presets.toml keys, so they may hold
-    letters, digits, spaces and ``_ - . '``, start with a letter, digit or ``_``, and never
-    hold a path separator or ``..``.
+    letters, digits, spaces and ``_ - . '``, start with a letter, digit or ``_``, never end
+    with a dot, and never hold a path separator or ``..``.
 
     Raises:
         VoiceEditError: 400 ``invalid-type`` (not a string: a JSON body's number, list...),
@@ -103,7 +103,10 @@ def check_name(name: object) -> str:
     if name.split(".")[0].strip().upper() in _WINDOWS_RESERVED:
         message = f"The voice name {name!r} is a device name on Windows; its files could not be opened there"
         raise VoiceEditError(400, "invalid-name", message, "name")
-    if not _NAME_RE.fullmatch(name) or name.endswith("."):
+    if name.endswith("."):
+        message = f"The voice name {name!r} may not end with a dot"
+        raise VoiceEditError(400, "invalid-name", message, "name")
+    if not _NAME_RE.fullmatch(name):
         message = (
             f"The voice name {name!r} may hold only letters, digits, spaces and _ - . ' "
             "and must start with a letter, digit or _"

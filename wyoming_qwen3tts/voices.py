@@ -24,8 +24,9 @@ import hashlib
 import logging
 import threading
 import tomllib
+import unicodedata
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,15 @@ class VoiceSource(str, enum.Enum):
     USER = "user"  # a preset of the voices folder's presets.toml (new, or overriding a shipped one)
     CLONE = "clone"  # a clip (and transcript) in the voices folder
     BUILTIN = "builtin"  # a CustomVoice model's speaker
+
+
+#: How a log line names a voice of each source.
+_WHAT = {
+    VoiceSource.SHIPPED: "shipped preset",
+    VoiceSource.USER: "preset",
+    VoiceSource.CLONE: "clone voice",
+    VoiceSource.BUILTIN: "CustomVoice speaker",
+}
 
 
 class UnknownVoiceError(KeyError):
@@ -302,6 +312,8 @@ class VoiceCatalog:
         #: file or transcript changed (re-reading 20 clips of 30 s held every client for
         #: 0.8 s in a new-user trial, when rescans ran on the event loop).
         self._read: dict[_ClipKey, Reference | str] = {}
+        #: The presets and speakers that clone ids shadow, as last logged (``voices``).
+        self._shadows_said: frozenset[tuple[str, str]] = frozenset()
         #: One refresh at a time (``refresh_async`` runs it on a worker thread).
         self._lock = threading.Lock()
         self.refresh()
@@ -405,6 +417,7 @@ class VoiceCatalog:
         read: dict[_ClipKey, Reference | str] = {}
         clip_stems = {p.stem for p in files if p.suffix.lower() in AUDIO_SUFFIXES}
         orphans: dict[str, str] = {}
+        taken: dict[str, str] = {}  # case-folded voice name: the clip file that gives it
         for path, item in zip(files, signature_items, strict=True):
             if path.suffix.lower() not in AUDIO_SUFFIXES:
                 if path.stem not in clip_stems:  # a transcript alone: say so once, as a broken clip
@@ -414,6 +427,20 @@ class VoiceCatalog:
                     reported.add(item)
                     orphans[path.stem.lower()] = path.name
                 continue
+            level = logging.DEBUG if item in self._reported else logging.WARNING
+            if any(unicodedata.category(ch) == "Cc" for ch in path.stem):  # a newline would split log lines
+                _LOGGER.log(level, "Skipping clone voice %r: its name holds control characters; rename the file",
+                            path.name)
+                reported.add(item)
+                continue
+            if path.stem.casefold() in taken:  # names are case-insensitive: one voice per name
+                first = taken[path.stem.casefold()]
+                _LOGGER.log(level, "Clone voice files %s and %s have the same voice name (names are "
+                            "case-insensitive): using %s, ignoring %s; rename or remove one", first, path.name,
+                            first, path.name)
+                reported.add(item)
+                continue
+            taken[path.stem.casefold()] = path.name
             key = (item, by_name.get(path.with_suffix(".txt").name))
             clip = self._read.get(key)  # (``force`` too: every write replaces the file)
             if clip is None:
@@ -462,15 +489,35 @@ class VoiceCatalog:
     def voices(self) -> list[Voice]:
         """Every available voice. Names are case-insensitive: a user preset overrides the
         shipped one of the same name in any case, and clone ids shadow presets and
-        speakers of the same name."""
+        speakers of the same name. A shadowing clone or speaker takes over the aliases of
+        what it shadows (a clone ``aria`` is also ``nova``, the shipped ``aria``'s OpenAI
+        alias, so clients asking for ``nova`` are not refused), and the server logs each such
+        shadow once, at WARNING."""
         merged: dict[str, Voice] = {}
         sources: list[Mapping[str, Voice]] = []
         if ModelKind.VOICE_DESIGN in self.kinds:
             sources += [self.shipped, self._user_presets]
         sources += [self._speakers, self._clones]
+        shadows: list[tuple[Voice, Voice]] = []
         for source in sources:
             for voice in source.values():
-                merged[voice.name.casefold()] = voice  # a later source wins, in the earlier's place
+                key = voice.name.casefold()
+                earlier = merged.get(key)
+                if earlier is not None and earlier.source is not voice.source and voice.source is not VoiceSource.USER:
+                    own = {a.casefold() for a in voice.aliases}
+                    voice = replace(voice, aliases=voice.aliases + tuple(a for a in earlier.aliases if a.casefold() not in own))
+                    shadows.append((earlier, voice))
+                merged[key] = voice  # a later source wins, in the earlier's place
+        said = frozenset((old.source.value, old.name) for old, _ in shadows)
+        if said != self._shadows_said:
+            for old, new in shadows:
+                if (old.source.value, old.name) in self._shadows_said:
+                    continue
+                aliases = f", and its aliases {', '.join(old.aliases)}," if old.aliases else ""
+                _LOGGER.warning("The %s voice %s takes the name of the %s %s: clients asking for %s%s get the %s "
+                                "voice; rename it to keep both", new.source.value, new.name, _WHAT[old.source],
+                                old.name, old.name, aliases, new.source.value)
+            self._shadows_said = said
         return list(merged.values())
 
     def find(self, name: str) -> Voice | None:
