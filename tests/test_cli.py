@@ -188,3 +188,25 @@ def test_compiled_kernels_are_kept_in_the_data_folder(
     cache = Path(get_cache_manager("ab" * 32).cache_dir)
     expected = tmp_path / "data" / "cache" / "triton" if preset is None else tmp_path / preset
     assert cache.parent == expected.resolve()
+
+
+def test_a_torchaudio_built_for_another_torch_is_named_in_the_load_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip pairs a newer torch with the newest torchaudio, which loads only beside its own
+    torch: the start-up failure then says so and how to fix it; a failure that is not about
+    torchaudio, or matching versions, get no such hint."""
+    import importlib.metadata
+
+    from wyoming_qwen3tts.startup import _load_failure, torchaudio_mismatch
+    from wyoming_qwen3tts.voices import ModelKind
+
+    versions = {"torch": "2.13.0", "torchaudio": "2.11.1"}
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: versions[name])
+    broken = OSError("Could not load this library: /v/lib/python3.11/site-packages/torchaudio/lib/_torchaudio.so")
+    message = _load_failure(ModelKind.BASE, "./tiny/base", broken)
+    assert message.startswith("Cannot load the base model './tiny/base': Could not load this library")
+    assert "torchaudio 2.11.1 is built for torch 2.11, but torch 2.13.0 is installed" in message
+    assert "pip install 'torchaudio==2.13.*'" in message
+    assert "torchaudio 2.11.1" not in _load_failure(ModelKind.BASE, "x", OSError("disk full"))
+    versions["torchaudio"] = "2.13.0+cpu"
+    assert torchaudio_mismatch() is None
+    assert _load_failure(ModelKind.BASE, "x", broken) == f"Cannot load the base model 'x': {broken}"

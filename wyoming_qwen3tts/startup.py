@@ -154,7 +154,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         try:
             checkpoints[kind] = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
         except Exception as err:  # noqa: BLE001 - any failure ends start-up with its reason
-            raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err
+            raise SystemExit(_load_failure(kind, source, err)) from err
     if not checkpoints:
         raise SystemExit("No model enabled: set at least one of --clone-model, --design-model, --custom-voice-model")
     max_len = max(slot_positions(), (args.fixed_frames or 0) + 512)
@@ -382,7 +382,7 @@ async def _load_ggml_engines(
         except SystemExit:
             raise
         except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
-            raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err
+            raise SystemExit(_load_failure(kind, source, err)) from err
         engines[kind] = await _warmed(kind, engine)
     if not engines:
         raise SystemExit("No model enabled: set at least one of --clone-model, --design-model, --custom-voice-model")
@@ -409,7 +409,7 @@ async def _load_reference_instead(
             metrics.join_stall.labels(kind.value).observe, args.dtype,
         )
     except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
-        raise SystemExit(f"Cannot load the {kind.value} model {source!r}: {err}") from err
+        raise SystemExit(_load_failure(kind, source, err)) from err
     return await _warmed(kind, engine)
 
 
@@ -456,11 +456,37 @@ def _free_gpu() -> None:
 
 
 def _load_failure(kind: ModelKind, source: str, err: BaseException) -> str:
-    """The start-up failure in one line; for memory, the options to change."""
+    """The start-up failure in one line; for memory, the options to change; for a torchaudio
+    that cannot load, whether it matches the installed torch (``torchaudio_mismatch``)."""
     if _is_memory(err):
         reason = str(err) if isinstance(err, MemoryFitError) else "CUDA out of memory"
         return f"Cannot load the {kind.value} model {source!r}: it does not fit in GPU memory ({reason}). Change one of: {MEMORY_OPTIONS}"
-    return f"Cannot load the {kind.value} model {source!r}: {err}"
+    hint = torchaudio_mismatch() if "torchaudio" in str(err) else None
+    return f"Cannot load the {kind.value} model {source!r}: {err}" + (f" ({hint})" if hint else "")
+
+
+def torchaudio_mismatch() -> str | None:
+    """Why torchaudio cannot load beside the installed torch, or None where their versions
+    agree (or either is missing). pip pairs a newer torch with the newest torchaudio on PyPI,
+    whose metadata asks only for ``torch>=`` its own version, yet its compiled library loads
+    only beside its own torch minor version (torchaudio 2.11.1 beside torch 2.13:
+    "Could not load this library: .../_torchaudio.so")."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        torch_version, audio_version = version("torch"), version("torchaudio")
+    except PackageNotFoundError:
+        return None
+
+    def minor(v: str) -> tuple[str, ...]:
+        return tuple(v.split("+")[0].split(".")[:2])
+
+    if minor(torch_version) == minor(audio_version):
+        return None
+    want = ".".join(minor(torch_version))
+    return (f"torchaudio {audio_version} is built for torch {'.'.join(minor(audio_version))}, but torch "
+            f"{torch_version} is installed: install the torchaudio of your torch "
+            f"(pip install 'torchaudio=={want}.*'), or the pair the project pins (-c constraints.txt)")
 
 
 def _residency(args: argparse.Namespace, device: str, checkpoints: dict[ModelKind, Path], max_len: int) -> Residency | None:
