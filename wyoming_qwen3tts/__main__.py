@@ -34,7 +34,7 @@ from .metrics import Metrics
 from .handler import DEFAULT_MAX_CONNECTIONS
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED
 from .quiet import drop_default_config_notes, quiet_compilers, quiet_dependencies, restore_console, route_hub_logs
-from .startup import load_engines
+from .startup import load_engines, no_voices_message
 from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, TtsService
 from .studio import HA_INGRESS_PEER
 from .voices import ModelKind, Reference, VoiceCatalog
@@ -272,7 +272,7 @@ async def main(argv: list[str] | None = None) -> None:
     catalog = VoiceCatalog(voices_dir, set(engines), custom.speakers() if custom else [])
     names = [v.name for v in catalog.voices()]
     if not names:
-        raise SystemExit(f"No voices: add a clone voice to {voices_dir} or enable the VoiceDesign model")
+        raise SystemExit(no_voices_message(voices_dir))
     default_voice = args.voice or (DEFAULT_VOICE if DEFAULT_VOICE in names else sorted(names)[0])
     if not args.voice and custom is not None and getattr(args, "cpu_speaker_default", False):
         default_voice = cpu_default_voice(custom.speakers(), default_voice)  # a speaker: no design on the CPU

@@ -144,6 +144,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
     kinds = {k for k, s in sources.items() if s and s.lower() != "none"}
     speakers = known_speakers(sources[ModelKind.CUSTOM_VOICE], models_dir) if ModelKind.CUSTOM_VOICE in kinds else None
     check_default_voice(args.voice, voices_dir, kinds, speakers)
+    check_some_voice(voices_dir, kinds)
     if pick_engine(args.engine, device) == "ggml":
         return await _load_ggml_engines(args, sources, models_dir, metrics)
     checkpoints: dict[ModelKind, Path] = {}
@@ -246,6 +247,29 @@ def known_speakers(source: str, models_dir: Path) -> set[str] | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return {str(n).casefold() for n in names} if isinstance(names, dict) and names else None
+
+
+def no_voices_message(voices_dir: Path) -> str:
+    """What a server with the Base model alone and no clone voice says (it has nothing to speak)."""
+    return (f"No voices: add a clone voice (<id>.wav and its transcript <id>.txt) to {voices_dir}, or enable "
+            "the VoiceDesign model (--design-model) or the CustomVoice model (--custom-voice-model)")
+
+
+def check_some_voice(voices_dir: Path, kinds: set[ModelKind]) -> None:
+    """With the Base model alone, refuse to start before any model loads (a download of
+    several GB) when the voices folder holds no clip: there would be nothing to speak. A clip
+    whose samples turn out unusable is found after loading (``__main__`` checks again).
+
+    Raises:
+        SystemExit: ``no_voices_message``.
+    """
+    if kinds != {ModelKind.BASE}:
+        return
+    if voices_dir.is_dir() and any(
+        p.suffix.lower() in AUDIO_SUFFIXES and not p.name.startswith(".") and _audio_header(p) for p in voices_dir.iterdir()
+    ):
+        return
+    raise SystemExit(no_voices_message(voices_dir))
 
 
 def check_default_voice(
