@@ -448,6 +448,9 @@ async def test_design_candidates_keep_one_and_override_a_shipped_preset(studio: 
         ({"description": "A voice.", "language": "en", "text": "word " * 40}, "text-too-long"),
         ({"description": "A voice.", "language": "en", "text": "🎉"}, "empty-text"),
         ({"description": "A voice.", "language": "en", "seed": -1}, "invalid-value"),
+        ({"description": "A voice.", "language": "en", "count": "2"}, "invalid-type"),
+        ({"description": "A voice.", "language": "en", "count": True}, "invalid-type"),
+        ({"description": "A voice.", "language": "en", "seed": 4.5}, "invalid-type"),
     ],
 )
 async def test_bad_design_requests(studio: Server, body: dict[str, Any], code: str) -> None:

@@ -286,6 +286,11 @@ def test_user_presets_add_and_override_and_bad_entries_are_skipped(tmp_path: Pat
     catalog.refresh()
     with pytest.raises(UnknownVoiceError, match=r"Skipping presets file .*presets.toml"):
         catalog.get("captain")
+    # A number where a text belongs is named as such, not as Python's "'int' object has no attribute".
+    (tmp_path / "presets.toml").write_text('[captain]\nlanguage = 5\ninstruct = "A captain."\n')
+    catalog.refresh()
+    with pytest.raises(UnknownVoiceError, match=r"Skipping preset 'captain' .*: language must be a string in quotes, e.g. language = \"en\"$"):
+        catalog.get("captain")
 
 
 def test_dangling_links_long_clips_and_alias_rules(tmp_path: Path) -> None:

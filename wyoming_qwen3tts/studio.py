@@ -330,10 +330,12 @@ async def design(request: web.Request) -> web.Response:
         raise ApiError(400, message, "text-too-long", "text")
     count = body.get("count", DEFAULT_CANDIDATES)
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_CANDIDATES:
-        raise ApiError(400, f"'count' must be an integer from 1 to {MAX_CANDIDATES}", "invalid-value", "count")
+        code = "invalid-value" if isinstance(count, int) and not isinstance(count, bool) else "invalid-type"
+        raise ApiError(400, f"'count' must be an integer from 1 to {MAX_CANDIDATES}", code, "count")
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_PRESET_SEED - MAX_CANDIDATES):
-        raise ApiError(400, f"'seed' must be an integer from 0 to {MAX_PRESET_SEED - MAX_CANDIDATES}", "invalid-value", "seed")
+        code = "invalid-value" if isinstance(seed, int) and not isinstance(seed, bool) else "invalid-type"
+        raise ApiError(400, f"'seed' must be an integer from 0 to {MAX_PRESET_SEED - MAX_CANDIDATES}", code, "seed")
     first = seed if seed is not None else random.randrange(MAX_PRESET_SEED - MAX_CANDIDATES)
     model = ""  # no anchors: a kept candidate's preset is designed live
     if service.anchors is not None:

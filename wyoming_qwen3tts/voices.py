@@ -219,6 +219,10 @@ def _report(errors: list[str] | None, message: str) -> None:
         errors.append(message)
 
 
+#: An example value of each text key of a preset, for the message about a wrong type.
+_EXAMPLES = {"language": "en", "instruct": "A warm, calm voice.", "summary": "Warm and calm"}
+
+
 def _preset(name: str, entry: Any, source: VoiceSource, earlier: Voice | None) -> Voice:
     """One presets.toml table as a voice.
 
@@ -227,6 +231,9 @@ def _preset(name: str, entry: Any, source: VoiceSource, earlier: Voice | None) -
     """
     if not isinstance(entry, dict):
         raise TypeError("not a table: write [name] followed by its keys")
+    for key in ("language", "instruct", "summary"):
+        if key in entry and not isinstance(entry[key], str):
+            raise TypeError(f"{key} must be a string in quotes, e.g. {key} = \"{_EXAMPLES[key]}\"")
     language = to_qwen(entry["language"])
     if language == AUTO:
         raise ValueError("a preset needs a language, not 'auto'")
