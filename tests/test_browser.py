@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import threading
 from collections.abc import Coroutine, Iterator
@@ -135,22 +136,33 @@ def browser() -> Iterator[Browser]:
         chromium.close()
 
 
-@pytest.fixture()
-def page(browser: Browser, studio: Server) -> Iterator[Page]:
-    """A fresh page (its own storage: no API key remembered), logged in with the key."""
-    context = browser.new_context(viewport={"width": 1200, "height": 900})
+@contextlib.contextmanager
+def logged_in(
+    browser: Browser, studio: Server, width: int = 1200, height: int = 900
+) -> Iterator[Page]:
+    """A fresh page ``width`` CSS pixels wide (its own storage: no API key remembered),
+    logged in with the key; no script errors on it."""
+    context = browser.new_context(viewport={"width": width, "height": height})
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.set_default_timeout(STEP_MS)
     page.goto(studio.http_url + "/")
     expect(page.locator("#key-form")).to_be_visible()  # the server has a key: the page asks
+    assert page.evaluate("document.documentElement.scrollWidth <= innerWidth")  # the form fits
     page.fill("#key-input", KEY)
     page.click("#key-form button")
     expect(page.locator("#voices tbody tr[data-voice='clone']")).to_be_visible()
     yield page
     context.close()
     assert not errors, errors
+
+
+@pytest.fixture()
+def page(browser: Browser, studio: Server) -> Iterator[Page]:
+    """A fresh page, 1200 pixels wide, logged in with the key."""
+    with logged_in(browser, studio) as page:
+        yield page
 
 
 def row(page: Page, voice: str) -> Any:
@@ -249,6 +261,92 @@ def test_rename_and_delete_from_the_page(page: Page, studio: Server, tmp_path: P
     row(page, "scratch two").get_by_role("button", name="Delete").click()
     expect(row(page, "scratch two")).to_have_count(0)
     assert not {"scratch", "scratch two"} & run_async(wyoming_voices(studio))
+
+
+#: Where the page's layout may break: the page wider than the window, a card wider than
+#: itself, the "Try a voice" select out of its card, a button of a listed voice outside the
+#: window or the table's box (a table that scrolls sideways hides its Actions column).
+LAYOUT_PROBLEMS = """(voices) => {
+  const problems = [];
+  const box = (node) => node.getBoundingClientRect();
+  const within = (inner, outer) => inner.left >= outer.left - 0.5 && inner.right <= outer.right + 0.5;
+  const view = {left: 0, right: window.innerWidth};
+  const page = document.documentElement.scrollWidth;
+  if (page > window.innerWidth) problems.push(`page ${page} px wide in ${window.innerWidth}`);
+  for (const card of document.querySelectorAll(".card")) {
+    if (!within(box(card), view) || card.scrollWidth > card.clientWidth) problems.push(`#${card.id} overflows`);
+  }
+  const select = document.getElementById("try-voice");
+  if (!within(box(select), box(document.getElementById("try-section")))) {
+    problems.push(`the select (${Math.round(box(select).width)} px) leaves its card`);
+  }
+  const wrap = document.querySelector(".table-wrap");
+  if (wrap.scrollWidth > wrap.clientWidth) {
+    problems.push(`the table scrolls sideways: ${wrap.scrollWidth} px in ${wrap.clientWidth}`);
+  }
+  for (const row of document.querySelectorAll("#voices tbody tr")) {
+    if (!voices.includes(row.dataset.voice)) continue;
+    voices = voices.filter((voice) => voice !== row.dataset.voice);
+    for (const button of row.querySelectorAll("button")) {
+      if (!within(box(button), view) || !within(box(button), box(wrap))) {
+        problems.push(`${button.textContent} of a ${row.dataset.voice.length}-character name off view`);
+      }
+    }
+  }
+  if (voices.length) problems.push(`not listed: ${voices}`);
+  return problems;
+}"""
+
+
+#: Whether a name cell's name (its first text) is on one line.
+ONE_LINE_NAME = """(td) => {
+  const range = document.createRange();
+  range.selectNodeContents(document.createTreeWalker(td, NodeFilter.SHOW_TEXT).nextNode());
+  return range.getClientRects().length === 1;
+}"""
+
+
+@pytest.fixture()
+def long_file_voice(studio: Server) -> Iterator[str]:
+    """A clip dropped into the voices folder under a 200-character file name, one unbroken
+    word (the folder takes any name; the studio's own names are at most 48 characters);
+    removed after the test (the design test's screenshot is the README's)."""
+    name = "Lo" + "o" * 194  # + ".wav": 200 characters
+    clip = studio.log.parent / "voices" / f"{name}.wav"  # the studio fixture's folder
+    sf.write(clip, tone(1.5, freq=200.0), 24000)
+    yield name
+    clip.unlink()
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_long_voice_names_keep_the_page_in_shape(
+    browser: Browser, studio: Server, long_file_voice: str, width: int, tmp_path: Path
+) -> None:
+    """A new-user trial: a 48-character name from the upload form pushed the table's actions
+    out of view and the select under the next card; a 200-character clip name widened the page."""
+    name = "W" * (48 - len(str(width))) + str(width)  # as long as the form's names may be
+    clip = tmp_path / "clip.wav"
+    sf.write(clip, tone(1.5, freq=210.0), 24000)
+    with logged_in(browser, studio, width=width) as page:
+        expect(row(page, long_file_voice)).to_be_visible()
+        for short in ("aria", "clone", "ryan"):  # short names keep to one line
+            assert row(page, short).locator("td").first.evaluate(ONE_LINE_NAME), short
+        page.set_input_files("#clone-file", str(clip))
+        page.fill("#clone-name", name)
+        page.click("#clone-create")
+        expect(row(page, name)).to_contain_text("Clone")
+        expect(page.locator("#message")).to_contain_text(f"Created the clone voice {name}")
+        page.select_option("#try-voice", long_file_voice)
+        row(page, name).scroll_into_view_if_needed()  # the table scrolls (up and down only)
+        page.screenshot(path=str(tmp_path / f"long-names-{width}.png"), full_page=True)
+        row(page, long_file_voice).scroll_into_view_if_needed()
+        page.locator(".table-wrap").screenshot(path=str(tmp_path / f"long-names-{width}-table.png"))
+        problems = page.evaluate(LAYOUT_PROBLEMS, [name, long_file_voice, "clone", "aria"])
+        assert not problems, problems
+        assert page.get_attribute("#try-voice", "title") == long_file_voice  # the select may cut it
+        page.once("dialog", lambda dialog: dialog.accept())
+        row(page, name).get_by_role("button", name="Delete").click()
+        expect(row(page, name)).to_have_count(0)
 
 
 def test_design_candidates_side_by_side_and_keep_one(page: Page, studio: Server, tmp_path: Path) -> None:

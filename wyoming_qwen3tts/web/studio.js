@@ -153,13 +153,13 @@ function renderVoices() {
     body.replaceChildren();
     for (const voice of state.voices) {
         const [kindText, kindClass] = KINDS[voice.kind] || [voice.kind, ""];
-        const nameCell = el("td", {className: "name"}, [voice.name]);
+        const nameCell = el("td", {className: "name"}, [el("span", {className: "voice-name", textContent: voice.name})]);
         if (voice.name === state.defaultVoice) nameCell.append(el("span", {className: "default-mark", textContent: "default"}));
         if (voice.aliases.length) nameCell.append(el("span", {className: "aliases", textContent: voice.aliases.join(", ")}));
         const editable = (voice.source === "user" || voice.source === "clone") && voice.name !== state.defaultVoice;
         const actions = el("td", {className: "actions"}, [
             button("▶ Play", (event) => playSample(voice, event.currentTarget)),
-            button("Try", () => { $("try-voice").value = voice.name; $("try-text").focus(); }),
+            button("Try", () => { chooseTryVoice(voice.name); $("try-text").focus(); }),
         ]);
         if (editable) {
             actions.append(button("Rename", () => startRename(voice, nameCell)));
@@ -180,8 +180,15 @@ function renderVoices() {
     const select = $("try-voice");
     const chosen = select.value || state.defaultVoice;
     select.replaceChildren(...state.voices.map((v) => el("option", {value: v.name, textContent: v.name})));
-    select.value = state.voices.some((v) => v.name === chosen) ? chosen : state.defaultVoice;
+    chooseTryVoice(state.voices.some((v) => v.name === chosen) ? chosen : state.defaultVoice);
 }
+
+// The select may be too narrow for a long name: its title holds the whole of it.
+function chooseTryVoice(name) {
+    $("try-voice").value = name;
+    $("try-voice").title = $("try-voice").value;
+}
+$("try-voice").addEventListener("change", () => chooseTryVoice($("try-voice").value));
 
 function startRename(voice, cell) {
     const input = el("input", {type: "text", value: voice.name, maxLength: 48});
