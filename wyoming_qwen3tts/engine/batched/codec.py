@@ -119,6 +119,9 @@ class StreamingDecoder:
         self._conv_state: dict[int, torch.Tensor] = {}
         self._build_conv_state()
         self._layers = [FusedLayer(layer) for layer in transformer.layers]
+        if self.fused:  # the layer scales in the projections' weights: 16 kernels a frame fewer
+            for fused_layer in self._layers:
+                fused_layer.fold_layer_scales()
         heads = transformer.config.num_key_value_heads
         head_dim = self._layers[0].head_dim
         shape = (slots, heads, self.window, head_dim)

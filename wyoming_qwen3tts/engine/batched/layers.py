@@ -32,6 +32,7 @@ SiLU-multiply or residual add after it), five kernels a layer.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -140,6 +141,11 @@ class FusedLayer:
         scale_mlp = getattr(layer, "mlp_layer_scale", None)
         self.scale_attn = scale_attn.scale if scale_attn is not None else None
         self.scale_mlp = scale_mlp.scale if scale_mlp is not None else None
+        #: What ``fast`` runs for the output and down projections and the scales it then
+        #: multiplies by: the library's modules and scales, or folded (``fold_layer_scales``).
+        self._fast_o: Any = attn.o_proj
+        self._fast_down: Any = mlp.down_proj
+        self._fast_scales = (self.scale_attn, self.scale_mlp)
         self.silu = _is_silu(self.act)
         o_weight, down_weight = Weight.of(self.o_proj), Weight.of(self.down)
         #: The layer as five kernels with the matrix products' neighbours folded in
@@ -220,17 +226,38 @@ class FusedLayer:
             return self._lean(hidden if branch is None else hidden + branch, cos, sin, positions, keys, values, splits)
         hidden, x = add_rms_norm(hidden, branch, *self.norm1)
         qkv = self.qkv(x).view(b, n, self.heads + 2 * self.kv_heads, self.head_dim)
-        out = self.o_proj(self._attention(qkv, cos, sin, positions, keys, values, splits, window))
-        if self.scale_attn is not None:
-            out = out * self.scale_attn
+        scale_attn, scale_mlp = self._fast_scales
+        out = self._fast_o(self._attention(qkv, cos, sin, positions, keys, values, splits, window))
+        if scale_attn is not None:
+            out = out * scale_attn
         hidden, x = add_rms_norm(hidden, out, *self.norm2)
         gate_up = self.gate_up(x)
         if self.silu:
             act = silu_mul(gate_up)
         else:
             act = self.act(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :]
-        out = self.down(act)
-        return hidden, (out * self.scale_mlp if self.scale_mlp is not None else out)
+        out = self._fast_down(act)
+        return hidden, (out * scale_mlp if scale_mlp is not None else out)
+
+    def fold_layer_scales(self) -> None:
+        """Let ``fast`` run without the layer scales' multiplications (the codec's layers have
+        them: two elementwise kernels a layer, 16 a frame): each scale [hidden] multiplied
+        into a copy of its projection's weight [hidden, in] (and bias), in float32, rounded
+        once to the weight's dtype, so the product comes out scaled. The copies cost the
+        two projections' weights again (16 MiB for the codec's eight layers in bfloat16).
+        Plain ``nn.Linear`` projections only; ``__call__`` keeps the library's order."""
+        folded = []
+        for proj, scale in ((self.o_proj, self.scale_attn), (self.down, self.scale_mlp)):
+            if scale is None or type(proj) is not nn.Linear:
+                folded.append((proj, scale))
+                continue
+            with torch.no_grad():
+                factor = scale.detach().float()[:, None]
+                weight = (proj.weight.detach().float() * factor).to(proj.weight.dtype)
+                bias = None if proj.bias is None else (proj.bias.detach().float() * factor[:, 0]).to(proj.bias.dtype)
+            folded.append((functools.partial(F.linear, weight=weight, bias=bias), None))
+        (self._fast_o, scale_attn), (self._fast_down, scale_mlp) = folded
+        self._fast_scales = (scale_attn, scale_mlp)
 
     def _lean(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
