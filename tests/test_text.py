@@ -137,6 +137,103 @@ def test_streaming_never_emits_half_a_markup_token(text: str) -> None:
         assert " ".join((emitted + reader.close()).split()) == clean_text(text)
 
 
+@pytest.mark.parametrize(
+    ("rule", "raw", "clean"),
+    [
+        ("SSML speak and break", '<speak>Hello <break time="1s"/> there.</speak>', "Hello there."),
+        ("inline HTML keeps its text", 'Say <b>bold</b>, <i>it</i> and <a href="https://x.io/a">a link</a>', "Say bold, it and a link"),
+        ("SSML wrappers keep their text", '<speak><prosody rate="slow"><emphasis level="strong">Now</emphasis></prosody>'
+         ' <say-as interpret-as="characters">TTS</say-as>, <voice name="x"><lang xml:lang="en-US">ok</lang></voice></speak>',
+         "Now TTS, ok"),
+        ("vendor SSML tags", '<amazon:effect name="whispered">Quiet</amazon:effect> <mstts:express-as style="cheerful">now</mstts:express-as>', "Quiet now"),
+        ("SSML sub reads its alias", 'The <sub alias="World Wide Web">WWW</sub> grew', "The World Wide Web grew"),
+        ("entities decoded", "Fish &amp; chips&nbsp;for&#160;two, &lt;3, &#8364;5, &#x41;&quot;", 'Fish & chips for two, <3, €5, A"'),
+        ("unknown or unterminated entities kept", "AT&T, Q&A, &copy 2024, &bogus;", "AT&T, Q&A, &copy 2024, &bogus;"),
+        ("script and style not spoken", "<style>p { color: red; }</style>Hi <script>alert('x')</script>there", "Hi there"),
+        ("comment not spoken", "Hello <!-- a note --> world", "Hello world"),
+        ("declarations not spoken", '<?xml version="1.0"?><!DOCTYPE html><speak>Hi</speak>', "Hi"),
+        ("image read as its alt text", '<img src="car.png" alt="A red car"> drove by', "A red car drove by"),
+        ("mail autolink loses its brackets", "Mail John <john.doe@example.com> today", "Mail John john.doe@example.com today"),
+        ("comparisons are prose", "If a < b and c > d, x<5 or y>3", "If a < b and c > d, x<5 or y>3"),
+        ("hearts and arrows are prose", "I <3 you -> a => b <- c <= d", "I <3 you -> a => b <- c <= d"),
+        ("generics and capitals are no tags", "Vec<T>, Map<String, Integer>, press <A> then <B>", "Vec<T>, Map<String, Integer>, press <A> then <B>"),
+        ("a tag name with words after it is prose", "if a<b and c>d then", "if a<b and c>d then"),
+        ("markup in inline code is read as code", "Use `<br>` or `<style>` here", "Use <br> or <style> here"),
+        ("markup in a code block is skipped", "Try:\n```html\n<script>\n<b>x</b>\n```\nDone.", "Try: Done."),
+        ("markdown and markup together", "**Sure!** <b>Here</b> is `aria` &amp; [docs](https://a.io)", "Sure! Here is aria & docs"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and " " in v and len(v) < 40 else "",
+)
+def test_markup_rules(rule: str, raw: str, clean: str) -> None:
+    assert clean_text(raw) == clean
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('<speak>Hello <break time="1s"/> there.</speak>', ["Hello", "there."]),
+        ('One<break strength="none"/> two<break time="0ms"/> three.', ["One two three."]),
+        ("Roses are red<br>Violets are blue<br/>", ["Roses are red", "Violets are blue"]),
+        ("<p>First</p><p>Second</p>", ["First", "Second"]),
+        ("<speak><s>Hi there.</s><s>How are you?</s></speak>", ["Hi there.", "How are you?"]),
+        ("<h2>Title</h2>Text<ul><li>one</li><li>two<li>three</ul>", ["Title.", "Text", "one.", "two.", "three."]),
+        ("Intro<h3>Plan</h3><ol><li>Wake<li>Eat</ol>Done", ["Intro", "Plan.", "Wake.", "Eat.", "Done"]),
+        ("| Room | Devices |\n|---|---|\n| Hall | Lamp<br>Fan |", ["Room, Devices.", "Hall, Lamp, Fan."]),
+        ("<table><tr><th>Room</th><th>Temp</th></tr>\n<tr><td>Hall</td>\n<td>19 °C</td></tr></table>", ["Room, Temp.", "Hall, 19 °C."]),
+        ("<details><summary>Thought for 3 seconds</summary>\nSome notes.\n</details>\nIt is 4.", ["Thought for 3 seconds.", "Some notes.", "It is 4."]),
+        ("<think>\nThe user wants 2+2.\n\n- easy\n</think>\n\nIt is 4.", ["It is 4."]),
+        ("Hi.\n<!--\n- hidden item\n```\n-->\nBye.", ["Hi.", "Bye."]),
+        ("<script>\nlet a = 1;\n</script>Shown.", ["Shown."]),
+        ("Use <style> tags for CSS. And more.", ["Use"]),  # an unclosed <style> hides the rest, as in a browser
+    ],
+)
+def test_markup_breaks_phrases_and_hides_what_a_browser_hides(text: str, expected: list[str]) -> None:
+    for deltas in splits(text):
+        assert segments(*deltas) == expected, deltas
+
+
+#: Marked-up LLM replies and prose with angle brackets, for the split-everywhere test below.
+MARKED_UP = [
+    '<speak>Hello <break time="1s"/> there.</speak> <p>Fish &amp; chips&nbsp;<b>now</b>!</p><ul><li>one</li>'
+    "<li>two<br>three</li></ul><!-- a\nb --><script>x()</script> <sub alias=\"World Wide Web\">WWW</sub> "
+    "<think>no</think>Mail <a@b.io> at https://www.x.org/a?b=1&amp;c=2 or <a href='https://y.io'>y</a>.\n"
+    "| A | B<br>C &#8364; |\n|---|---|\n| 1 | <i>2</i> |\n",
+    "If a < b and c > d, then x<5 and I <3 it -> done. Vec<T> is <A>; a<b and c>d. AT&T &copy 2024, Q&A <- ok",
+]
+
+
+@pytest.mark.parametrize("text", MARKED_UP, ids=["markup", "prose"])
+def test_markup_split_at_every_character_reads_as_the_whole_text(text: str) -> None:
+    whole = segments(text)
+    assert whole and clean_text(text)
+    for cut in range(1, len(text)):
+        assert segments(text[:cut], text[cut:]) == whole, cut
+    for deltas in splits(text)[1:]:
+        assert segments(*deltas) == whole, deltas
+        assert segments(*deltas, streamed=True) != [] and re.findall(r"\w", "".join(segments(*deltas, streamed=True))) == re.findall(r"\w", "".join(whole))
+        reader, emitted = MarkdownReader(), ""
+        for delta in deltas:
+            emitted += reader.feed(delta)
+            if text is MARKED_UP[0]:  # no angle bracket or entity of it is ever spoken
+                assert not re.search(r"[<>]|&\w", emitted), emitted
+        assert " ".join((emitted + reader.close()).split()) == clean_text(text)
+
+
+def test_markup_segments_of_the_first_reply() -> None:
+    assert segments(MARKED_UP[0]) == [
+        "Hello", "there.", "Fish & chips now!", "one.", "two", "three.", "World Wide Web Mail a@b.io at x.org or y.",
+        "A, B, C €.", "1, 2.",
+    ]
+    assert clean_text(MARKED_UP[1]) == MARKED_UP[1]
+
+
+def test_markup_deltas_that_end_next_to_a_url() -> None:
+    """An entity just before a URL still being written is decoded, and a URL glued to the
+    word of the delta before is no URL, as in the whole text."""
+    assert segments("Now 5&#8364;https://www.a.i", "o/x ok") == segments("Now 5&#8364;https://www.a.io/x ok") == ["Now 5€a.io ok"]
+    assert segments("22.5", "www.b.io&amp;x~~y~~ ok") == segments("22.5www.b.io&amp;x~~y~~ ok") == ["22.5www.b.io&xy ok"]
+
+
 def test_awkward_delta_splits() -> None:
     assert segments("**Su", "re!*", "* Here it is.") == ["Sure!", "Here it is."]
     assert segments("It is 22", ".", "5 degrees. Nice.") == ["It is 22.5 degrees.", "Nice."]
@@ -215,10 +312,20 @@ _PIECES = [
 ]
 
 
-def test_random_markdown_split_anywhere_reads_as_the_whole_text() -> None:
+#: Pieces of HTML and SSML markup, and prose that only looks like it, for random texts below.
+_MARKUP_PIECES = [
+    "<b>", "</b>", "<br>", "<br/>", "<p>", "</p>", "<li>", "</li>", "<td>", '<break time="1s"/>', "<speak>",
+    '<say-as interpret-as="characters">', "</say-as>", "&amp;", "&nbsp;", "&#8364;", "&bogus;", "AT&T", "<",
+    ">", "&", "<!--", "-->", "<script>", "</script>", '<sub alias="W">', "</sub>", "<a@b.io>", "x<3", "<T>",
+    '<a href="https://x.io/?a=1&amp;b">', "</a>",
+]
+
+
+@pytest.mark.parametrize("pieces", [_PIECES, _PIECES + _MARKUP_PIECES], ids=["markdown", "markup"])
+def test_random_markdown_split_anywhere_reads_as_the_whole_text(pieces: list[str]) -> None:
     rng = random.Random(0)
     for _ in range(300):
-        text = "".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 30)))
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 30)))
         cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
         deltas = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
         assert segments(*deltas) == segments(text), deltas

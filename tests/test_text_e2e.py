@@ -125,3 +125,19 @@ async def test_debug_log_keeps_our_lines_without_default_config_notes(debug_serv
         ("One sentence.", "english", "aria", FRAMES), ("And another one.", "english", "aria", FRAMES)
     ]
     assert "with default values" not in log, [line for line in log.splitlines() if "default values" in line][:3]
+
+
+async def test_streamed_ssml_and_html_are_spoken_without_their_tags(debug_server: Server) -> None:
+    """Home Assistant users send SSML and LLM replies carry HTML, streamed in deltas split inside
+    tags and entities: the server speaks the words, never the markup, and ``<br>`` and
+    ``<break>`` end a segment."""
+    deltas = ['<speak>Sure, <b', 'r>the lights are <emphasis>o', 'n</emphasis> &am',
+              'p; the fan<break time="1', 's"/> is off.</spe', 'ak>']
+    async with AsyncTcpClient("127.0.0.1", debug_server.port) as client:
+        await client.write_event(SynthesizeStart(voice=SynthesizeVoice(name="aria")).event())
+        for delta in deltas:
+            await client.write_event(SynthesizeChunk(text=delta).event())
+        await client.write_event(SynthesizeStop().event())
+        await read_until(client, "synthesize-stopped")
+    expected = ["Sure,", "the lights are on & the fan", "is off."]
+    assert spoken_segments(debug_server)[-3:] == [(s, "english", "aria", FRAMES) for s in expected]
