@@ -33,6 +33,7 @@ SiLU-multiply or residual add after it), five kernels a layer.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -106,6 +107,11 @@ def attention_mask(allowed: torch.Tensor, group: int, dtype: torch.dtype) -> tor
     if n == 1:
         return mask[:, None]
     return mask[:, None, None].expand(b, 1, group, n, length).reshape(b, 1, group * n, length)
+
+
+#: ``FusedLayer.fold_layer_scales``' weights by projection module, shared by every
+#: ``FusedLayer`` of it (the engine's decoder and the prefill's scratch one).
+_SCALED: weakref.WeakKeyDictionary[nn.Linear, tuple[torch.Tensor, torch.Tensor | None]] = weakref.WeakKeyDictionary()
 
 
 class FusedLayer:
@@ -244,17 +250,21 @@ class FusedLayer:
         them: two elementwise kernels a layer, 16 a frame): each scale [hidden] multiplied
         into a copy of its projection's weight [hidden, in] (and bias), in float32, rounded
         once to the weight's dtype, so the product comes out scaled. The copies cost the
-        two projections' weights again (16 MiB for the codec's eight layers in bfloat16).
+        two projections' weights again (16 MiB for the codec's eight layers in bfloat16),
+        once whatever the number of decoders of the layer.
         Plain ``nn.Linear`` projections only; ``__call__`` keeps the library's order."""
         folded = []
         for proj, scale in ((self.o_proj, self.scale_attn), (self.down, self.scale_mlp)):
             if scale is None or type(proj) is not nn.Linear:
                 folded.append((proj, scale))
                 continue
-            with torch.no_grad():
-                factor = scale.detach().float()[:, None]
-                weight = (proj.weight.detach().float() * factor).to(proj.weight.dtype)
-                bias = None if proj.bias is None else (proj.bias.detach().float() * factor[:, 0]).to(proj.bias.dtype)
+            if proj not in _SCALED:  # one copy per projection, whichever decoders share it
+                with torch.no_grad():
+                    factor = scale.detach().float()[:, None]
+                    weight = (proj.weight.detach().float() * factor).to(proj.weight.dtype)
+                    bias = None if proj.bias is None else (proj.bias.detach().float() * factor[:, 0]).to(proj.bias.dtype)
+                _SCALED[proj] = (weight, bias)
+            weight, bias = _SCALED[proj]
             folded.append((functools.partial(F.linear, weight=weight, bias=bias), None))
         (self._fast_o, scale_attn), (self._fast_down, scale_mlp) = folded
         self._fast_scales = (scale_attn, scale_mlp)
