@@ -38,8 +38,9 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         (["--clone-model", "Qwen/Qwen3-TTS-12Hz-1.7B-Base", "--design-model", "none", "--device", "cpu", "--local-files-only"], "--local-files-only"),
     ],
 )
-def test_bad_settings_exit_with_a_reason(tmp_path: Path, args: list[str], message: str) -> None:
-    result = run_cli("--data-dir", str(tmp_path), *args, cwd=tmp_path)
+def test_bad_settings_exit_with_a_reason(tmp_path: Path, voices_dir: Path, args: list[str], message: str) -> None:
+    # A clone voice in the folder: the Base model alone would otherwise stop at "No voices" first.
+    result = run_cli("--data-dir", str(tmp_path), "--voices-dir", str(voices_dir), *args, cwd=tmp_path)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
