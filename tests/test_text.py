@@ -147,6 +147,7 @@ def test_streaming_never_emits_half_a_markup_token(text: str) -> None:
          "Now TTS, ok"),
         ("vendor SSML tags", '<amazon:effect name="whispered">Quiet</amazon:effect> <mstts:express-as style="cheerful">now</mstts:express-as>', "Quiet now"),
         ("SSML sub reads its alias", 'The <sub alias="World Wide Web">WWW</sub> grew', "The World Wide Web grew"),
+        ("a > inside a quoted value", "<span title='a>b'>inside</span> out, <b data-x=\"1>2\">bold</b>", "inside out, bold"),
         ("entities decoded", "Fish &amp; chips&nbsp;for&#160;two, &lt;3, &#8364;5, &#x41;&quot;", 'Fish & chips for two, <3, €5, A"'),
         ("unknown or unterminated entities kept", "AT&T, Q&A, &copy 2024, &bogus;", "AT&T, Q&A, &copy 2024, &bogus;"),
         ("script and style not spoken", "<style>p { color: red; }</style>Hi <script>alert('x')</script>there", "Hi there"),

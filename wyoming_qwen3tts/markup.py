@@ -71,7 +71,7 @@ _BOOLEAN_ATTRIBUTES = "|".join(
     "allowfullscreen async autofocus autoplay checked controls default defer disabled hidden inert "
     "loop multiple muted nowrap open readonly required reversed selected".split()
 )
-_VALUE = r"""(?:"[^"<>]*"|'[^'<>]*'|[^\s"'=<>`]+)"""
+_VALUE = r"""(?:"[^"<]*"|'[^'<]*'|[^\s"'=<>`]+)"""
 _ATTRIBUTES = rf"(?:\s+(?:[A-Za-z_:][\w:.-]*\s*=\s*{_VALUE}|(?:{_BOOLEAN_ATTRIBUTES})(?![\w:.-])))*"
 MARKUP = (
     r"(?P<comment><!--(?P<comment_end>.*?-->)?)"  # an open one hides the lines up to "-->"
@@ -86,9 +86,9 @@ _PARTIAL_MARKUP_RE = re.compile(
     r"&(?:#[xX]?[0-9a-fA-F]{0,7}|[A-Za-z][A-Za-z0-9]{0,31})?"
     r"|<(?:!(?:-|[A-Za-z][^<>]*)?|\?[^<>]*|[\w.+-]*(?:@[\w.-]*)?)"
     r"|</?(?:(?P<name>[a-z][\w:-]*)"
-    r"""(?P<attrs>(?:\s+[A-Za-z_:][\w:.-]*(?:\s*=\s*(?:"[^"<>]*"?|'[^'<>]*'?|[^\s"'=<>`]*))?)*\s*/?))?"""
+    r"""(?P<attrs>(?:\s+[A-Za-z_:][\w:.-]*(?:\s*=\s*(?:"[^"<]*"?|'[^'<]*'?|[^\s"'=<>`]*))?)*\s*/?))?"""
 )
-ATTRIBUTE_RE = re.compile(rf"""([A-Za-z_:][\w:.-]*)\s*=\s*("[^"<>]*"|'[^'<>]*'|[^\s"'=<>`]+)""")
+ATTRIBUTE_RE = re.compile(rf"""([A-Za-z_:][\w:.-]*)\s*=\s*("[^"<]*"|'[^'<]*'|[^\s"'=<>`]+)""")
 #: A ``<break>`` that is no pause: no strength, or no time.
 SILENT_BREAK_RE = re.compile(
     r"""\bstrength\s*=\s*["']?(?:none|x-weak)\b|\btime\s*=\s*["']?0*(?:\.0*)?m?s\b"""
