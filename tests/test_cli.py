@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile as sf
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -214,13 +216,14 @@ def test_a_torchaudio_built_for_another_torch_is_named_in_the_load_failure(monke
 
 
 def test_the_clone_model_alone_with_no_clip_stops_before_loading(checkpoints: Path, tmp_path: Path) -> None:
-    """Base model only and a voices folder with no clip (empty; a transcript and a broken
-    file only): nothing could be spoken, so start-up ends at once, before any model loads (a
+    """Base model only and a voices folder with no usable clip (a transcript, a broken file
+    and a clip whose name holds a tab, each named): nothing could be spoken, so start-up ends at once, before any model loads (a
     download of several GB for a real one), naming the folder and the three ways out."""
     voices = tmp_path / "voices"
     voices.mkdir()
     (voices / "later.txt").write_text("A transcript, its clip not copied yet.")
     (voices / "broken.wav").write_bytes(b"RIFF....not a wav file")
+    sf.write(voices / "tab\there.wav", np.full(24000, 0.2, dtype=np.float32), 24000)  # skipped by the catalogue
     result = run_cli(
         "--data-dir", str(tmp_path), "--voices-dir", str(voices), "--clone-model", str(checkpoints / "base"),
         "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu", "--engine", "reference",
@@ -229,5 +232,6 @@ def test_the_clone_model_alone_with_no_clip_stops_before_loading(checkpoints: Pa
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last == (f"No voices: add a clone voice (<id>.wav and its transcript <id>.txt) to {voices}, or enable "
-                    "the VoiceDesign model (--design-model) or the CustomVoice model (--custom-voice-model)"), last
+                    "the VoiceDesign model (--design-model) or the CustomVoice model (--custom-voice-model); "
+                    "skipped: broken.wav (no readable audio), 'tab\\there.wav' (control characters in its name)"), last
     assert "Loading" not in result.stderr and "Traceback" not in result.stderr

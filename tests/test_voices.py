@@ -130,7 +130,8 @@ def test_a_clone_named_as_a_preset_takes_its_aliases_and_is_logged_once(
     """A clone ``aria.wav`` shadows the shipped preset ``aria`` and takes over its OpenAI
     aliases (``nova`` and the others reach the clone, not a 404), a clone ``Ryan.wav`` the
     speaker ``ryan``; each shadow is logged once at WARNING, not at every lookup or rescan,
-    and the preset is back, aliases and all, once the clip is gone."""
+    and the preset is back, aliases and all, once the clip is gone. A clip named like an alias
+    (``Nova.wav``) is that name, and the alias leaves the voice that had it, logged once."""
     write_voice(tmp_path, "aria")
     write_voice(tmp_path, "Ryan")
     with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
@@ -154,13 +155,24 @@ def test_a_clone_named_as_a_preset_takes_its_aliases_and_is_logged_once(
         catalog.refresh()
         assert catalog.get("nova").name == "ARIA"
         assert len(taken_logs(caplog, logging.WARNING, "shipped preset aria")) == 1
+        # A clip named like an alias: the name wins, listed once, and the alias leaves ARIA.
+        write_voice(tmp_path, "Nova")
+        catalog.refresh()
+        assert catalog.get("nova").name == "Nova" and catalog.get("alloy").name == "ARIA"
+        aria = next(v for v in catalog.voices() if v.name == "ARIA")
+        assert [a.casefold() for a in aria.aliases] == ["alloy", "shimmer", "coral"]
+        said = taken_logs(caplog, logging.WARNING, "an alias of")
+        assert len(said) == 1 and "takes the name nova, an alias of the clone voice ARIA" in said[0], said
+        catalog.voices()
+        assert taken_logs(caplog, logging.WARNING, "an alias of") == []
 
 
 def test_clone_files_of_one_name_or_with_control_characters_are_reported_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two clips naming one voice (``GOODIE.wav`` and ``goodie.wav``; ``dup.flac`` and
-    ``dup.wav``): the first in name order is used and the other named in a WARNING; a clip
+    ``dup.wav``): the first in name order is used (with ``goodie.txt``, its transcript in
+    any case) and the other named in a WARNING; a clip
     whose name holds a control character (a newline would split every log line naming it) is
     skipped with a WARNING that shows it escaped. Each once, not again at a rescan."""
     write_voice(tmp_path, "goodie", freq=200.0)
@@ -174,7 +186,8 @@ def test_clone_files_of_one_name_or_with_control_characters_are_reported_once(
         control = [r for r in caplog.records if "control characters" in r.getMessage()]
         names = sorted(v.name for v in catalog.voices() if v.source is VoiceSource.CLONE)
         assert names == ["GOODIE", "dup"], names
-        assert catalog.get("goodie").reference is not None and catalog.get("goodie").reference.transcript is None
+        goodie = catalog.get("goodie").reference  # GOODIE.wav, with goodie.txt: names are case-insensitive
+        assert goodie is not None and goodie.transcript == "Hello there."
         same = taken_logs(caplog, logging.WARNING, "same voice name")
         assert len(same) == 2, same
         assert any("using GOODIE.wav, ignoring goodie.wav" in m for m in same)
@@ -188,6 +201,23 @@ def test_clone_files_of_one_name_or_with_control_characters_are_reported_once(
     assert [(r.levelno, r.getMessage()) for r in control] == [(logging.WARNING, message), (logging.DEBUG, message)]
 
 
+def test_a_transcript_whose_name_differs_in_case_is_the_clips(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``Kim.wav`` beside ``kim.txt``: one voice, ``Kim``, cloned with its transcript (ICL),
+    and no warning that the transcript has no clip; ``Lee.wav`` with ``Lee.txt`` and
+    ``lee.txt`` takes its own ``Lee.txt``."""
+    write_voice(tmp_path, "Kim", transcript=None)
+    (tmp_path / "kim.txt").write_text("Kim speaking.")
+    write_voice(tmp_path, "Lee", transcript="Lee exactly.")
+    (tmp_path / "lee.txt").write_text("Not this one.")
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, ALL)
+        kim, lee = catalog.get("kim"), catalog.get("LEE")
+        assert kim.name == "Kim" and kim.reference is not None and kim.reference.transcript == "Kim speaking."
+        assert "reference transcript" in kim.summary
+        assert lee.reference is not None and lee.reference.transcript == "Lee exactly."
+        assert taken_logs(caplog, logging.WARNING, "no clip beside it") == []
+
+
 def test_a_rescan_reads_only_the_clips_that_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rescan runs on the event loop: it reads again only a clip whose file or transcript
     changed (the new-user trial: touching any file of a 20-clip folder re-read every clip
@@ -198,9 +228,9 @@ def test_a_rescan_reads_only_the_clips_that_changed(tmp_path: Path, monkeypatch:
     read: list[str] = []
     original = Reference.load.__func__  # type: ignore[attr-defined]
 
-    def counting(cls: type[Reference], path: Path) -> Reference:
+    def counting(cls: type[Reference], path: Path, transcript: Path | None = None) -> Reference:
         read.append(path.stem)
-        return original(cls, path)
+        return original(cls, path, transcript)
 
     monkeypatch.setattr(Reference, "load", classmethod(counting))
     catalog = VoiceCatalog(tmp_path, ALL)

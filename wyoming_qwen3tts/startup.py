@@ -13,6 +13,7 @@ import functools
 import gc
 import json
 import logging
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -265,11 +266,17 @@ def check_some_voice(voices_dir: Path, kinds: set[ModelKind]) -> None:
     """
     if kinds != {ModelKind.BASE}:
         return
-    if voices_dir.is_dir() and any(
-        p.suffix.lower() in AUDIO_SUFFIXES and not p.name.startswith(".") and _audio_header(p) for p in voices_dir.iterdir()
-    ):
-        return
-    raise SystemExit(no_voices_message(voices_dir))
+    clips = sorted(p for p in voices_dir.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES and not p.name.startswith(".")) \
+        if voices_dir.is_dir() else []
+    skipped = []
+    for clip in clips:
+        if any(unicodedata.category(ch) == "Cc" for ch in clip.stem):
+            skipped.append(f"{clip.name!r} (control characters in its name)")
+        elif not _audio_header(clip):
+            skipped.append(f"{clip.name} (no readable audio)")
+        else:
+            return
+    raise SystemExit(no_voices_message(voices_dir) + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
 
 
 def check_default_voice(

@@ -126,8 +126,9 @@ class Reference:
         return cls(np.ascontiguousarray(mono), sample_rate, text, digest.hexdigest())
 
     @classmethod
-    def load(cls, audio_path: Path) -> Reference:
-        """Read ``<id>.wav`` and its optional ``<id>.txt``.
+    def load(cls, audio_path: Path, transcript_path: Path | None = None) -> Reference:
+        """Read ``<id>.wav`` and its optional transcript (``transcript_path``; by default
+        ``<id>.txt`` beside it, if it exists).
 
         Raises:
             ValueError / soundfile.LibsndfileError / OSError: unreadable or too short audio.
@@ -135,8 +136,9 @@ class Reference:
         with sf.SoundFile(str(audio_path)) as clip:  # read only what is used, never a whole long file
             sample_rate = clip.samplerate
             audio = clip.read(frames=int(MAX_REFERENCE_SECONDS * sample_rate), dtype="float32")
-        transcript_path = audio_path.with_suffix(".txt")
-        transcript = transcript_path.read_text("utf-8") if transcript_path.exists() else None
+        if transcript_path is None and audio_path.with_suffix(".txt").exists():
+            transcript_path = audio_path.with_suffix(".txt")
+        transcript = transcript_path.read_text("utf-8") if transcript_path is not None else None
         return cls.from_audio(audio, int(sample_rate), transcript)
 
 
@@ -319,7 +321,8 @@ class VoiceCatalog:
         #: file or transcript changed (re-reading 20 clips of 30 s held every client for
         #: 0.8 s in a new-user trial, when rescans ran on the event loop).
         self._read: dict[_ClipKey, Reference | str] = {}
-        #: The presets and speakers that clone ids shadow, as last logged (``voices``).
+        #: The presets and speakers that clone ids shadow, and the aliases names take, as last
+        #: logged (``voices``).
         self._shadows_said: frozenset[tuple[str, str]] = frozenset()
         #: One refresh at a time (``refresh_async`` runs it on a worker thread).
         self._lock = threading.Lock()
@@ -422,12 +425,17 @@ class VoiceCatalog:
         reported: set[tuple[str, int, int, int]] = set()
         by_name = dict(zip((p.name for p in files), signature_items, strict=True))
         read: dict[_ClipKey, Reference | str] = {}
-        clip_stems = {p.stem for p in files if p.suffix.lower() in AUDIO_SUFFIXES}
+        clip_stems = {p.stem.casefold() for p in files if p.suffix.lower() in AUDIO_SUFFIXES}
+        # Each clip's transcript: <id>.txt, else one whose name differs only in case (Kim.wav, kim.txt).
+        transcripts: dict[str, str] = {}
+        for p in files:
+            if p.suffix.lower() not in AUDIO_SUFFIXES:
+                transcripts.setdefault(p.stem.casefold(), p.name)
         orphans: dict[str, str] = {}
         taken: dict[str, str] = {}  # case-folded voice name: the clip file that gives it
         for path, item in zip(files, signature_items, strict=True):
             if path.suffix.lower() not in AUDIO_SUFFIXES:
-                if path.stem not in clip_stems:  # a transcript alone: say so once, as a broken clip
+                if path.stem.casefold() not in clip_stems:  # a transcript alone: say so once, as a broken clip
                     level = logging.DEBUG if item in self._reported else logging.WARNING
                     _LOGGER.log(level, "Transcript %s has no clip beside it (%s.wav or .flac): not a voice yet",
                                 path, path.stem)
@@ -448,10 +456,13 @@ class VoiceCatalog:
                 reported.add(item)
                 continue
             taken[path.stem.casefold()] = path.name
-            key = (item, by_name.get(path.with_suffix(".txt").name))
+            text_name = path.with_suffix(".txt").name
+            if text_name not in by_name:
+                text_name = transcripts.get(path.stem.casefold(), text_name)
+            key = (item, by_name.get(text_name))
             clip = self._read.get(key)  # (``force`` too: every write replaces the file)
             if clip is None:
-                clip = self._read_clip(path)
+                clip = self._read_clip(path, path.with_name(text_name) if text_name in by_name else None)
             read[key] = clip
             if isinstance(clip, str):  # skipped: why
                 level = logging.DEBUG if item in self._reported else logging.ERROR
@@ -482,10 +493,11 @@ class VoiceCatalog:
         _LOGGER.info("Clone library %s: %d voice(s)", self.voices_dir.resolve(), len(clones))
 
     @staticmethod
-    def _read_clip(path: Path) -> Reference | str:
-        """The clip at ``path`` as a Reference, or why it cannot clone (never raises)."""
+    def _read_clip(path: Path, transcript: Path | None) -> Reference | str:
+        """The clip at ``path`` (its transcript: ``transcript``, or none) as a Reference, or
+        why it cannot clone (never raises)."""
         try:
-            reference = Reference.load(path)
+            reference = Reference.load(path, transcript)
             peak = float(np.abs(reference.audio).max())
             if peak < SILENCE_PEAK:  # as uploads are refused: it would clone silence
                 raise ValueError(f"the clip is silent (peak {peak:.4f} of full scale)")
@@ -498,8 +510,9 @@ class VoiceCatalog:
         shipped one of the same name in any case, and clone ids shadow presets and
         speakers of the same name. A shadowing clone or speaker takes over the aliases of
         what it shadows (a clone ``aria`` is also ``nova``, the shipped ``aria``'s OpenAI
-        alias, so clients asking for ``nova`` are not refused), and the server logs each such
-        shadow once, at WARNING."""
+        alias, so clients asking for ``nova`` are not refused), and a voice's name beats
+        another's alias (a clone ``nova`` is ``nova``, and ``aria`` loses that alias); the
+        server logs each such shadow once, at WARNING."""
         merged: dict[str, Voice] = {}
         sources: list[Mapping[str, Voice]] = []
         if ModelKind.VOICE_DESIGN in self.kinds:
@@ -515,7 +528,15 @@ class VoiceCatalog:
                     voice = replace(voice, aliases=voice.aliases + tuple(a for a in earlier.aliases if a.casefold() not in own))
                     shadows.append((earlier, voice))
                 merged[key] = voice  # a later source wins, in the earlier's place
-        said = frozenset((old.source.value, old.name) for old, _ in shadows)
+        # A name beats an alias: a clip nova.wav is "nova", no longer an alias of aria.
+        taken_aliases: list[tuple[str, Voice, Voice]] = []
+        for key, voice in list(merged.items()):
+            lost = [a for a in voice.aliases if a.casefold() in merged and a.casefold() != key]
+            if lost:
+                merged[key] = replace(voice, aliases=tuple(a for a in voice.aliases if a not in lost))
+                taken_aliases += [(alias, voice, merged[alias.casefold()]) for alias in lost]
+        said = frozenset([(old.source.value, old.name) for old, _ in shadows]
+                         + [("alias", alias) for alias, _, _ in taken_aliases])
         if said != self._shadows_said:
             for old, new in shadows:
                 if (old.source.value, old.name) in self._shadows_said:
@@ -524,6 +545,11 @@ class VoiceCatalog:
                 _LOGGER.warning("The %s voice %s takes the name of the %s %s: clients asking for %s%s get the %s "
                                 "voice; rename it to keep both", new.source.value, new.name, _WHAT[old.source],
                                 old.name, old.name, aliases, new.source.value)
+            for alias, owner, new in taken_aliases:
+                if ("alias", alias) not in self._shadows_said:
+                    _LOGGER.warning("The %s voice %s takes the name %s, an alias of the %s %s: clients asking for "
+                                    "%s get the %s voice", new.source.value, new.name, alias, _WHAT[owner.source],
+                                    owner.name, alias, new.source.value)
             self._shadows_said = said
         return list(merged.values())
 
