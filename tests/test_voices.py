@@ -503,3 +503,17 @@ def test_names_differing_only_in_case_are_one_voice(tmp_path: Path) -> None:
         assert caught.value.code == "name-taken", target
     assert (tmp_path / "presets.toml").read_text() == before
     assert [v.name for v in catalog.voices() if v.name.casefold() == "aria"] == ["aria"]
+
+
+def test_renaming_and_deleting_a_clone_take_its_transcript_in_any_case(tmp_path: Path) -> None:
+    """``Kim.wav`` with ``kim.txt`` (the catalogue's transcript for it): a rename moves both,
+    so the renamed voice keeps its transcript and no lone transcript is left behind; a delete
+    removes both."""
+    write_voice(tmp_path, "Kim", transcript=None)
+    (tmp_path / "kim.txt").write_text("Kim speaking.")
+    library = _library(tmp_path)
+    renamed = library.rename("Kim", "Lee")
+    assert renamed.reference is not None and renamed.reference.transcript == "Kim speaking."
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".wav", ".txt")) == ["Lee.txt", "Lee.wav"]
+    library.delete("Lee")
+    assert [p.name for p in tmp_path.iterdir() if p.suffix in (".wav", ".txt")] == []

@@ -77,6 +77,17 @@ class VoiceEditError(Exception):
         self.status, self.code, self.param = status, code, param
 
 
+def _clone_files(folder: Path, name: str) -> list[Path]:
+    """The files of the clone voice ``name`` in ``folder``, sorted: its clips (``<name>.wav``,
+    ``.flac``) and the transcript the catalogue reads for them (``<name>.txt``, else one whose
+    name differs only in case: ``VoiceCatalog`` matches transcripts in any case)."""
+    files = sorted(folder.iterdir())
+    clips = [p for p in files if p.stem == name and p.suffix.lower() in AUDIO_SUFFIXES]
+    texts = [p for p in files if p.suffix.lower() == ".txt" and p.stem.casefold() == name.casefold()]
+    text = next((p for p in texts if p.name == f"{name}.txt"), texts[0] if texts else None)
+    return sorted(clips + ([text] if text is not None else []))
+
+
 def check_name(name: object) -> str:
     """A new voice name, stripped, or the reason it cannot be one.
 
@@ -452,11 +463,7 @@ class VoiceLibrary:
             return voice
         if voice.source is VoiceSource.CLONE:
             folder = self.folder
-            moves = [
-                (path, folder / f"{new_name}{path.suffix}")
-                for path in sorted(folder.iterdir())
-                if path.stem == voice.name and path.suffix.lower() in AUDIO_SUFFIXES + (".txt",)
-            ]
+            moves = [(path, folder / f"{new_name}{path.suffix}") for path in _clone_files(folder, voice.name)]
             moves.sort(key=lambda move: move[0].suffix.lower() != ".txt")  # transcript first
             done: list[tuple[Path, Path]] = []
             try:
@@ -494,9 +501,8 @@ class VoiceLibrary:
         try:
             if voice.source is VoiceSource.CLONE:
                 folder = self.folder
-                for path in sorted(folder.iterdir(), key=lambda p: p.suffix.lower() == ".txt"):
-                    if path.stem == voice.name and path.suffix.lower() in AUDIO_SUFFIXES + (".txt",):
-                        path.unlink()  # audio first: a transcript alone is never a voice
+                for path in sorted(_clone_files(folder, voice.name), key=lambda p: p.suffix.lower() == ".txt"):
+                    path.unlink()  # audio first: a transcript alone is never a voice
             else:
                 document = self._presets_document()
                 del document[voice.name]
