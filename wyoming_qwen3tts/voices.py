@@ -542,14 +542,14 @@ class VoiceCatalog:
                 if (old.source.value, old.name) in self._shadows_said:
                     continue
                 aliases = f", and its aliases {', '.join(old.aliases)}," if old.aliases else ""
-                _LOGGER.warning("The %s voice %s takes the name of the %s %s: clients asking for %s%s get the %s "
-                                "voice; rename it to keep both", new.source.value, new.name, _WHAT[old.source],
-                                old.name, old.name, aliases, new.source.value)
+                _LOGGER.warning("The %s %s takes the name of the %s %s: clients asking for %s%s get the %s; "
+                                "rename it to keep both", _WHAT[new.source], new.name, _WHAT[old.source],
+                                old.name, old.name, aliases, _WHAT[new.source])
             for alias, owner, new in taken_aliases:
                 if ("alias", alias) not in self._shadows_said:
-                    _LOGGER.warning("The %s voice %s takes the name %s, an alias of the %s %s: clients asking for "
-                                    "%s get the %s voice", new.source.value, new.name, alias, _WHAT[owner.source],
-                                    owner.name, alias, new.source.value)
+                    _LOGGER.warning("The %s %s takes the name %s, an alias of the %s %s: clients asking for "
+                                    "%s get the %s", _WHAT[new.source], new.name, alias, _WHAT[owner.source],
+                                    owner.name, alias, _WHAT[new.source])
             self._shadows_said = said
         return list(merged.values())
 
