@@ -52,9 +52,9 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, bool]]]:
     seen: list[tuple[str, bool]] = []
     original = Reference.load.__func__  # type: ignore[attr-defined]
 
-    def recording(cls: type[Reference], path: Path) -> Reference:
+    def recording(cls: type[Reference], path: Path, transcript: Path | None = None) -> Reference:
         seen.append((path.stem, threading.current_thread() is threading.main_thread()))
-        return original(cls, path)
+        return original(cls, path, transcript)
 
     monkeypatch.setattr(Reference, "load", classmethod(recording))
     yield seen
@@ -97,10 +97,10 @@ async def test_a_lookup_during_another_threads_reads_waits_for_them_off_the_loop
     started, release = threading.Event(), threading.Event()
     original = Reference.load.__func__  # type: ignore[attr-defined]
 
-    def slow(cls: type[Reference], path: Path) -> Reference:
+    def slow(cls: type[Reference], path: Path, transcript: Path | None = None) -> Reference:
         started.set()
         assert release.wait(10)
-        return original(cls, path)
+        return original(cls, path, transcript)
 
     monkeypatch.setattr(Reference, "load", classmethod(slow))
     _write_clip(tmp_path, "newcomer")
