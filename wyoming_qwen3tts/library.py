@@ -41,6 +41,7 @@ from .voices import (
     Voice,
     VoiceCatalog,
     VoiceSource,
+    transcript_name,
 )
 
 #: Largest uploaded clip, in bytes (20 MB: a 20 s WAV at 48 kHz stereo 32-bit is 7.7 MB).
@@ -83,9 +84,8 @@ def _clone_files(folder: Path, name: str) -> list[Path]:
     name differs only in case: ``VoiceCatalog`` matches transcripts in any case)."""
     files = sorted(folder.iterdir())
     clips = [p for p in files if p.stem == name and p.suffix.lower() in AUDIO_SUFFIXES]
-    texts = [p for p in files if p.suffix.lower() == ".txt" and p.stem.casefold() == name.casefold()]
-    text = next((p for p in texts if p.name == f"{name}.txt"), texts[0] if texts else None)
-    return sorted(clips + ([text] if text is not None else []))
+    text = transcript_name(folder / f"{name}.wav", [p.name for p in files])
+    return sorted(clips + ([folder / text] if text is not None else []))
 
 
 def check_name(name: object) -> str:

@@ -13,7 +13,6 @@ import functools
 import gc
 import json
 import logging
-import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +34,9 @@ from .engine.sizing import (
     GB, TURNS_GRAPH_ROWS, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions, turns_fit,
 )
 from .metrics import Metrics
-from .voices import AUDIO_SUFFIXES, PRESETS_FILE, ModelKind, Reference, VoiceCatalog, VoiceSource, load_presets
+from .voices import (
+    AUDIO_SUFFIXES, PRESETS_FILE, ModelKind, Reference, VoiceCatalog, VoiceSource, has_control_characters, load_presets,
+)
 
 _LOGGER = logging.getLogger("wyoming_qwen3tts")
 
@@ -266,11 +267,9 @@ def check_some_voice(voices_dir: Path, kinds: set[ModelKind]) -> None:
     """
     if kinds != {ModelKind.BASE}:
         return
-    clips = sorted(p for p in voices_dir.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES and not p.name.startswith(".")) \
-        if voices_dir.is_dir() else []
     skipped = []
-    for clip in clips:
-        if any(unicodedata.category(ch) == "Cc" for ch in clip.stem):
+    for clip in _clip_files(voices_dir):
+        if has_control_characters(clip.stem):
             skipped.append(f"{clip.name!r} (control characters in its name)")
         elif not _audio_header(clip):
             skipped.append(f"{clip.name} (no readable audio)")
@@ -309,11 +308,8 @@ def check_default_voice(
     if custom and speakers is not None and wanted in speakers:
         return
     clones: list[str] = []
-    if ModelKind.BASE in kinds and voices_dir.is_dir():
-        clones = [
-            p.stem for p in voices_dir.iterdir()
-            if p.suffix.lower() in AUDIO_SUFFIXES and not p.name.startswith(".") and _audio_header(p)
-        ]
+    if ModelKind.BASE in kinds:
+        clones = [p.stem for p in _clip_files(voices_dir) if _audio_header(p)]
     if wanted in {clone.casefold() for clone in clones}:
         return
     presets = dict(VoiceCatalog(None, {ModelKind.VOICE_DESIGN}).shipped)  # no folder read, no log line
@@ -333,6 +329,14 @@ def check_default_voice(
         f"{'CustomVoice speaker' if custom else 'CustomVoice speaker (they need --custom-voice-model)'}"
     )
     raise SystemExit(f"--voice {name!r}: {why}; valid voices: {shown}")
+
+
+def _clip_files(voices_dir: Path) -> list[Path]:
+    """The audio files of the voices folder (not dot-named ones: files being written), sorted;
+    none when there is no folder."""
+    if not voices_dir.is_dir():
+        return []
+    return sorted(p for p in voices_dir.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES and not p.name.startswith("."))
 
 
 def _audio_header(path: Path) -> bool:

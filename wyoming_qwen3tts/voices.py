@@ -25,7 +25,7 @@ import logging
 import threading
 import tomllib
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,23 @@ class VoiceSource(str, enum.Enum):
     USER = "user"  # a preset of the voices folder's presets.toml (new, or overriding a shipped one)
     CLONE = "clone"  # a clip (and transcript) in the voices folder
     BUILTIN = "builtin"  # a CustomVoice model's speaker
+
+
+def has_control_characters(name: str) -> bool:
+    """Whether a file name holds a control character (a newline, a tab): such a clip is no
+    voice (a newline would split every log line that names it)."""
+    return any(unicodedata.category(ch) == "Cc" for ch in name)
+
+
+def transcript_name(clip: Path, names: Collection[str]) -> str | None:
+    """The transcript that clip ``clip`` reads among the file ``names`` of its folder:
+    ``<id>.txt``, else the first (in name order) whose name differs only in case
+    (``Kim.wav`` reads ``kim.txt``); None: no transcript."""
+    exact = clip.with_suffix(".txt").name
+    if exact in names:
+        return exact
+    key = clip.stem.casefold()
+    return next((n for n in sorted(names) if n.lower().endswith(".txt") and n[:-4].casefold() == key), None)
 
 
 #: How a log line names a voice of each source.
@@ -426,11 +443,7 @@ class VoiceCatalog:
         by_name = dict(zip((p.name for p in files), signature_items, strict=True))
         read: dict[_ClipKey, Reference | str] = {}
         clip_stems = {p.stem.casefold() for p in files if p.suffix.lower() in AUDIO_SUFFIXES}
-        # Each clip's transcript: <id>.txt, else one whose name differs only in case (Kim.wav, kim.txt).
-        transcripts: dict[str, str] = {}
-        for p in files:
-            if p.suffix.lower() not in AUDIO_SUFFIXES:
-                transcripts.setdefault(p.stem.casefold(), p.name)
+        texts = {p.name for p in files if p.suffix.lower() not in AUDIO_SUFFIXES}
         orphans: dict[str, str] = {}
         taken: dict[str, str] = {}  # case-folded voice name: the clip file that gives it
         for path, item in zip(files, signature_items, strict=True):
@@ -443,7 +456,7 @@ class VoiceCatalog:
                     orphans[path.stem.lower()] = path.name
                 continue
             level = logging.DEBUG if item in self._reported else logging.WARNING
-            if any(unicodedata.category(ch) == "Cc" for ch in path.stem):  # a newline would split log lines
+            if has_control_characters(path.stem):
                 _LOGGER.log(level, "Skipping clone voice %r: its name holds control characters; rename the file",
                             path.name)
                 reported.add(item)
@@ -456,13 +469,11 @@ class VoiceCatalog:
                 reported.add(item)
                 continue
             taken[path.stem.casefold()] = path.name
-            text_name = path.with_suffix(".txt").name
-            if text_name not in by_name:
-                text_name = transcripts.get(path.stem.casefold(), text_name)
-            key = (item, by_name.get(text_name))
+            text_name = transcript_name(path, texts)
+            key = (item, by_name[text_name] if text_name else None)
             clip = self._read.get(key)  # (``force`` too: every write replaces the file)
             if clip is None:
-                clip = self._read_clip(path, path.with_name(text_name) if text_name in by_name else None)
+                clip = self._read_clip(path, path.with_name(text_name) if text_name else None)
             read[key] = clip
             if isinstance(clip, str):  # skipped: why
                 level = logging.DEBUG if item in self._reported else logging.ERROR
