@@ -243,14 +243,58 @@ def test_auto_picks_the_engine_and_says_why(
     from wyoming_qwen3tts.engine.cpu import ggml
 
     monkeypatch.setattr(ggml, "native_support", lambda: support)
+    monkeypatch.setattr(loader, "_ggml_why", None)
     loader._auto_engine.cache_clear()
     with caplog.at_level(logging.INFO, logger="wyoming_qwen3tts.engine.loader"):
         assert loader.pick_engine("auto", device) == expected
+        if expected == "ggml":  # said once a GGML engine has loaded (a model may fall back before)
+            assert line not in caplog.text
+            loader._say_ggml_chosen()
     loader._auto_engine.cache_clear()
     assert line in caplog.text
     if not support[0]:
         with pytest.raises(ValueError, match="GGML engine cannot run here"):
             loader.pick_engine("ggml", "cpu")
+
+
+def test_the_ggml_line_waits_for_a_ggml_engine_to_load(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """``auto`` on the CPU picks the GGML engine before any model is looked at; a checkpoint
+    qwentts.cpp cannot run (its GGUF files narrower than the release) then goes to the
+    reference engine: "Engine on the CPU: ggml" is logged by the first GGML engine that
+    loads, once, and never by one that failed. (A real start-up whose only model falls back:
+    ``test_named_models_on_the_cpu_get_nothing_added_and_narrow_ones_are_not_converted``.)"""
+    from wyoming_qwen3tts.engine.cpu import ggml
+
+    made: list[ModelKind] = []
+
+    def fake_engine(kind: ModelKind, talker: Path, *args: object, **kwargs: object) -> object:
+        if talker.name == "narrow.gguf":
+            raise ggml.NativeWidthError("tok_dec.pre_conv.weight is 16 wide; this checkpoint needs --engine reference")
+        made.append(kind)
+        return object()
+
+    monkeypatch.setattr(ggml, "native_support", lambda: (True, "qwentts.cpp test loads"))
+    monkeypatch.setattr(ggml, "GgmlEngine", fake_engine)
+    monkeypatch.setattr(loader, "_ggml_why", None)
+    loader._auto_engine.cache_clear()
+    narrow, wide = (tmp_path / "narrow.gguf", tmp_path / "codec.gguf"), (tmp_path / "talker.gguf", tmp_path / "codec.gguf")
+    line = "Engine on the CPU: ggml (qwentts.cpp), because qwentts.cpp test loads"
+    try:
+        with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts.engine.loader"):
+            assert loader.pick_engine("auto", "cpu") == "ggml"
+            assert "Engine on the CPU" not in caplog.text
+            with pytest.raises(ggml.NativeWidthError):
+                loader.load_engine(ModelKind.BASE, tmp_path, "cpu", 1, "ggml", gguf=narrow)
+            assert "Engine on the CPU" not in caplog.text  # that model goes elsewhere
+            loader.load_engine(ModelKind.CUSTOM_VOICE, tmp_path, "cpu", 1, "ggml", gguf=wide)
+            loader.load_engine(ModelKind.VOICE_DESIGN, tmp_path, "cpu", 1, "ggml", gguf=wide)
+    finally:
+        loader._auto_engine.cache_clear()
+    assert made == [ModelKind.CUSTOM_VOICE, ModelKind.VOICE_DESIGN]
+    infos = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert infos == [line], infos  # once, after the first GGML engine loaded
 
 
 def test_native_support_reads_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -539,6 +583,11 @@ def test_named_models_on_the_cpu_get_nothing_added_and_narrow_ones_are_not_conve
         proc.wait(20)
     assert "Loading custom_voice" not in output and "No GPU and no model named" not in output, output[-3000:]
     assert "The base model runs on the reference engine (slower), not on GGML: its codec's codebook_dim is" in output, output[-3000:]
+    # Every engine line is true: the only model runs on the reference engine, and nothing
+    # said "Engine on the CPU: ggml" before start-up found that out.
+    engine_lines = [line for line in output.splitlines() if "engine" in line.lower()]
+    assert engine_lines and all("reference engine" in line for line in engine_lines), engine_lines
+    assert "ggml (qwentts.cpp)" not in output, output[:2000]
     assert "needs --engine reference" not in output  # the fallback happened: no instruction to give
     assert "GGML, CPU" not in output and not list(data.rglob("*.gguf"))
 

@@ -53,10 +53,18 @@ def resolve_checkpoint(source: str, models_dir: Path, local_files_only: bool) ->
         raise FileNotFoundError(f"Cannot get model {source!r}{hint}: {hub_error(err)}") from err
 
 
+#: Why ``auto`` picked the GGML engine on the CPU, until the first GGML engine has loaded
+#: and ``load_engine`` logs it: a checkpoint qwentts.cpp cannot run (narrower than the
+#: release, the tiny test ones) goes to the reference engine instead, which start-up says,
+#: so a line saying "ggml" before any model loaded could be false.
+_ggml_why: str | None = None
+
+
 def pick_engine(engine: str, device: str) -> str:
     """The engine ``auto`` means on ``device``: batched on CUDA; on the CPU the GGML engine
     (qwentts.cpp) when its wheel loads and the CPU has its instructions, else the reference
-    model (the log says which and why). ``ggml`` runs on the CPU whatever ``device`` is.
+    model (the log says which and why; for the GGML engine once one has loaded, see
+    ``_ggml_why``). ``ggml`` runs on the CPU whatever ``device`` is.
 
     Raises:
         ValueError: an engine that cannot run on ``device``.
@@ -79,7 +87,9 @@ def pick_engine(engine: str, device: str) -> str:
 
 @functools.lru_cache(maxsize=4)
 def _auto_engine(device: str) -> str:
-    """What ``auto`` picks on ``device``; logs the choice and why, once per device."""
+    """What ``auto`` picks on ``device``; logs the choice and why, once per device (the GGML
+    engine's line waits for its first model to load: ``_ggml_why``)."""
+    global _ggml_why
     if device == "cuda":
         _LOGGER.info("Engine: batched (CUDA graphs), because a CUDA GPU is available")
         return "batched"
@@ -87,10 +97,21 @@ def _auto_engine(device: str) -> str:
 
     ok, why = native_support()
     if ok:
-        _LOGGER.info("Engine on the CPU: ggml (qwentts.cpp), because %s", why)
+        _LOGGER.debug("The GGML engine can run here (%s): it takes each model whose checkpoint it can run", why)
+        _ggml_why = why
         return "ggml"
     _LOGGER.warning("Engine on the CPU: reference (qwen_tts, slow), because %s", why)
     return "reference"
+
+
+def _say_ggml_chosen() -> None:
+    """Log, once, that ``auto`` put the CPU on the GGML engine and why: called when a GGML
+    engine has loaded, so the line is true (a model that goes to the reference engine
+    instead never says "ggml")."""
+    global _ggml_why
+    if _ggml_why is not None:
+        _LOGGER.info("Engine on the CPU: ggml (qwentts.cpp), because %s", _ggml_why)
+        _ggml_why = None
 
 
 def load_engine(
@@ -170,9 +191,11 @@ def load_engine(
         pair = gguf or find_pair(checkpoint)
         if pair is None:
             raise FileNotFoundError(f"{checkpoint} holds no GGUF files for the GGML engine")
-        return GgmlEngine(  # contexts/threads 0: chosen from the machine (cpu.machine.plan)
+        loaded = GgmlEngine(  # contexts/threads 0: chosen from the machine (cpu.machine.plan)
             kind, pair[0], pair[1], chunk_frames, contexts, threads=ggml_threads or None, quant=quant, icl=ggml_icl,
         )
+        _say_ggml_chosen()
+        return loaded
     from ..quiet import import_models
 
     import_models()  # qwen_tts, transformers and torch: imported here, never on the GGML engine
