@@ -287,6 +287,11 @@ LAYOUT_PROBLEMS = """(voices) => {
   for (const row of document.querySelectorAll("#voices tbody tr")) {
     if (!voices.includes(row.dataset.voice)) continue;
     voices = voices.filter((voice) => voice !== row.dataset.voice);
+    for (const cell of row.querySelectorAll("td")) {  // text spilling over the next cell
+      if (cell.scrollWidth > cell.clientWidth + 1) {
+        problems.push(`a ${cell.className || "cell"} of ${row.dataset.voice.slice(0, 12)}... spills: ${cell.scrollWidth} px in ${cell.clientWidth}`);
+      }
+    }
     for (const button of row.querySelectorAll("button")) {
       if (!within(box(button), view) || !within(box(button), box(wrap))) {
         problems.push(`${button.textContent} of a ${row.dataset.voice.length}-character name off view`);
@@ -318,17 +323,44 @@ def long_file_voice(studio: Server) -> Iterator[str]:
     clip.unlink()
 
 
+#: 40 aliases for one preset, four of them long words without a break opportunity.
+LONG_ALIASES = [f"wide{index:02d}" for index in range(36)] + ["Alias" + "m" * 60 + str(n) for n in range(4)]
+#: A description with a 150-character word in it, shown in the table's Description column.
+LONG_INSTRUCT = "A calm voice " + "Mmm" + "m" * 147 + " " + "that speaks slowly, clearly and warmly, " * 12
+
+
+@pytest.fixture()
+def long_preset(studio: Server) -> Iterator[str]:
+    """A preset with ``LONG_ALIASES`` and ``LONG_INSTRUCT`` (no summary: the table shows the
+    description) in the voices folder's presets.toml, as a user may write it; the file is
+    put back as it was after the test."""
+    presets = studio.log.parent / "voices" / "presets.toml"
+    before = presets.read_text(encoding="utf-8") if presets.exists() else None
+    aliases = ", ".join(f'"{alias}"' for alias in LONG_ALIASES)
+    entry = f'\n[manynames]\nlanguage = "en"\ninstruct = "{LONG_INSTRUCT}"\naliases = [{aliases}]\n'
+    presets.write_text((before or "") + entry, encoding="utf-8")
+    yield "manynames"
+    if before is None:
+        presets.unlink()
+    else:
+        presets.write_text(before, encoding="utf-8")
+
+
 @pytest.mark.parametrize("width", [1280, 390])
 def test_long_voice_names_keep_the_page_in_shape(
-    browser: Browser, studio: Server, long_file_voice: str, width: int, tmp_path: Path
+    browser: Browser, studio: Server, long_file_voice: str, long_preset: str, width: int, tmp_path: Path
 ) -> None:
     """A new-user trial: a 48-character name from the upload form pushed the table's actions
-    out of view and the select under the next card; a 200-character clip name widened the page."""
+    out of view and the select under the next card; a 200-character clip name widened the page.
+    A preset of ``presets.toml`` with 40 aliases, some long words, and a long description
+    keeps the page's width and its row's actions in view too, every alias shown."""
     name = "W" * (48 - len(str(width))) + str(width)  # as long as the form's names may be
     clip = tmp_path / "clip.wav"
     sf.write(clip, tone(1.5, freq=210.0), 24000)
     with logged_in(browser, studio, width=width) as page:
         expect(row(page, long_file_voice)).to_be_visible()
+        expect(row(page, long_preset)).to_contain_text(", ".join(LONG_ALIASES))  # all of them
+        expect(row(page, long_preset)).to_contain_text(LONG_INSTRUCT.strip())
         for short in ("aria", "clone", "ryan"):  # short names keep to one line
             assert row(page, short).locator("td").first.evaluate(ONE_LINE_NAME), short
         page.set_input_files("#clone-file", str(clip))
@@ -341,7 +373,11 @@ def test_long_voice_names_keep_the_page_in_shape(
         page.screenshot(path=str(tmp_path / f"long-names-{width}.png"), full_page=True)
         row(page, long_file_voice).scroll_into_view_if_needed()
         page.locator(".table-wrap").screenshot(path=str(tmp_path / f"long-names-{width}-table.png"))
-        problems = page.evaluate(LAYOUT_PROBLEMS, [name, long_file_voice, "clone", "aria"])
+        row(page, long_preset).scroll_into_view_if_needed()
+        page.locator(".table-wrap").screenshot(path=str(tmp_path / f"long-aliases-{width}-table.png"))
+        row(page, long_preset).get_by_role("button", name="Delete").scroll_into_view_if_needed()
+        page.locator(".table-wrap").screenshot(path=str(tmp_path / f"long-aliases-{width}-actions.png"))
+        problems = page.evaluate(LAYOUT_PROBLEMS, [name, long_file_voice, long_preset, "clone", "aria"])
         assert not problems, problems
         assert page.get_attribute("#try-voice", "title") == long_file_voice  # the select may cut it
         page.once("dialog", lambda dialog: dialog.accept())
