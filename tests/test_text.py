@@ -162,6 +162,24 @@ def test_streaming_never_emits_half_a_markup_token(text: str) -> None:
         ("markup in inline code is read as code", "Use `<br>` or `<style>` here", "Use <br> or <style> here"),
         ("markup in a code block is skipped", "Try:\n```html\n<script>\n<b>x</b>\n```\nDone.", "Try: Done."),
         ("markdown and markup together", "**Sure!** <b>Here</b> is `aria` &amp; [docs](https://a.io)", "Sure! Here is aria & docs"),
+        ("a tag over several lines", '<a\nhref="https://x">link</a> and <img\n  src="car.png"\n  alt="A red\ncar"\n/> drove', "link and A red car drove"),
+        ("closing and hidden tags over lines", "<b\n>Hi</b\n> <think\n>hidden</think\n>there <speak\nxml:lang='en'>now", "Hi there now"),
+        ("a code block ends a tag begun in it", '```html\n<a title="x\n```\nSay "> hi.', 'Say "> hi.'),
+        ("an unspoken block in a table cell", "| Done. <!-- x --> now | <think>y</think>c |", "Done. now, c."),
+        ("prose over lines stays prose", "if a<b\nand c>d, or x <b\n\nclass='y'> z", "if a<b and c>d, or x <b class='y'> z"),
+        ("self-closing forms browsers accept", "One<br / >two<br/ >three<br //>four<img alt='five' / >", "One two three four five"),
+        ("an unfinished closing tag at the end", "<speak>Hi <b>there</b", "Hi there"),
+        ("the start of a known closing tag at the end", "<speak>Hello</spe", "Hello"),
+        ("an opening tag begun at the end", '<speak>Hi <break time="1', "Hi"),
+        ("a bare known tag name at the end", "Roses are red<br", "Roses are red"),
+        ("a declaration begun at the end", "Done.<!DOC", "Done."),
+        ("prose like a tag at the end stays", "a </ b, Vec<T", "a </ b, Vec<T"),
+        ("a one-letter tag name at the end is prose", "if a<b", "if a<b"),
+        ("a word after a tag name at the end is prose", "if x<b and c", "if x<b and c"),
+        ("an unknown closing name at the end is prose", "a</ or y</x", "a</ or y</x"),
+        ("references to no character are dropped", "a&#0;b&#xD800;c&#x110000;d&#xFFFD;e", "abcde"),
+        ("references to controls are dropped", "a&#1;b&#x81;c&#127;d&#x9D;e&#9;f", "abcde f"),
+        ("Windows-1252 references read as a browser does", "&#128;5 and &#x99;", "€5 and ™"),
     ],
     ids=lambda v: v if isinstance(v, str) and " " in v and len(v) < 40 else "",
 )
@@ -186,6 +204,11 @@ def test_markup_rules(rule: str, raw: str, clean: str) -> None:
         ("Hi.\n<!--\n- hidden item\n```\n-->\nBye.", ["Hi.", "Bye."]),
         ("<script>\nlet a = 1;\n</script>Shown.", ["Shown."]),
         ("Use <style> tags for CSS. And more.", ["Use"]),  # an unclosed <style> hides the rest, as in a browser
+        ("Roses are red<br / >Violets are blue<br\n/>Sugar", ["Roses are red", "Violets are blue", "Sugar"]),
+        ("Sure.<think>plan</think>Okay! <!-- note -->Done", ["Sure.", "Okay!", "Done"]),
+        ("Dr.<think>plan</think> Smith", ["Dr.", "Smith"]),  # a finished sentence ends at an unspoken block
+        ("See <think>plan</think>the <!-- note -->docs", ["See the docs"]),  # an unfinished one goes on
+        ("Hi<br", ["Hi"]),
     ],
 )
 def test_markup_breaks_phrases_and_hides_what_a_browser_hides(text: str, expected: list[str]) -> None:
@@ -200,10 +223,13 @@ MARKED_UP = [
     "<think>no</think>Mail <a@b.io> at https://www.x.org/a?b=1&amp;c=2 or <a href='https://y.io'>y</a>.\n"
     "| A | B<br>C &#8364; |\n|---|---|\n| 1 | <i>2</i> |\n",
     "If a < b and c > d, then x<5 and I <3 it -> done. Vec<T> is <A>; a<b and c>d. AT&T &copy 2024, Q&A <- ok",
+    'Sure. <think>\nThe user <b>asks</b>.\n</think><a\nhref="https://x.io"\n  title=\'a\nb\'>Link</a> <br / >Fish&#0;&#x81; '
+    "chips&#xD800;!<img\nalt='A car'\n/> ok.<!-- a --> Dr.<script\n>x</script\n>Bye<br/ >no</b\n>\n- item</spe",
+    "If a<b\nand c>d then x <b\n\nclass='y'> a </ b\n- x<b and c\nVec<T\nor a<b",
 ]
 
 
-@pytest.mark.parametrize("text", MARKED_UP, ids=["markup", "prose"])
+@pytest.mark.parametrize("text", MARKED_UP, ids=["markup", "prose", "markup-over-lines", "prose-over-lines"])
 def test_markup_split_at_every_character_reads_as_the_whole_text(text: str) -> None:
     whole = segments(text)
     assert whole and clean_text(text)
@@ -215,7 +241,7 @@ def test_markup_split_at_every_character_reads_as_the_whole_text(text: str) -> N
         reader, emitted = MarkdownReader(), ""
         for delta in deltas:
             emitted += reader.feed(delta)
-            if text is MARKED_UP[0]:  # no angle bracket or entity of it is ever spoken
+            if text in (MARKED_UP[0], MARKED_UP[2]):  # no angle bracket or entity of it is ever spoken
                 assert not re.search(r"[<>]|&\w", emitted), emitted
         assert " ".join((emitted + reader.close()).split()) == clean_text(text)
 
@@ -226,6 +252,8 @@ def test_markup_segments_of_the_first_reply() -> None:
         "A, B, C €.", "1, 2.",
     ]
     assert clean_text(MARKED_UP[1]) == MARKED_UP[1]
+    assert segments(MARKED_UP[2]) == ["Sure.", "Link", "Fish chips!", "A car ok.", "Dr.", "Bye", "no", "item."]
+    assert segments(MARKED_UP[3]) == ["If a<b and c>d then x <b", "class='y'> a </ b", "x<b and c.", "Vec<T or a<b"]
 
 
 def test_markup_deltas_that_end_next_to_a_url() -> None:
@@ -233,6 +261,40 @@ def test_markup_deltas_that_end_next_to_a_url() -> None:
     word of the delta before is no URL, as in the whole text."""
     assert segments("Now 5&#8364;https://www.a.i", "o/x ok") == segments("Now 5&#8364;https://www.a.io/x ok") == ["Now 5€a.io ok"]
     assert segments("22.5", "www.b.io&amp;x~~y~~ ok") == segments("22.5www.b.io&amp;x~~y~~ ok") == ["22.5www.b.io&xy ok"]
+
+
+def test_a_sentence_before_an_unspoken_block_is_spoken_at_once() -> None:
+    """A reasoning model's ``<think>`` (or a ``<script>``, ``<style>`` or comment) after a
+    finished sentence does not hold that sentence back until the block ends; an unfinished
+    one still waits for its end, and the speech is the whole text's."""
+    for streamed in (False, True):
+        segmenter = Segmenter(streamed=streamed)
+        assert segmenter.add("Let me check. <thi") == []
+        assert segmenter.add("nk>") == ["Let me check."]  # the block may go on for minutes
+        assert segmenter.add("\nThe user asks.\n\n- lights\n</think>\n\nThe lights") == []
+        assert segmenter.add(" are on. Anything") == ["The lights are on."]
+        assert segmenter.finish() == ["Anything"]
+    segmenter = Segmenter(streamed=True)
+    assert segmenter.add("Sure? <!--") == ["Sure?"]
+    assert segmenter.add(" note --> I <script>") == []  # "I" is no finished sentence
+    assert segmenter.add("x()</script> did.") == []
+    assert segmenter.finish() == ["I did."]
+    assert segments("Let me check. <think>\nhmm\n</think>\n\nThe lights are on.") == ["Let me check.", "The lights are on."]
+
+
+def test_a_tag_over_lines_is_held_until_it_is_decided() -> None:
+    """A tag whose name ends a line may go on over the next: the reader holds it, and only it,
+    until it ends or cannot be a tag."""
+    reader = MarkdownReader()
+    assert reader.feed("Here is a <a") == "Here is a "
+    assert reader.feed("\n") == ""
+    assert reader.feed('href="https://x.io"\n') == ""
+    assert reader.feed(">link</a> ok") == "link ok"
+    reader = MarkdownReader()
+    assert reader.feed("if a<b\nand") == "if a"
+    assert reader.feed(" c, d") == "<b and c, d"  # a comma is in no attribute: prose
+    assert reader.feed("\nRoses<br") == " Roses"
+    assert reader.close().isspace()  # a known tag begun at the very end is dropped
 
 
 def test_awkward_delta_splits() -> None:
@@ -319,6 +381,9 @@ _MARKUP_PIECES = [
     '<say-as interpret-as="characters">', "</say-as>", "&amp;", "&nbsp;", "&#8364;", "&bogus;", "AT&T", "<",
     ">", "&", "<!--", "-->", "<script>", "</script>", '<sub alias="W">', "</sub>", "<a@b.io>", "x<3", "<T>",
     '<a href="https://x.io/?a=1&amp;b">', "</a>",
+    # tags over lines, self-closing forms, references to no character, tags cut off at the end
+    "<a\nhref='x'>", "<b\n", "\nclass=\"x\">", '<break\ntime="1s"\n/>', "<br / >", "<br/ >", "\n>", "&#0;", "&#xD800;",
+    "&#x81;", "</b", "</spe", "<br", "<li", "a<b", "</", "<!-", "<?xml", "<think>", "</think>", "Done. ", "\n\n",
 ]
 
 

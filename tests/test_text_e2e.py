@@ -141,3 +141,29 @@ async def test_streamed_ssml_and_html_are_spoken_without_their_tags(debug_server
         await read_until(client, "synthesize-stopped")
     expected = ["Sure,", "the lights are on & the fan", "is off."]
     assert spoken_segments(debug_server)[-3:] == [(s, "english", "aria", FRAMES) for s in expected]
+
+
+async def test_a_sentence_before_a_think_block_is_spoken_while_the_thoughts_stream(debug_server: Server) -> None:
+    """A reasoning model's reply streamed over Wyoming: a first sentence, then its thoughts.
+    The sentence is spoken as soon as the ``<think>`` opens, while the thoughts are still
+    being written (event order, not timing); the rest is the whole text's speech. A text of
+    markup alone gets audio-start and audio-stop and no audio, as any text with nothing to say."""
+    head = ["Let me check", ". <thi", "nk>The user asks about", " the lights"]  # no line end yet
+    tail = [".\n</think>\n\nThe lights", " are on."]
+    async with AsyncTcpClient("127.0.0.1", debug_server.port) as client:
+        await client.write_event(SynthesizeStart(voice=SynthesizeVoice(name="aria")).event())
+        for delta in head:
+            await client.write_event(SynthesizeChunk(text=delta).event())
+        first = await read_until(client, "audio-chunk")  # would wait for "</think>" without the rule
+        for delta in tail:
+            await client.write_event(SynthesizeChunk(text=delta).event())
+        await client.write_event(SynthesizeStop().event())
+        await read_until(client, "synthesize-stopped")
+        await client.write_event(Synthesize(text='<speak><break time="1s"/><think>Hm.</think></speak>').event())
+        empty = await read_until(client, "audio-stop")
+    assert [e.type for e in first][-2:] == ["audio-start", "audio-chunk"]
+    expected = ["Let me check.", "The lights are on."]
+    segmenter = Segmenter(streamed=True)
+    assert segmenter.add("".join(head + tail)) + segmenter.finish() == expected  # the whole text's speech
+    assert spoken_segments(debug_server)[-2:] == [(s, "english", "aria", FRAMES) for s in expected]
+    assert [e.type for e in empty] == ["audio-start", "audio-stop"]

@@ -11,7 +11,9 @@ and times are left to the model, which reads them in context.
 
 A line's start is read first (``_line_kind``: fence, rule, heading, item, quote, table or
 plain), then its inline tokens (``_INLINE_RE``: code, links, URLs, markup, emphasis
-markers). HTML and SSML tags, entities, comments and hidden elements are tokens of that
+markers). A tag whose attributes go on over the next lines is joined into one line first
+(``_lines``), and a tag cut off by the end of the text is dropped when it can only be markup
+(``close``). HTML and SSML tags, entities, comments and hidden elements are tokens of that
 inline stage: their grammar, tag names, marks and streamed holding come from ``markup.py``;
 what a tag is read as (``_tag``, ``_attribute``) is decided here, as an ``<img>``'s alt text
 and an SSML ``<sub>``'s alias are read as inline markdown themselves. Where sentences and
@@ -32,6 +34,7 @@ from .markup import (
     CELL,
     CELL_TAGS,
     ENTITY_TEXT,
+    HUSH,
     ITEM_END,
     ITEM_TAGS,
     LIST_TAGS,
@@ -44,8 +47,9 @@ from .markup import (
     hidden_upto,
     hides,
     may_become_markup,
+    unfinished_tag,
 )
-from .writing import CJK, CJK_RE, CLOSERS, HAN_KANA_RE, TERMINAL, tidy
+from .writing import CJK, CJK_RE, CLOSERS, FINAL, HAN_KANA_RE, TERMINAL, tidy
 
 #: Longest inline code read aloud, in characters: a name or a value (`aria`, `22.5`);
 #: longer spans (commands, expressions) are skipped.
@@ -68,6 +72,8 @@ _QUOTE_RE = re.compile(r"(?:>\s?)+")
 _UNDECIDED_RE = re.compile(r"`{1,2}|~{1,2}|#{1,6}(?:\s+\d{0,3}[.)]?)?|[-*_+=][-*_+= \t]*|\d{1,3}[.)]?|>[>\s]*")
 _SEPARATOR_CELL_RE = re.compile(r"\s*:?-+:?\s*")
 _STRUCTURAL = ("heading", "item", "table")
+_BLANK_LINE_RE = re.compile(r"\n[ \t\r]*\n")
+_NEWLINE_RE = re.compile(r"\r?\n")
 
 # --- inline markdown -------------------------------------------------------------------------
 _INLINE_RE = re.compile(
@@ -109,20 +115,43 @@ class MarkdownReader:
     def feed(self, delta: str) -> str:
         """Add a delta; return the speech text it completed (possibly "")."""
         self._buf += delta.translate(NO_MARKS)
-        out: list[str] = []
-        while (newline := self._buf.find("\n")) >= 0:
-            line, self._buf = self._buf[:newline].rstrip("\r"), self._buf[newline + 1 :]
-            out.append(self._line(line, complete=True)[0])
-        text, used = self._line(self._buf, complete=False)
-        self._buf = self._buf[used:]
-        out.append(text)
-        return "".join(out)
+        out, waiting = self._lines(final=False)
+        if not waiting:
+            text, used = self._line(self._buf, complete=False)
+            self._buf = self._buf[used:]
+            out += text
+        return out
 
     def close(self) -> str:
-        """End of text: return the rest, the last block ended as a sentence."""
-        out = self._line(self._buf, complete=True)[0] if self._buf or self._kind else ""
+        """End of text: return the rest, the last block ended as a sentence. A tag begun at
+        the very end that can only be markup (``markup.unfinished_tag``) is dropped."""
+        self._buf = self._buf[: unfinished_tag(self._buf)]
+        out = self._lines(final=True)[0]
+        out += self._line(self._buf, complete=True)[0] if self._buf or self._kind else ""
         self._buf, self._fence, self._hidden = "", None, None
         return out + self._end_block(period=False)
+
+    def _lines(self, final: bool) -> tuple[str, bool]:
+        """Speech text of the complete lines buffered, and whether a line waits for a tag
+        begun at its end that may go on over the next line (an attribute on the line after
+        the tag's name): a tag that does is joined into one line, its line breaks spaces."""
+        out: list[str] = []
+        while (newline := self._buf.find("\n")) >= 0:
+            start = self._buf.rfind("<", 0, newline)  # (a tag's values hold no "<")
+            if self._fence is None and self._kind != "skip" and start >= 0:
+                tag, rest = _INLINE_RE.match(self._buf, start), self._buf[start:]
+                if tag and tag.end() > newline and not _BLANK_LINE_RE.search(tag[0]):
+                    joined = _NEWLINE_RE.sub(" ", tag[0])
+                    self._buf = self._buf[:start] + joined + self._buf[tag.end() :]
+                    continue
+                held = not (tag or final) and len(rest) < MAX_HELD_CHARS  # (bounds the work)
+                if held and may_become_markup(rest) and not _BLANK_LINE_RE.search(rest):
+                    text, used = self._line(self._buf[:newline], complete=False)
+                    self._buf = self._buf[used:]
+                    return "".join(out) + text, True
+            line, self._buf = self._buf[:newline].rstrip("\r"), self._buf[newline + 1 :]
+            out.append(self._line(line, complete=True)[0])
+        return "".join(out), False
 
     def _line(self, text: str, complete: bool) -> tuple[str, int]:
         """Speech text of (part of) the current line and how many of its characters it used."""
@@ -194,13 +223,16 @@ class MarkdownReader:
         return self._end_block(period=False) if core and core[-1] in TERMINAL else " "
 
     def _emit(self, text: str) -> str:
-        """Speech text out, its marks from markup (``BREAK``, ``ITEM_END``, ``CELL``) made
-        sentence marks and commas."""
+        """Speech text out, its marks from markup (``BREAK``, ``ITEM_END``, ``CELL``,
+        ``HUSH``) made sentence marks and commas."""
         out: list[str] = []
         for index, part in enumerate(MARKS_RE.split(text)):
             if index % 2:  # a mark
                 if part == CELL:
                     self._comma = bool(self._tail) and self._tail[-1] not in TERMINAL | {","}
+                elif part == HUSH:  # a finished sentence is not held back by what is not spoken
+                    if self._tail.rstrip(CLOSERS)[-1:] in FINAL:
+                        out.append(self._end_block(period=False))
                 else:
                     out.append(self._end_block(period=part == ITEM_END))
             elif part:
@@ -255,7 +287,7 @@ def _table_row(line: str) -> str:
     if all(_SEPARATOR_CELL_RE.fullmatch(c) for c in cells):
         return ""
     # A mark inside a cell (``<br>``) is read as a comma, like the cells' borders.
-    parts = (tidy(p) for c in cells for p in MARKS_RE.split(_inline(c))[::2])
+    parts = (tidy(p) for c in cells for p in MARKS_RE.split(_inline(c).replace(HUSH, ""))[::2])
     return ", ".join(p for p in parts if p)
 
 
@@ -341,9 +373,9 @@ def _inline_sub(match: re.Match[str]) -> str:
     if match["url"]:
         return _domain(match["url"])
     if match["comment"] is not None:
-        return ""
+        return HUSH
     if match["hidden"] is not None:  # (its content is dropped by the reader, or here)
-        return _attribute(match["hidden_attrs"], "alias") if match["hidden_name"] == "sub" else ""
+        return _attribute(match["hidden_attrs"], "alias") if match["hidden_name"] == "sub" else HUSH
     if match["tag"] is not None:
         return _tag(match["tag_name"], match["attrs"] or "", closing=match["tag"].startswith("</"))
     if match["mail"] is not None:

@@ -3,21 +3,24 @@ may still become one while deltas arrive.
 
 LLM replies carry ``<br>`` in tables, ``<sup>``, ``<details>`` and entities; Home Assistant
 users send SSML out of habit. They are read as a browser shows them: tags are not spoken,
-the text inside them is; block tags, ``<br>`` and SSML ``<break>`` end a phrase, list items,
-headings and table rows a sentence, table cells a comma; entities are decoded (only with
-their ';'); ``<script>``, ``<style>``, ``<think>`` and comments are not spoken, across
-lines; ``<name@example.com>`` is read without its brackets. Only lowercase known tag names
-(and namespaced ones) open a tag, and an attribute needs a value unless it is a boolean
-one, so angle brackets that open no known tag ("a < b", "x<5", "<3", "Vec<T>", "press <A>",
-"a<b and c>d") stay prose.
+the text inside them is; block tags, ``<br>`` and SSML ``<break>`` end a phrase, list
+items, headings and table rows a sentence, table cells a comma; entities are decoded (only
+with their ';'; references to no character or to a control are dropped); ``<script>``,
+``<style>``, ``<think>`` and comments are not spoken, across lines, and a finished sentence
+before them is not held back by them; a tag's attributes may go on over lines;
+``<name@example.com>`` is read without its brackets. Only lowercase known tag names (and
+namespaced ones) open a tag, and an attribute needs a value unless it is a boolean one, so
+angle brackets that open no known tag ("a < b", "x<5", "<3", "Vec<T>", "press <A>", "a<b
+and c>d") stay prose.
 
 This module holds that vocabulary and grammar: the tag-name sets, the ``MARKUP`` pattern
 that the markdown reader's inline pattern embeds, the marks (``BREAK``, ``ITEM_END``,
-``CELL``) that the reader turns into sentence ends and commas, and the streaming helpers
-(``hides``, ``hidden_upto``, ``may_become_markup``) that say what to hold back or drop while
-a tag, entity, comment or hidden element may still be arriving. What a tag is read as is
-left to ``markdown.py`` (an attribute's value is read as inline markdown there), sentences
-and segments to ``text.py``.
+``CELL``, ``HUSH``) that the reader turns into sentence ends and commas, and the streaming
+helpers (``hides``, ``hidden_upto``, ``may_become_markup``, ``unfinished_tag``) that say
+what to hold back or drop while a tag, entity, comment or hidden element may still be
+arriving, and what of it to drop when the text ends before it does. What a tag is read as
+is left to ``markdown.py`` (an attribute's value is read as inline markdown there),
+sentences and segments to ``text.py``.
 """
 
 from __future__ import annotations
@@ -32,8 +35,11 @@ MAX_HELD_CHARS = 300
 #: Marks in the reader's inline speech text (private-use characters, removed from the input):
 #: a phrase ends; an item, heading or table row ends as a sentence; a table cell ends.
 BREAK, ITEM_END, CELL = "\ue000", "\ue001", "\ue002"
-MARKS_RE = re.compile(f"([{BREAK}{ITEM_END}{CELL}])")
-NO_MARKS = str.maketrans("", "", BREAK + ITEM_END + CELL)
+#: Mark: an unspoken block (a comment, ``<script>``, ``<style>``, ``<think>``) begins here; a
+#: finished sentence before it ends there, so that it is spoken before the block is over.
+HUSH = "\ue003"
+MARKS_RE = re.compile(f"([{BREAK}{ITEM_END}{CELL}{HUSH}])")
+NO_MARKS = str.maketrans("", "", BREAK + ITEM_END + CELL + HUSH)
 #: Tags that end a phrase (a pause, no period added): blocks, ``<br>``, SSML ``<break>``,
 #: ``<p>`` and ``<s>`` (HTML's strikethrough ``<s>`` too: its words are still spoken).
 BREAK_TAGS = frozenset(
@@ -77,7 +83,7 @@ MARKUP = (
     r"(?P<comment><!--(?P<comment_end>.*?-->)?)"  # an open one hides the lines up to "-->"
     rf"|(?P<hidden><(?P<hidden_name>{'|'.join(_HIDDEN_TAGS)}|sub(?=[^<>]*\salias\s*=))(?![\w:-])"
     rf"(?P<hidden_attrs>{_ATTRIBUTES})\s*>(?P<hidden_end>.*?</(?P=hidden_name)\s*>)?)"
-    rf"|(?P<tag></?(?P<tag_name>{_NAME})(?P<attrs>{_ATTRIBUTES})\s*/?>|<![A-Za-z][^<>]*>|<\?[^<>]*\?>)"
+    rf"|(?P<tag></?(?P<tag_name>{_NAME})(?P<attrs>{_ATTRIBUTES})[\s/]*>|<![A-Za-z][^<>]*>|<\?[^<>]*\?>)"
     r"|(?P<mail><(?P<address>[\w.+-]+@[\w-]+(?:\.[\w-]+)+)>)"
     r"|(?P<entity>&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});)"
 )
@@ -86,18 +92,22 @@ _PARTIAL_MARKUP_RE = re.compile(
     r"&(?:#[xX]?[0-9a-fA-F]{0,7}|[A-Za-z][A-Za-z0-9]{0,31})?"
     r"|<(?:!(?:-|[A-Za-z][^<>]*)?|\?[^<>]*|[\w.+-]*(?:@[\w.-]*)?)"
     r"|</?(?:(?P<name>[a-z][\w:-]*)"
-    r"""(?P<attrs>(?:\s+[A-Za-z_:][\w:.-]*(?:\s*=\s*(?:"[^"<]*"?|'[^'<]*'?|[^\s"'=<>`]*))?)*\s*/?))?"""
+    r"""(?P<attrs>(?:\s+[A-Za-z_:][\w:.-]*(?:\s*=\s*(?:"[^"<]*"?|'[^'<]*'?|[^\s"'=<>`]*))?)*[\s/]*))?"""
 )
 ATTRIBUTE_RE = re.compile(rf"""([A-Za-z_:][\w:.-]*)\s*=\s*("[^"<]*"|'[^'<]*'|[^\s"'=<>`]+)""")
 #: A ``<break>`` that is no pause: no strength, or no time.
 SILENT_BREAK_RE = re.compile(
     r"""\bstrength\s*=\s*["']?(?:none|x-weak)\b|\btime\s*=\s*["']?0*(?:\.0*)?m?s\b"""
 )
-#: Decoded entities that are spaces or no text (no-break space, soft hyphen, zero-width
-#: characters), and the reader's marks.
+#: Decoded entities that are spaces or no text: no-break space and whitespace controls;
+#: soft hyphen and zero-width characters; the reader's marks; and what ``html.unescape``
+#: makes of references to no character (U+FFFD for ``&#0;``, a surrogate or a number past
+#: U+10FFFF) or to a control character (``&#x81;``), which a browser shows as no text or a
+#: replacement glyph and the model cannot say.
 ENTITY_TEXT = str.maketrans(
-    dict.fromkeys("\xa0\t\n\r", " ")
-    | dict.fromkeys("\xad\u200b\u200c\u200d\u2060\ufeff" + BREAK + ITEM_END + CELL)
+    dict.fromkeys("\xa0\t\n\r\x0c", " ")
+    | dict.fromkeys("\xad\u200b\u200c\u200d\u2060\ufeff\ufffd" + BREAK + ITEM_END + CELL + HUSH)
+    | dict.fromkeys(chr(c) for c in [*range(0x20), *range(0x7F, 0xA0)] if chr(c) not in "\t\n\r\x0c")
 )
 
 
@@ -131,4 +141,28 @@ def may_become_markup(text: str) -> bool:
     if name is None or not match["attrs"]:
         return True  # the name may still grow (into a namespaced one too)
     return name in _TAG_NAMES or ":" in name
+
+
+def unfinished_tag(text: str) -> int:
+    """Where a tag begun but not finished at the very end of ``text`` starts, when it can
+    only be markup; else ``len(text)``. At the end of the text it is dropped, as a browser
+    drops it: a closing tag of a known name or the start of one ("hi</b", "</spe"), an
+    opening tag of a known name once an attribute value or a "/" has begun ('<break
+    time="1', "<br /"), or that is its whole rest and longer than a letter ("<br"); a
+    declaration or processing instruction ("<!DOC", "<?xml"). Prose stays: "a</", "a </ b",
+    "if a<b", "x<b and c", "Vec<T", "</x"."""
+    start = text.rfind("<")
+    tail = text[start:].rstrip()
+    if start < 0 or not may_become_markup(tail):
+        return len(text)
+    tag = re.fullmatch(r"<(/?)([a-z][\w:-]*)(.*)", tail, re.S)
+    if tag is None:
+        return start if re.match(r"<(?:!-|![A-Za-z]|\?[A-Za-z])", tail) else len(text)
+    closing, name, rest = tag.groups()
+    known = name in _TAG_NAMES or ":" in name
+    if closing:
+        certain = known or any(known_name.startswith(name) for known_name in _TAG_NAMES)
+    else:
+        certain = known and ("=" in rest or "/" in rest or (not rest and len(name) > 1))
+    return start if certain else len(text)
 

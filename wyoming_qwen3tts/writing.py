@@ -26,6 +26,8 @@ CLOSERS = "\"')]}»”’」』）》】"
 #: Sentence and clause punctuation: a line that ends with it ends a block, and an item that
 #: ends with it gets no period.
 TERMINAL = set(".!?…:;。！？：；")
+#: Sentence-final punctuation: a finished sentence ends with it (before closers).
+FINAL = set(".!?…。！？")
 
 
 def tidy(text: str) -> str:
