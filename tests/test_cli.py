@@ -117,6 +117,40 @@ def test_an_unknown_default_voice_exits_before_any_model_loads(
     assert "Loading" not in result.stderr and "Traceback" not in result.stderr
 
 
+def test_the_check_before_loading_lets_the_clone_model_alone_start_with_no_clip_only_with_the_studio(tmp_path: Path) -> None:
+    """``check_some_voice``: the Base model alone with no clip whose header reads is refused
+    before loading without the studio, and let through with it (its first clip comes from
+    there); other models always have voices."""
+    from wyoming_qwen3tts.startup import check_some_voice
+    from wyoming_qwen3tts.voices import ModelKind
+
+    (tmp_path / "broken.wav").write_bytes(b"RIFF....not a wav file")
+    with pytest.raises(SystemExit, match=r"^No voices: .*; skipped: broken.wav \(no readable audio\)$"):
+        check_some_voice(tmp_path, {ModelKind.BASE})
+    check_some_voice(tmp_path, {ModelKind.BASE}, studio=True)
+    check_some_voice(tmp_path / "missing", {ModelKind.BASE}, studio=True)
+    check_some_voice(tmp_path, {ModelKind.BASE, ModelKind.VOICE_DESIGN})
+
+
+def test_an_unknown_default_voice_with_no_clip_is_refused_even_with_the_studio(checkpoints: Path, tmp_path: Path) -> None:
+    """The clone model alone and an empty voices folder start (their studio takes the first
+    clip), but not with a ``--voice`` naming a voice that is not there: that stays refused
+    at once, before any model loads."""
+    from .conftest import free_port
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    result = run_cli(
+        "--data-dir", str(tmp_path), "--voices-dir", str(voices), "--clone-model", str(checkpoints / "base"),
+        "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu", "--engine", "reference",
+        "--http-host", "127.0.0.1", "--http-port", str(free_port()), "--voice", "nosuch", cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("--voice 'nosuch': neither a clone voice in ") and last.endswith("valid voices: none"), last
+    assert "Loading" not in result.stderr and "Traceback" not in result.stderr
+
+
 def test_default_voice_check_knows_clones_presets_and_leaves_speakers_to_the_model(
     voices_dir: Path, tmp_path: Path
 ) -> None:
@@ -215,10 +249,14 @@ def test_a_torchaudio_built_for_another_torch_is_named_in_the_load_failure(monke
     assert _load_failure(ModelKind.BASE, "x", broken) == f"Cannot load the base model 'x': {broken}"
 
 
-def test_the_clone_model_alone_with_no_clip_stops_before_loading(checkpoints: Path, tmp_path: Path) -> None:
-    """Base model only and a voices folder with no usable clip (a transcript, a broken file
-    and a clip whose name holds a tab, each named): nothing could be spoken, so start-up ends at once, before any model loads (a
-    download of several GB for a real one), naming the folder and the three ways out."""
+def test_the_clone_model_alone_with_no_clip_and_no_studio_stops_before_loading(checkpoints: Path, tmp_path: Path) -> None:
+    """Base model only, the HTTP port and with it the voice studio off (``--http-port 0``),
+    and a voices folder with no usable clip (a transcript, a broken file and a clip whose
+    name holds a tab, each named): no voice could ever be added through the server, and a
+    headless server with none is most likely pointed at the wrong folder, so start-up ends
+    at once, before any model loads (a download of several GB for a real one), naming the
+    folder and the three ways out. With the studio the server starts and serves it
+    (``tests/test_studio.py``, ``test_the_clone_model_alone_with_no_clip_starts...``)."""
     voices = tmp_path / "voices"
     voices.mkdir()
     (voices / "later.txt").write_text("A transcript, its clip not copied yet.")
@@ -227,7 +265,7 @@ def test_the_clone_model_alone_with_no_clip_stops_before_loading(checkpoints: Pa
     result = run_cli(
         "--data-dir", str(tmp_path), "--voices-dir", str(voices), "--clone-model", str(checkpoints / "base"),
         "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu", "--engine", "reference",
-        cwd=tmp_path,
+        "--http-port", "0", cwd=tmp_path,
     )
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]

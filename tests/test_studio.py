@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import av
 import numpy as np
+import openai
 import pytest
 import soundfile as sf
 from wyoming.audio import AudioChunk, AudioStop
@@ -562,3 +563,119 @@ async def test_on_the_cpu_a_kept_design_keeps_the_clip_heard_and_no_anchor_is_re
         assert "this mode renders none" in log and "--anchors auto chooses it on the CPU, where one anchor takes minutes" in log
     finally:
         stop_server(srv)
+
+
+# --- a server that starts with no voice -------------------------------------------------------
+
+
+async def _wyoming_exchange(client: AsyncTcpClient, *events: Any, until: str) -> list[Any]:
+    """Send ``events`` on an open connection; the events answered up to ``until`` (or an error)."""
+    for event in events:
+        await client.write_event(event.event())
+    answered = []
+    while True:
+        event = await asyncio.wait_for(client.read_event(), 300)
+        assert event is not None, f"the server closed the connection after {[e.type for e in answered]}"
+        answered.append(event)
+        if event.type == until or Error.is_type(event.type):
+            return answered
+
+
+async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is_spoken(
+    checkpoints: Path, tmp_path: Path
+) -> None:
+    """A new user who enables only the clone model has no clip yet: the server starts all the
+    same (with its studio, which is where the first clip comes from), says so in one WARNING
+    naming the studio's address and the clips it skipped, describes itself with no voice,
+    refuses speech on both doors with how to add one (connection and server staying up),
+    and speaks the first uploaded clip at once, as its default voice, without a restart."""
+    from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop
+
+    from wyoming_qwen3tts.audio import SAMPLE_RATE as RATE
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    (voices / "later.txt").write_text("A transcript, its clip not copied yet.")
+    (voices / "broken.wav").write_bytes(b"RIFF....not a wav file")
+    sf.write(voices / "tab\there.wav", tone(1.5), 24000)  # a name with a control character
+    sf.write(voices / "hush.wav", np.zeros(24000, np.float32), 24000)  # a readable header, but silent
+    srv = start_server(
+        checkpoints, voices, tmp_path / "server.log",
+        extra=["--no-zeroconf", "--design-model", "none", "--custom-voice-model", "none"],
+    )
+    try:
+        log = srv.output()
+        said = [line for line in log.splitlines() if "No voice yet" in line]
+        assert len(said) == 1 and " WARNING " in said[0], log[-3000:]
+        assert f"voice studio (http://127.0.0.1:{srv.http_port}/)" in said[0] and str(voices.resolve()) in said[0]
+        assert "broken.wav (no readable audio)" in said[0] and "'tab\\there.wav' (control characters in its name)" in said[0]
+        assert "hush.wav (the clip is silent" in said[0] and said[0].count("broken.wav") == 1
+
+        # Wyoming: a valid info with no voice; speech refused with the way out, the connection stays up.
+        async with AsyncTcpClient("127.0.0.1", srv.port) as client:
+            info = Info.from_event((await _wyoming_exchange(client, Describe(), until="info"))[-1])
+            assert len(info.tts) == 1 and info.tts[0].installed and info.tts[0].voices == []
+            refused = await _wyoming_exchange(client, Synthesize(text="Hello there."), until="audio-stop")
+            assert [e.type for e in refused] == ["error"]
+            error = Error.from_event(refused[0])
+            assert error.code == "no-voices" and "voice studio" in error.text, error
+            assert f"http://127.0.0.1:{srv.http_port}/" in error.text
+            # Home Assistant's streaming path: an error for the start, then synthesize-stopped.
+            await client.write_event(SynthesizeStart().event())
+            stream = await _wyoming_exchange(client, until="audio-stop")
+            assert Error.from_event(stream[0]).code == "no-voices"
+            stopped = await _wyoming_exchange(
+                client, SynthesizeChunk(text="Turned on the lights."), SynthesizeStop(), until="synthesize-stopped"
+            )
+            assert [e.type for e in stopped] == ["synthesize-stopped"]
+            again = await _wyoming_exchange(client, Describe(), until="info")
+            assert [e.type for e in again] == ["info"]
+
+        # HTTP: empty listings, probes as usual, and OpenAI's error shape from the SDK.
+        status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
+        assert status == 200 and json.loads(body) == {"default": None, "voices": []}
+        assert (await call(srv, "GET", "/health", auth=False))[0] == 200
+        status, body = await call(srv, "GET", "/ready", auth=False)
+        assert status == 200 and json.loads(body)["status"] == "ready", body
+        sdk = openai.AsyncOpenAI(base_url=f"{srv.http_url}/v1", api_key="unused", max_retries=0, timeout=300)
+        with pytest.raises(openai.NotFoundError) as caught:
+            await sdk.audio.speech.create(model="tts-1", voice="alloy", input="Hello there.")
+        refusal = caught.value.body
+        assert isinstance(refusal, dict) and refusal["code"] == "no-voices" and refusal["param"] == "voice", refusal
+        assert "voice studio" in refusal["message"] and "VoiceDesign" in refusal["message"]  # why 'alloy' is none
+        status, body = await call(srv, "POST", "/v1/audio/speech", auth=False, json={"input": "Hi"})
+        error_body = json.loads(body)["error"]
+        assert status == 404 and error_body["code"] == "no-voices" and error_body["type"] == "invalid_request_error"
+
+        # The first clip, uploaded in the studio: spoken at once over both doors, as the default voice.
+        status, body = await call(
+            srv, "POST", "/v1/audio/voices", auth=False, data=upload("First", encoded(tone(2.0), "wav"), "Hello, this is me.")
+        )
+        assert status == 201, body
+        status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
+        listing = json.loads(body)
+        assert listing["default"] == "First" and [v["name"] for v in listing["voices"]] == ["First"]
+        async with AsyncTcpClient("127.0.0.1", srv.port) as client:
+            info = Info.from_event((await _wyoming_exchange(client, Describe(), until="info"))[-1])
+            assert [v.name for v in info.tts[0].voices] == ["First"]
+            spoken = await _wyoming_exchange(client, Synthesize(text=TEXT), until="audio-stop")  # no voice: the default
+            chunks = [AudioChunk.from_event(e) for e in spoken if AudioChunk.is_type(e.type)]
+            assert chunks and {(c.rate, c.width, c.channels) for c in chunks} == {(RATE, 2, 1)}, [e.type for e in spoken]
+            assert frames_ok(sum(len(c.audio) for c in chunks) // 2)
+        wav = await sdk.audio.speech.create(model="tts-1", voice="First", input=TEXT, response_format="wav")
+        audio, rate = sf.read(io.BytesIO(wav.content), dtype="float32")
+        assert rate == RATE and frames_ok(len(audio)) and np.abs(audio).max() > 0
+        async with (
+            aiohttp.ClientSession(timeout=_GUARD) as session,
+            session.post(srv.http_url + "/v1/audio/speech", json={"input": TEXT, "response_format": "pcm"}) as resp,
+        ):
+            assert resp.status == 200 and resp.headers["X-Voice"] == "First"
+            assert frames_ok(len(await resp.read()) // 2)
+        # Chosen as the default, it is kept as one: the studio does not delete it.
+        status, body = await call(srv, "DELETE", "/v1/audio/voices/First", auth=False)
+        assert status == 409 and json.loads(body)["error"]["code"] == "default-voice"
+        await sdk.close()
+        assert srv.alive()
+    finally:
+        stop_server(srv)
+    assert "Traceback" not in srv.output()

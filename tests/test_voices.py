@@ -517,3 +517,42 @@ def test_renaming_and_deleting_a_clone_take_its_transcript_in_any_case(tmp_path:
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".wav", ".txt")) == ["Lee.txt", "Lee.wav"]
     library.delete("Lee")
     assert [p.name for p in tmp_path.iterdir() if p.suffix in (".wav", ".txt")] == []
+
+
+def test_a_service_with_no_voice_refuses_with_the_way_out_then_adopts_the_first_voice(tmp_path: Path) -> None:
+    """The clone model alone and an empty folder (the server started so that its studio can
+    take the first clip): no default voice, every request refused with ``no-voices`` and
+    where the studio is; the first clip that appears becomes the default voice (the studio's
+    library then guards it as one) and a later, earlier-sorting clip does not take its place."""
+    from wyoming_qwen3tts.metrics import Metrics
+    from wyoming_qwen3tts.service import NoVoicesError, TtsService, VoiceNotFoundError, pick_default_voice
+
+    catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
+    service = TtsService(catalog, {}, None, Metrics(), studio="http://studio.test:8880/")
+    library = VoiceLibrary(catalog, lambda: service.default_voice)
+    assert service.default_voice is None and library.default_voice is None
+    for name in (None, "alloy", "nosuch"):
+        with pytest.raises(NoVoicesError) as caught:
+            service.resolve_voice(name)
+        assert isinstance(caught.value, VoiceNotFoundError) and caught.value.code == "no-voices"
+        assert "voice studio (http://studio.test:8880/)" in str(caught.value) and "<id>.wav" in str(caught.value)
+    assert "presets need the VoiceDesign model" in str(service.no_voices("alloy", str(_unknown(catalog, "alloy"))))
+    write_voice(tmp_path, "mine")
+    assert service.resolve_voice(None).name == "mine" and service.default_voice == "mine"
+    with pytest.raises(VoiceEditError) as refused:
+        library.delete("mine")
+    assert refused.value.code == "default-voice"
+    write_voice(tmp_path, "able")
+    catalog.refresh()
+    assert service.default_voice == "mine" and service.resolve_voice(None).name == "mine"
+    with pytest.raises(VoiceNotFoundError) as unknown:  # voices exist now: an unknown name is only that
+        service.resolve_voice("nosuch")
+    assert unknown.value.code == "unknown-voice"
+    assert pick_default_voice([]) is None and pick_default_voice(["zed", "aria"]) == "aria"
+    assert pick_default_voice(["zed", "Bea"]) == "Bea"
+
+
+def _unknown(catalog: VoiceCatalog, name: str) -> UnknownVoiceError:
+    with pytest.raises(UnknownVoiceError) as caught:
+        catalog.get(name)
+    return caught.value

@@ -34,8 +34,8 @@ from .metrics import Metrics
 from .handler import DEFAULT_MAX_CONNECTIONS
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED
 from .quiet import drop_default_config_notes, quiet_compilers, quiet_dependencies, restore_console, route_hub_logs
-from .startup import load_engines, no_voices_message
-from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, TtsService
+from .startup import load_engines, no_voices_message, no_voices_warning, studio_address, survey_clips
+from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, DEFAULT_VOICE, TtsService, pick_default_voice
 from .studio import HA_INGRESS_PEER
 from .voices import ModelKind, Reference, VoiceCatalog
 
@@ -51,8 +51,6 @@ DEFAULT_MODELS = {
     ModelKind.VOICE_DESIGN: "Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign",
     ModelKind.CUSTOM_VOICE: "none",
 }
-#: Voice used when a request names none, if the catalogue has it.
-DEFAULT_VOICE = "aria"
 #: Seconds the open streams get to send their last events on shutdown (SIGTERM). With
 #: the other steps' bounds below the process ends within 10 s (Docker's default grace).
 SHUTDOWN_GRACE_S = 2.0
@@ -271,26 +269,35 @@ async def main(argv: list[str] | None = None) -> None:
         _LOGGER.info("Clone voices: put <id>.wav and <id>.txt in %s", voices_dir.resolve())
     catalog = VoiceCatalog(voices_dir, set(engines), custom.speakers() if custom else [])
     names = [v.name for v in catalog.voices()]
+    studio = studio_address(args.http_host, args.http_port, bool(args.ingress_peer)) if args.http_port else None
+    no_voice: str | None = None  # the warning of a server that starts with no voice
     if not names:
-        raise SystemExit(no_voices_message(voices_dir))
-    default_voice = args.voice or (DEFAULT_VOICE if DEFAULT_VOICE in names else sorted(names)[0])
-    if not args.voice and custom is not None and getattr(args, "cpu_speaker_default", False):
+        _, skipped = survey_clips(voices_dir)
+        named = {item.rsplit(" (", 1)[0] for item in skipped}  # and the clips read but unusable (silent...)
+        unusable = [item.split(": ", 1) for item in catalog.skipped_clips()]
+        skipped += [f"{name} ({why})" for name, why in unusable if name not in named]
+        if studio is None:  # no studio (--http-port 0): nothing could ever add a voice
+            raise SystemExit(no_voices_message(voices_dir) + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
+        no_voice = no_voices_warning(voices_dir.resolve(), studio, skipped)
+    default_voice = args.voice or pick_default_voice(names)
+    if not args.voice and custom is not None and getattr(args, "cpu_speaker_default", False) and default_voice:
         default_voice = cpu_default_voice(custom.speakers(), default_voice)  # a speaker: no design on the CPU
-    try:
-        default_voice = catalog.get(default_voice).name  # the catalogue's spelling (or an alias's voice)
-    except KeyError as err:
-        raise SystemExit(f"--voice: {err}") from None
-    await _prime_default_voice(catalog, default_voice, engines)
-    anchors = await _anchors(args, engines, catalog, default_voice)  # voice studio
+    if default_voice is not None:
+        try:
+            default_voice = catalog.get(default_voice).name  # the catalogue's spelling (or an alias's voice)
+        except KeyError as err:
+            raise SystemExit(f"--voice: {err}") from None
+        await _prime_default_voice(catalog, default_voice, engines)
+    anchors = await _anchors(args, engines, catalog, default_voice) if default_voice is not None else None  # voice studio
     service = TtsService(
         catalog, engines, default_voice, metrics,
         max_chars=args.max_chars, seed=args.seed, fixed_frames=args.fixed_frames, anchors=anchors,
-        max_queue=args.max_queue,
+        max_queue=args.max_queue, studio=studio,
     )
     if anchors is not None:  # a VoiceDesign model that can never load renders none: stored ones still serve
         await anchors.begin(service.render_design, rendering=getattr(engines.get(ModelKind.VOICE_DESIGN), "unservable", None) is None)
     await _prepare_clips(engines, catalog, anchors)
-    _LOGGER.info("%d voice(s); default %s", len(names), default_voice)
+    _LOGGER.info("%d voice(s); default %s", len(names), default_voice or "none yet: the first voice added")
     # The models and libraries loaded so far live as long as the process: keep them out of
     # every garbage collection (no pauses scanning them while serving, and no 10 s final
     # collection at exit, which would outlast Docker's stop grace).
@@ -325,6 +332,8 @@ async def main(argv: list[str] | None = None) -> None:
             host, port = _zeroconf_address(args.zeroconf_address)
         announcer = Announcer(args.zeroconf or f"qwen3tts-{socket.gethostname()}", host, port)
         await announcer.start()
+    if no_voice is not None:  # said once it serves: the studio's address now answers
+        _LOGGER.warning("%s", no_voice)
     _LOGGER.info("Ready: Wyoming on %s", args.uri)
 
     stop = asyncio.Event()

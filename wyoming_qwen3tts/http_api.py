@@ -328,7 +328,8 @@ async def voices(request: web.Request) -> web.Response:
     """``GET /v1/audio/voices``: ``{"default": name, "voices": [voice, ...]}``, by name.
 
     Each voice: ``id`` and ``name`` (the same), ``kind``, ``model`` (the model name that
-    selects its kind), ``summary``, ``languages`` (BCP-47), ``aliases``.
+    selects its kind), ``summary``, ``languages`` (BCP-47), ``aliases``. A server with no
+    voice yet (the clone model alone, no clip) answers ``{"default": null, "voices": []}``.
     """
     service = request.app[_SERVICE_KEY]
     await service.catalog.refresh_async()
@@ -380,7 +381,10 @@ async def ready(request: web.Request) -> web.Response:
     """``GET /ready``: whether this server takes new work (a load balancer's health check):
     200 when every model is warmed up, no shutdown has begun and fewer than ``--max-queue``
     requests are open; else 503 with ``reason`` ("loading", "failed", "draining", "busy").
-    Per-model states, and the open requests against the limit."""
+    Per-model states, and the open requests against the limit. A server with no voice yet
+    (the clone model alone, no clip) is ready: its studio must take the first clip, also
+    through a load balancer that routes by this check, and its speech requests are refused
+    at once with how to add one (``service.NoVoicesError``)."""
     service = request.app[_SERVICE_KEY]
     reason = service.readiness()
     body: dict[str, Any] = {

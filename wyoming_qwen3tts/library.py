@@ -23,7 +23,7 @@ import os
 import re
 import tempfile
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import av
@@ -235,13 +235,20 @@ class VoiceLibrary:
 
     Args:
         catalog: the server's catalogue; its ``voices_dir`` is written.
-        default_voice: the server's default voice, which cannot be renamed or deleted.
+        default_voice: the server's default voice, which cannot be renamed or deleted: its
+            name, or a function that says it at each edit (``TtsService.default_voice``: a
+            server started with no voice chooses it when the first one is added); None: none.
     """
 
-    def __init__(self, catalog: VoiceCatalog, default_voice: str) -> None:
+    def __init__(self, catalog: VoiceCatalog, default_voice: str | Callable[[], str | None] | None) -> None:
         self.catalog = catalog
-        self.default_voice = default_voice
+        self._default_voice = default_voice
         self._reserved: set[str] = set()
+
+    @property
+    def default_voice(self) -> str | None:
+        """The server's default voice now (None: it has none yet)."""
+        return self._default_voice() if callable(self._default_voice) else self._default_voice
 
     @property
     def folder(self) -> Path:
@@ -361,7 +368,8 @@ class VoiceLibrary:
         if voice.source is VoiceSource.BUILTIN:
             message = f"{voice.name!r} is a built-in speaker of the CustomVoice model"
             raise VoiceEditError(403, "builtin-speaker", message, "voice")
-        if voice.name.casefold() == self.default_voice.casefold():
+        default = self.default_voice
+        if default is not None and voice.name.casefold() == default.casefold():
             message = f"{voice.name!r} is the server's default voice (--voice); change that first"
             raise VoiceEditError(409, "default-voice", message, "voice")
         if voice.name.casefold() in self._reserved:

@@ -36,6 +36,9 @@ _LOGGER = logging.getLogger(__name__)
 DEFAULT_MAX_CHARS = 10_000
 #: Default cap on requests open at once over both doors (generating or waiting their turn).
 DEFAULT_MAX_QUEUE = 32
+#: Voice used when a request names none and ``--voice`` names none either, if the catalogue
+#: has it (else the first voice by name: ``pick_default_voice``).
+DEFAULT_VOICE = "aria"
 #: What an out-of-memory error tells the client and the log to change.
 OOM_ADVICE = (
     "The GPU ran out of memory for this request; the server goes on. Retry, or restart the server "
@@ -72,6 +75,15 @@ class VoiceNotFoundError(RequestError):
     """No available voice of that name."""
 
     code = "unknown-voice"
+
+
+class NoVoicesError(VoiceNotFoundError):
+    """The server has no voice at all yet (the clone model alone, and no usable clip in the
+    voices folder): every request is refused with how to add one, until one is added.
+    A ``VoiceNotFoundError``, so every door answers it where it answers an unknown voice
+    (HTTP 404, param ``voice``), with its own code."""
+
+    code = "no-voices"
 
 
 class LanguageError(RequestError):
@@ -123,6 +135,7 @@ __all__ = [
     "EmptyTextError",
     "GenerationError",
     "LanguageError",
+    "NoVoicesError",
     "OverloadedError",
     "RequestError",
     "ServerStoppingError",
@@ -149,19 +162,22 @@ class TtsService:
             random weights, which rarely end on their own); None caps by ``frame_budget``.
         anchors: the presets' anchors (None: presets are always designed live).
         max_queue: most requests open at once (both doors); ``open`` refuses the next one.
+        studio: where clients find the voice studio (its URL, in words), for the refusal
+            of a request while the server has no voice (``NoVoicesError``); None: no studio.
     """
 
     def __init__(
         self,
         catalog: VoiceCatalog,
         engines: dict[ModelKind, Engine],
-        default_voice: str,
+        default_voice: str | None,
         metrics: Metrics,
         max_chars: int = DEFAULT_MAX_CHARS,
         seed: int | None = None,
         fixed_frames: int | None = None,
         anchors: Anchors | None = None,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        studio: str | None = None,
     ) -> None:
         self.catalog = catalog
         self.anchors = anchors
@@ -172,7 +188,8 @@ class TtsService:
         for kind, engine in engines.items():
             metrics.track_queue(kind.value, self._schedulers[kind].queue_depth)
             engine.start(self._schedulers[kind])
-        self.default_voice = default_voice
+        self._default_voice = default_voice
+        self.studio = studio
         self.metrics = metrics
         self.max_chars = max_chars
         self.max_queue = max_queue
@@ -184,6 +201,36 @@ class TtsService:
     def kinds(self) -> frozenset[ModelKind]:
         """The loaded model kinds."""
         return frozenset(self._engines)
+
+    @property
+    def default_voice(self) -> str | None:
+        """The voice of requests that name none: ``--voice``, or the one chosen at start.
+        None while the server has no voice at all (it started with none: the clone model
+        alone and an empty voices folder); the first time it is read once the catalogue
+        holds voices (a clip uploaded in the studio or copied into the folder), the default
+        is chosen as at start (``pick_default_voice``), logged, and kept from then on.
+        Reading it does not re-read the voices folder (the doors refresh the catalogue)."""
+        if self._default_voice is None:
+            chosen = pick_default_voice([v.name for v in self.catalog.voices()])
+            if chosen is not None:
+                self._default_voice = chosen
+                _LOGGER.info("Default voice: %s, the first voice added (--voice chooses another)", chosen)
+        return self._default_voice
+
+    def no_voices(self, name: str | None = None, why: str | None = None) -> NoVoicesError:
+        """The refusal of a request while the server has no voice: what to do about it.
+
+        Args:
+            name: the voice the request named, if any.
+            why: the catalogue's word on that name (a skipped clip says why), if any.
+        """
+        where = f" ({self.studio})" if self.studio else ""
+        asked = f"{why.split('; available:')[0]}. " if why else (f"Unknown voice {name!r}. " if name else "")
+        return NoVoicesError(
+            f"{asked}This server has no voice yet: upload a clip under 'Clone a voice' in the voice "
+            f"studio{where}, or add a clip <id>.wav and its transcript <id>.txt to the voices folder; "
+            "it is spoken at once, without a restart"
+        )
 
     @property
     def backend(self) -> str:
@@ -241,14 +288,20 @@ class TtsService:
         """The voice for a request's name (None/"" = default).
 
         Raises:
-            VoiceNotFoundError: unknown name.
+            VoiceNotFoundError: unknown name; ``NoVoicesError`` while the server has no
+                voice at all (with how to add one).
         """
         # The doors awaited catalog.refresh_async (new clips read off the loop): this finds
         # nothing to read, and does not wait for a refresh another thread is running.
         self.catalog.refresh(wait=False)
+        wanted = name or self.default_voice
+        if wanted is None:
+            raise self.no_voices()
         try:
-            return self.catalog.get(name or self.default_voice)
+            return self.catalog.get(wanted)
         except UnknownVoiceError as err:
+            if not self.catalog.voices():
+                raise self.no_voices(name, str(err)) from None
             raise VoiceNotFoundError(str(err)) from None
 
     def _native_voice(self, default: Voice, language: str) -> Voice:
@@ -587,6 +640,14 @@ class SpeechStream:
             m.real_time_factor.labels(self._door).observe((time.perf_counter() - self._opened) / audio_s)
         for wait in self._job.queue_waits:
             m.queue_wait.labels(self._door).observe(wait)
+
+
+def pick_default_voice(names: list[str]) -> str | None:
+    """The default voice among the catalogue's voice ``names`` when ``--voice`` names none:
+    ``DEFAULT_VOICE`` if it is one of them, else the first by name; None when there are none."""
+    if not names:
+        return None
+    return DEFAULT_VOICE if DEFAULT_VOICE in names else sorted(names)[0]
 
 
 def native_language(voice: Voice) -> str:

@@ -146,7 +146,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
     kinds = {k for k, s in sources.items() if s and s.lower() != "none"}
     speakers = known_speakers(sources[ModelKind.CUSTOM_VOICE], models_dir) if ModelKind.CUSTOM_VOICE in kinds else None
     check_default_voice(args.voice, voices_dir, kinds, speakers)
-    check_some_voice(voices_dir, kinds)
+    check_some_voice(voices_dir, kinds, studio=bool(args.http_port))
     if pick_engine(args.engine, device) == "ggml":
         return await _load_ggml_engines(args, sources, models_dir, metrics)
     checkpoints: dict[ModelKind, Path] = {}
@@ -257,25 +257,64 @@ def no_voices_message(voices_dir: Path) -> str:
             "the VoiceDesign model (--design-model) or the CustomVoice model (--custom-voice-model)")
 
 
-def check_some_voice(voices_dir: Path, kinds: set[ModelKind]) -> None:
-    """With the Base model alone, refuse to start before any model loads (a download of
-    several GB) when the voices folder holds no clip: there would be nothing to speak. A clip
+def check_some_voice(voices_dir: Path, kinds: set[ModelKind], studio: bool = False) -> None:
+    """With the Base model alone and no voice studio (``--http-port 0``), refuse to start
+    before any model loads (a download of several GB) when the voices folder holds no clip:
+    nothing could ever be spoken. With the studio the server starts anyway, so that the
+    first clip can be uploaded there (``no_voices_warning`` says so once it serves). A clip
     whose samples turn out unusable is found after loading (``__main__`` checks again).
 
+    Args:
+        voices_dir: the clone library (it may not exist).
+        kinds: the model kinds enabled on the command line.
+        studio: whether the HTTP port, and with it the voice studio, is on.
+
     Raises:
-        SystemExit: ``no_voices_message``.
+        SystemExit: ``no_voices_message``, naming the clips skipped and why.
     """
-    if kinds != {ModelKind.BASE}:
+    if kinds != {ModelKind.BASE} or studio:
         return
-    skipped = []
+    usable, skipped = survey_clips(voices_dir)
+    if not usable:
+        raise SystemExit(no_voices_message(voices_dir) + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
+
+
+def survey_clips(voices_dir: Path) -> tuple[bool, list[str]]:
+    """Whether the voices folder holds a clip that may be a voice (a readable audio header,
+    a name without control characters), and every clip it skips for either reason, each
+    named with why (``'tab\\there.wav' (control characters in its name)``,
+    ``broken.wav (no readable audio)``), by file name. Reads headers only."""
+    skipped, usable = [], False
     for clip in _clip_files(voices_dir):
         if has_control_characters(clip.stem):
             skipped.append(f"{clip.name!r} (control characters in its name)")
         elif not _audio_header(clip):
             skipped.append(f"{clip.name} (no readable audio)")
         else:
-            return
-    raise SystemExit(no_voices_message(voices_dir) + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
+            usable = True
+    return usable, skipped
+
+
+def studio_address(host: str, port: int, ingress: bool = False) -> str:
+    """Where the voice studio is, in words, for the no-voice warning and refusals: its URL on
+    ``host``:``port`` (``--http-host``, ``--http-port``; a wildcard host as "this machine"),
+    and under Home Assistant (``ingress``: an ``--ingress-peer``) the add-on's panel."""
+    shown = "<this machine>" if host in ("", "0.0.0.0", "::") else f"[{host}]" if ":" in host else host
+    where = f"http://{shown}:{port}/"
+    return f"{where}, or the add-on's panel in Home Assistant" if ingress else where
+
+
+def no_voices_warning(voices_dir: Path, studio: str, skipped: list[str]) -> str:
+    """The one WARNING of a server that starts with no voice (the clone model alone, no usable
+    clip): where to add the first one, and the clips skipped (``survey_clips``, and the
+    catalogue's ``skipped_clips``)."""
+    return (
+        f"No voice yet: the clone (Base) model is the only model, and the voices folder {voices_dir} holds no "
+        f"usable clip. Upload one in the voice studio ({studio}) or copy <id>.wav and its transcript <id>.txt "
+        "into that folder: it is spoken at once, without a restart, and becomes the default voice. Until then "
+        "every speech request is refused with this advice"
+        + (f"; skipped: {', '.join(skipped)}" if skipped else "")
+    )
 
 
 def check_default_voice(

@@ -516,6 +516,12 @@ class VoiceCatalog:
             return str(err)
         return reference
 
+    def skipped_clips(self) -> list[str]:
+        """The clips of the clone library skipped at the last refresh because they could not
+        be used (unreadable, too short, silent), each as ``<file>: why``, by file name; not
+        those skipped for their name (control characters, a name another clip has)."""
+        return sorted(self._clone_problems.values())
+
     def voices(self) -> list[Voice]:
         """Every available voice. Names are case-insensitive: a user preset overrides the
         shipped one of the same name in any case, and clone ids shadow presets and
@@ -587,7 +593,7 @@ class VoiceCatalog:
             if wanted in (a.lower() for a in voice.aliases):
                 return voice
         names = sorted(v.name for v in voices)
-        shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
+        shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "") or "none"
         if ModelKind.VOICE_DESIGN not in self.kinds:  # a preset, but no model to speak it
             for preset in (*self.shipped.values(), *self._user_presets.values()):
                 if wanted == preset.name.lower() or wanted in (a.lower() for a in preset.aliases):
