@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import av
+import jsonschema
 import numpy as np
 import openai
 import pytest
@@ -634,6 +635,10 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
         # HTTP: empty listings, probes as usual, and OpenAI's error shape from the SDK.
         status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
         assert status == 200 and json.loads(body) == {"default": None, "voices": []}
+        status, described = await call(srv, "GET", "/openapi.json", auth=False)
+        document = json.loads(described)
+        listing = {**document["components"]["schemas"]["VoiceList"], "components": document["components"]}
+        jsonschema.validate(json.loads(body), listing)  # the served description allows it
         assert (await call(srv, "GET", "/health", auth=False))[0] == 200
         status, body = await call(srv, "GET", "/ready", auth=False)
         assert status == 200 and json.loads(body)["status"] == "ready", body

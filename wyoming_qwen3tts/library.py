@@ -370,7 +370,10 @@ class VoiceLibrary:
             raise VoiceEditError(403, "builtin-speaker", message, "voice")
         default = self.default_voice
         if default is not None and voice.name.casefold() == default.casefold():
-            message = f"{voice.name!r} is the server's default voice (--voice); change that first"
+            message = (
+                f"{voice.name!r} is the server's default voice, spoken when a request names none: "
+                "choose another first (--voice, the add-on's voice option) and restart"
+            )
             raise VoiceEditError(409, "default-voice", message, "voice")
         if voice.name.casefold() in self._reserved:
             message = f"Another change to {voice.name!r} is in progress; try again"

@@ -82,7 +82,7 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["default", "voices"],
         "properties": {
-            "default": {"type": "string"},
+            "default": {"type": ["string", "null"], "description": "null while no voice exists yet"},
             "voices": {"type": "array", "items": {"$ref": "#/components/schemas/Voice"}},
         },
     },
