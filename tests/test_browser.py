@@ -26,6 +26,7 @@ from aiohttp import web
 
 from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
 from wyoming_qwen3tts.text import frame_budget
+from wyoming_qwen3tts.ws_events import browser_can_offer_key
 
 from .conftest import CLONE_TRANSCRIPT, Server, free_port, start_server, stop_server
 from .test_studio import tone, wyoming_voices
@@ -468,3 +469,32 @@ def test_a_browser_websocket_offers_the_api_key_as_a_subprotocol(browser: Browse
         assert refused["protocol"] is None and refused["closed"] == 1006 and refused["types"] == [], refused
     finally:
         context.close()
+
+
+def test_the_browser_refuses_exactly_the_keys_the_start_up_warns_of(browser: Browser) -> None:
+    """A browser offers the API key to the WebSocket door as a subprotocol
+    (``openai-insecure-api-key.<key>``); Chromium's ``new WebSocket`` throws for a key it
+    cannot carry, before connecting. ``--api-key`` warns at start-up for exactly those keys
+    (``ws_events.browser_can_offer_key``)."""
+    keys = [
+        "browser-key", "0123456789abcdef" * 4, "!#$%&'*+-.^_`|~", "s3cr3t/key=", "abc=", "a b",
+        "a,b", 'a"b', "a:b", "(x)", "{x}", "a;b", "a?b", "a@b", "[x]", "a\\b", "ä", "a\tb",
+    ]
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        offered = page.evaluate(
+            """keys => keys.map(key => {
+                try {
+                    new WebSocket("ws://127.0.0.1:9/", ["nari.speech.v1", "openai-insecure-api-key." + key]).close();
+                    return true;
+                } catch (error) {
+                    return false;
+                }
+            })""",
+            keys,
+        )
+    finally:
+        context.close()
+    assert dict(zip(keys, offered)) == {key: browser_can_offer_key(key) for key in keys}
+    assert offered.count(True) == 3  # the three token keys; every other one is refused

@@ -828,3 +828,24 @@ def test_the_server_waits_for_the_clients_close_frame(ws_server: Server) -> None
         send(struct.pack(">H", 1000), opcode=8)  # our Close: now the server ends the connection
         sock.settimeout(30)
         assert sock.recv(10) == b""
+
+
+@pytest.mark.parametrize(("key", "http_port", "warned"), [("s3cr3t/key=", True, True), ("0123abcd" * 8, True, False), ("s3cr3t/key=", False, False)])
+def test_a_key_no_browser_can_offer_is_warned_of_at_start_up(
+    key: str, http_port: bool, warned: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``check_args`` warns of an ``--api-key`` a browser cannot offer to this door (a
+    base64 key's ``/`` and ``=``), once, and only while the HTTP port is on."""
+    from wyoming_qwen3tts.__main__ import build_parser, check_args
+
+    from .conftest import free_port
+
+    args = build_parser().parse_args(
+        ["--data-dir", str(tmp_path), "--uri", f"tcp://127.0.0.1:{free_port()}",
+         "--http-host", "127.0.0.1", "--http-port", str(free_port() if http_port else 0), "--api-key", key]
+    )
+    with caplog.at_level("WARNING"):
+        check_args(args)
+    said = [r.getMessage() for r in caplog.records if "--api-key" in r.getMessage()]
+    assert len(said) == int(warned), said
+    assert not warned or "WebSocket" in said[0] and "openssl rand -hex 32" in said[0]

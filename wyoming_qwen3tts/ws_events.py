@@ -29,6 +29,7 @@ messages of the response. Sequences count from 0 over the appends and the end to
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,19 @@ def offered_subprotocols(values: list[str]) -> list[str]:
     """The subprotocols a handshake offers, in order: ``values`` are its
     ``Sec-WebSocket-Protocol`` header values (each a comma-separated list, RFC 6455 4.1)."""
     return [token.strip() for value in values for token in value.split(",") if token.strip()]
+
+
+#: An HTTP token (RFC 9110 5.6.2, ``tchar``): all a subprotocol may hold (RFC 6455 4.1).
+_TOKEN_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def browser_can_offer_key(key: str) -> bool:
+    """True when a browser can offer ``key`` in the ``KEY_PROTOCOL_PREFIX`` subprotocol: it
+    holds only token characters (RFC 9110 ``tchar``). A base64 key's ``/`` or ``=`` makes
+    the browser's ``new WebSocket(url, protocols)`` throw ``SyntaxError`` before connecting."""
+    return _TOKEN_RE.fullmatch(key) is not None
+
+
 #: Where the door listens, on the HTTP port (where the harness looks for it).
 PATH = "/v1/audio/speech/ws"
 #: The audio format of every binary message, as ``session.created`` and
