@@ -190,8 +190,8 @@ def test_clone_files_of_one_name_or_with_control_characters_are_reported_once(
         assert goodie is not None and goodie.transcript == "Hello there."
         same = taken_logs(caplog, logging.WARNING, "same voice name")
         assert len(same) == 2, same
-        assert any("using GOODIE.wav, ignoring goodie.wav" in m for m in same)
-        assert any("using dup.flac, ignoring dup.wav" in m for m in same)
+        assert any("using 'GOODIE.wav', ignoring 'goodie.wav'" in m for m in same)
+        assert any("using 'dup.flac', ignoring 'dup.wav'" in m for m in same)
         with pytest.raises(UnknownVoiceError):
             catalog.get("new\nline")
         catalog.refresh(force=True)
@@ -556,3 +556,88 @@ def _unknown(catalog: VoiceCatalog, name: str) -> UnknownVoiceError:
     with pytest.raises(UnknownVoiceError) as caught:
         catalog.get(name)
     return caught.value
+
+
+#: ``Renée`` and ``José`` spelled composed (NFC: what the studio writes, what clients type)
+#: and decomposed (NFD: what macOS writes over Samba).
+RENEE, RENEE_NFD = "Ren\u00e9e", "Rene\u0301e"
+JOSE, JOSE_NFD = "Jos\u00e9", "Jose\u0301"
+
+
+def test_a_clip_name_with_spaces_around_it_is_the_voice_name_without_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``"trail .wav"`` and ``" spaced .wav"`` are the voices ``trail`` and ``spaced``: listed
+    so, found by that name and by the spelling with spaces (a request's name is stripped),
+    read with a transcript spelled either way, and ``spaced`` (first by name) is the default
+    voice of a clone-only service. ``"zed .wav"`` beside ``zed.wav`` is one voice by the
+    duplicate rule (first in name order, the other named in a WARNING); ``" .wav"``, a blank
+    name, is skipped with a WARNING."""
+    from wyoming_qwen3tts.metrics import Metrics
+    from wyoming_qwen3tts.service import TtsService
+
+    write_voice(tmp_path, "trail ", transcript="Trail speaking.")
+    write_voice(tmp_path, " spaced ", transcript=None)
+    (tmp_path / "spaced.txt").write_text("Spaced speaking.")
+    write_voice(tmp_path, "zed ", freq=300.0, transcript=None)
+    write_voice(tmp_path, "zed", freq=400.0, transcript=None)
+    write_voice(tmp_path, " ", transcript=None)
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
+        assert sorted(v.name for v in catalog.voices()) == ["spaced", "trail", "zed"]
+        for asked, name in [("trail", "trail"), ("trail ", "trail"), (" Spaced ", "spaced"), ("spaced", "spaced"),
+                            ("ZED", "zed")]:
+            assert catalog.get(asked).name == name, asked
+        trail, spaced = catalog.get("trail").reference, catalog.get("spaced").reference
+        assert trail is not None and trail.transcript == "Trail speaking."
+        assert spaced is not None and spaced.transcript == "Spaced speaking."
+        zed = catalog.get("zed").reference
+        assert zed is not None and zed.digest == Reference.load(tmp_path / "zed .wav").digest
+        warned = taken_logs(caplog, logging.WARNING, "")
+        same = [m for m in warned if "same voice name" in m]
+        assert len(same) == 1 and "using 'zed .wav', ignoring 'zed.wav'" in same[0], warned
+        assert "Skipping clone voice ' .wav': its name is blank; rename the file" in warned, warned
+    service = TtsService(catalog, {}, None, Metrics())
+    assert service.default_voice == "spaced" and service.resolve_voice(None).name == "spaced"
+
+
+def test_voice_names_are_compared_in_unicode_nfc(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A clip written with decomposed accents (NFD ``Renée.wav``, as macOS writes over Samba)
+    is the voice ``Renée`` in NFC, found by either spelling in any case, with its transcript
+    spelled either way; NFD and NFC ``José.wav`` side by side are one voice by the duplicate
+    rule (the first in name order, the other named in a WARNING)."""
+    write_voice(tmp_path, RENEE_NFD, transcript=None)
+    (tmp_path / f"{RENEE}.txt").write_text("Renée speaking.")
+    write_voice(tmp_path, JOSE, freq=300.0, transcript=None)
+    write_voice(tmp_path, JOSE_NFD, freq=400.0, transcript=None)
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
+        assert sorted(v.name for v in catalog.voices()) == [JOSE, RENEE]
+        for asked, name in [(RENEE, RENEE), (RENEE_NFD, RENEE), ("REN\u00c9E", RENEE), (JOSE_NFD, JOSE), (JOSE, JOSE)]:
+            assert catalog.get(asked).name == name, ascii(asked)
+        renee = catalog.get(RENEE).reference
+        assert renee is not None and renee.transcript == "Renée speaking."
+        jose = catalog.get(JOSE).reference  # NFD sorts first: "e" before "é"
+        assert jose is not None and jose.digest == Reference.load(tmp_path / f"{JOSE_NFD}.wav").digest
+        same = taken_logs(caplog, logging.WARNING, "same voice name")
+        assert len(same) == 1 and f"using {JOSE_NFD + '.wav'!r}, ignoring {JOSE + '.wav'!r}" in same[0], same
+
+
+def test_the_studio_renames_and_deletes_a_voice_whose_file_name_is_spelled_otherwise(tmp_path: Path) -> None:
+    """The studio finds the files of ``trail`` in ``"trail .wav"`` / ``"trail .txt"`` and of
+    ``Renée`` in an NFD ``Renée.wav`` with an NFD transcript: a rename moves both files to the
+    new name, a delete removes both, and a new voice ``Renée`` in NFC is refused while the NFD
+    one is there (no two voices that look alike)."""
+    write_voice(tmp_path, "trail ", transcript="Trail speaking.")
+    write_voice(tmp_path, RENEE_NFD, transcript="Renée speaking.")
+    write_voice(tmp_path, " spaced ", transcript=None)
+    library = _library(tmp_path)
+    with pytest.raises(VoiceEditError) as caught:
+        library.check_free(RENEE)
+    assert caught.value.code == "name-taken"
+    renamed = library.rename("trail ", "Path")  # as a URL spells the listed name, or with its space
+    assert renamed.name == "Path" and renamed.reference is not None and renamed.reference.transcript == "Trail speaking."
+    assert library.delete(RENEE).name == RENEE  # asked in NFC
+    assert library.delete("spaced").name == "spaced"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".wav", ".txt")) == ["Path.txt", "Path.wav"]
+    assert library.catalog.find(RENEE) is None and library.catalog.find("trail") is None

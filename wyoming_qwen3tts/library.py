@@ -41,7 +41,7 @@ from .voices import (
     Voice,
     VoiceCatalog,
     VoiceSource,
-    transcript_name,
+    clone_files,
 )
 
 #: Largest uploaded clip, in bytes (20 MB: a 20 s WAV at 48 kHz stereo 32-bit is 7.7 MB).
@@ -79,13 +79,10 @@ class VoiceEditError(Exception):
 
 
 def _clone_files(folder: Path, name: str) -> list[Path]:
-    """The files of the clone voice ``name`` in ``folder``, sorted: its clips (``<name>.wav``,
-    ``.flac``) and the transcript the catalogue reads for them (``<name>.txt``, else one whose
-    name differs only in case: ``VoiceCatalog`` matches transcripts in any case)."""
-    files = sorted(folder.iterdir())
-    clips = [p for p in files if p.stem == name and p.suffix.lower() in AUDIO_SUFFIXES]
-    text = transcript_name(folder / f"{name}.wav", [p.name for p in files])
-    return sorted(clips + ([folder / text] if text is not None else []))
+    """The files of the clone voice ``name`` in ``folder``, sorted: its clip as the catalogue
+    reads it (``"trail .wav"`` for ``trail``, an NFD ``Renée.wav`` for ``Renée``), that clip's
+    twins (``.wav`` and ``.flac``) and its transcript (``voices.clone_files``)."""
+    return clone_files(folder, name)
 
 
 def check_name(name: object) -> str:

@@ -35,7 +35,8 @@ from .engine.sizing import (
 )
 from .metrics import Metrics
 from .voices import (
-    AUDIO_SUFFIXES, PRESETS_FILE, ModelKind, Reference, VoiceCatalog, VoiceSource, has_control_characters, load_presets,
+    AUDIO_SUFFIXES, PRESETS_FILE, ModelKind, Reference, VoiceCatalog, VoiceSource, clone_name, has_control_characters,
+    load_presets, name_key,
 )
 
 _LOGGER = logging.getLogger("wyoming_qwen3tts")
@@ -281,13 +282,16 @@ def check_some_voice(voices_dir: Path, kinds: set[ModelKind], studio: bool = Fal
 
 def survey_clips(voices_dir: Path) -> tuple[bool, list[str]]:
     """Whether the voices folder holds a clip that may be a voice (a readable audio header,
-    a name without control characters), and every clip it skips for either reason, each
-    named with why (``'tab\\there.wav' (control characters in its name)``,
-    ``broken.wav (no readable audio)``), by file name. Reads headers only."""
+    a name without control characters and not blank), and every clip it skips for any of
+    these reasons, each named with why (``'tab\\there.wav' (control characters in its name)``,
+    ``' .wav' (a blank name)``, ``broken.wav (no readable audio)``), by file name. Reads
+    headers only."""
     skipped, usable = [], False
     for clip in _clip_files(voices_dir):
         if has_control_characters(clip.stem):
             skipped.append(f"{clip.name!r} (control characters in its name)")
+        elif not clone_name(clip.stem):
+            skipped.append(f"{clip.name!r} (a blank name)")
         elif not _audio_header(clip):
             skipped.append(f"{clip.name} (no readable audio)")
         else:
@@ -327,7 +331,8 @@ def check_default_voice(
     without a model; a CustomVoice speaker's name from the checkpoint's config
     (``known_speakers``), or else only from the loaded model: with the CustomVoice model
     enabled and ``speakers`` None nothing is refused here (the catalogue checks the name after
-    loading). Names and aliases match case-insensitively, as ``VoiceCatalog.get``. A clone
+    loading). Names and aliases match as in ``VoiceCatalog.get`` (``name_key``: in any case, accents
+    composed or decomposed, spaces around them aside), a clip by its voice name (``clone_name``). A clone
     file without a readable audio header is no voice here; one whose samples turn out unusable
     (silent, cut) passes and is refused, with why, after loading.
 
@@ -343,17 +348,20 @@ def check_default_voice(
     custom = ModelKind.CUSTOM_VOICE in kinds
     if not name or not kinds or (custom and speakers is None):
         return
-    wanted = name.strip().casefold()
+    wanted = name_key(name)
     if custom and speakers is not None and wanted in speakers:
         return
     clones: list[str] = []
     if ModelKind.BASE in kinds:
-        clones = [p.stem for p in _clip_files(voices_dir) if _audio_header(p)]
-    if wanted in {clone.casefold() for clone in clones}:
+        clones = [
+            clone_name(p.stem) for p in _clip_files(voices_dir)
+            if not has_control_characters(p.stem) and clone_name(p.stem) and _audio_header(p)
+        ]
+    if wanted in {name_key(clone) for clone in clones}:
         return
     presets = dict(VoiceCatalog(None, {ModelKind.VOICE_DESIGN}).shipped)  # no folder read, no log line
     presets.update(load_presets([voices_dir / PRESETS_FILE], VoiceSource.USER, presets))
-    preset = next((v for v in presets.values() if wanted in {n.casefold() for n in (v.name, *v.aliases)}), None)
+    preset = next((v for v in presets.values() if wanted in {name_key(n) for n in (v.name, *v.aliases)}), None)
     if preset is not None and ModelKind.VOICE_DESIGN in kinds:
         return
     valid = sorted(

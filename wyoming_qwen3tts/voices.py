@@ -80,15 +80,55 @@ def has_control_characters(name: str) -> bool:
     return any(unicodedata.category(ch) == "Cc" for ch in name)
 
 
+def clone_name(stem: str) -> str:
+    """The voice name of a clip whose file name (without its suffix) is ``stem``: in Unicode
+    NFC (macOS writes accents decomposed, NFD, over Samba; the studio writes NFC), without
+    surrounding whitespace (``"trail .wav"`` is the voice ``trail``: a request's name is
+    stripped too, so a listed ``"trail "`` could never be asked for). Empty: no name."""
+    return unicodedata.normalize("NFC", stem).strip()
+
+
+def name_key(name: str) -> str:
+    """What voice names are compared by: ``name`` in NFC, stripped, case-folded (so
+    ``Renée`` typed composed or decomposed, ``KIM`` and ``kim``, ``"trail "`` and ``trail``
+    are one name each)."""
+    return unicodedata.normalize("NFC", clone_name(name).casefold())
+
+
 def transcript_name(clip: Path, names: Collection[str]) -> str | None:
     """The transcript that clip ``clip`` reads among the file ``names`` of its folder:
-    ``<id>.txt``, else the first (in name order) whose name differs only in case
-    (``Kim.wav`` reads ``kim.txt``); None: no transcript."""
+    ``<id>.txt``, else the first (in name order) whose name is the same voice name
+    (``name_key``: in any case, composed or decomposed, surrounding spaces aside:
+    ``Kim.wav`` reads ``kim.txt``); None: no transcript."""
     exact = clip.with_suffix(".txt").name
     if exact in names:
         return exact
-    key = clip.stem.casefold()
-    return next((n for n in sorted(names) if n.lower().endswith(".txt") and n[:-4].casefold() == key), None)
+    key = name_key(clip.stem)
+    return next((n for n in sorted(names) if n.lower().endswith(".txt") and name_key(n[:-4]) == key), None)
+
+
+def clone_files(folder: Path, name: str) -> list[Path]:
+    """The files of the clone voice ``name`` in ``folder``, sorted, as the catalogue reads
+    them: the clip that gives the voice (the first in name order whose voice name is
+    ``name``, see ``clone_name`` and ``name_key``: an NFD ``Renée.wav``, ``"trail .wav"``),
+    its twins of the same file stem (``kim.wav`` and ``kim.flac``), and the transcript the
+    catalogue reads for it (``transcript_name``). Files the catalogue skips (hidden ones,
+    names with control characters) are never among them. The studio renames and deletes
+    these."""
+    files = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+    key = name_key(name)
+    if not key:
+        return []
+    clips = [
+        p for p in files
+        if p.suffix.lower() in AUDIO_SUFFIXES and not has_control_characters(p.stem) and name_key(p.stem) == key
+    ]
+    if not clips:
+        return []
+    clip = clips[0]
+    twins = [p for p in clips if p.stem == clip.stem]
+    text = transcript_name(clip, [p.name for p in files if p.suffix.lower() == ".txt"])
+    return sorted(twins + ([folder / text] if text is not None else []))
 
 
 #: How a log line names a voice of each source.
@@ -327,8 +367,8 @@ class VoiceCatalog:
         self._presets_signature: tuple[int, int, int] | None = None
         self._presets_problems: list[str] = []  # why parts of the user presets file were skipped
         self._clones: dict[str, Voice] = {}
-        self._clone_problems: dict[str, str] = {}  # lower-case id: why its clip was skipped
-        self._orphans: dict[str, str] = {}  # lower-case id: a transcript's file name, no clip beside it
+        self._clone_problems: dict[str, str] = {}  # name key (``name_key``): why its clip was skipped
+        self._orphans: dict[str, str] = {}  # name key: a transcript's file name, no clip beside it
         self._signature: tuple[tuple[str, int, int, int], ...] | None = None
         #: The broken clips already logged at ERROR, as (name, mtime ns, size, inode): a rescan
         #: (any file of the folder changed) logs them again at DEBUG only, until they change.
@@ -442,18 +482,20 @@ class VoiceCatalog:
         reported: set[tuple[str, int, int, int]] = set()
         by_name = dict(zip((p.name for p in files), signature_items, strict=True))
         read: dict[_ClipKey, Reference | str] = {}
-        clip_stems = {p.stem.casefold() for p in files if p.suffix.lower() in AUDIO_SUFFIXES}
+        clip_keys = {name_key(p.stem) for p in files if p.suffix.lower() in AUDIO_SUFFIXES}
         texts = {p.name for p in files if p.suffix.lower() not in AUDIO_SUFFIXES}
         orphans: dict[str, str] = {}
-        taken: dict[str, str] = {}  # case-folded voice name: the clip file that gives it
+        taken: dict[str, str] = {}  # voice name key (``name_key``): the clip file that gives it
         for path, item in zip(files, signature_items, strict=True):
+            key = name_key(path.stem)
             if path.suffix.lower() not in AUDIO_SUFFIXES:
-                if path.stem.casefold() not in clip_stems:  # a transcript alone: say so once, as a broken clip
+                if key not in clip_keys:  # a transcript alone: say so once, as a broken clip
                     level = logging.DEBUG if item in self._reported else logging.WARNING
                     _LOGGER.log(level, "Transcript %s has no clip beside it (%s.wav or .flac): not a voice yet",
                                 path, path.stem)
                     reported.add(item)
-                    orphans[path.stem.lower()] = path.name
+                    if key:
+                        orphans[key] = path.name
                 continue
             level = logging.DEBUG if item in self._reported else logging.WARNING
             if has_control_characters(path.stem):
@@ -461,33 +503,39 @@ class VoiceCatalog:
                             path.name)
                 reported.add(item)
                 continue
-            if path.stem.casefold() in taken:  # names are case-insensitive: one voice per name
-                first = taken[path.stem.casefold()]
-                _LOGGER.log(level, "Clone voice files %s and %s have the same voice name (names are "
-                            "case-insensitive): using %s, ignoring %s; rename or remove one", first, path.name,
-                            first, path.name)
+            name = clone_name(path.stem)
+            if not name:
+                _LOGGER.log(level, "Skipping clone voice %r: its name is blank; rename the file", path.name)
                 reported.add(item)
                 continue
-            taken[path.stem.casefold()] = path.name
+            if key in taken:  # one voice per name
+                first = taken[key]
+                _LOGGER.log(level, "Clone voice files %r and %r have the same voice name (names are "
+                            "case-insensitive; spaces around a name and how its accents are encoded do not "
+                            "count): using %r, ignoring %r; rename or remove one", first, path.name, first,
+                            path.name)
+                reported.add(item)
+                continue
+            taken[key] = path.name
             text_name = transcript_name(path, texts)
-            key = (item, by_name[text_name] if text_name else None)
-            clip = self._read.get(key)  # (``force`` too: every write replaces the file)
+            clip_key = (item, by_name[text_name] if text_name else None)
+            clip = self._read.get(clip_key)  # (``force`` too: every write replaces the file)
             if clip is None:
                 clip = self._read_clip(path, path.with_name(text_name) if text_name else None)
-            read[key] = clip
+            read[clip_key] = clip
             if isinstance(clip, str):  # skipped: why
                 level = logging.DEBUG if item in self._reported else logging.ERROR
                 _LOGGER.log(level, "Skipping clone voice %s: %s", path, clip)
                 reported.add(item)
                 # for clients: the file's name, not the server's folders (soundfile names the path)
-                problems[path.stem.lower()] = f"{path.name}: " + clip.replace(str(path), path.name)
+                problems[key] = f"{path.name}: " + clip.replace(str(path), path.name)
                 continue
             reference = clip
             mode = "reference transcript" if reference.transcript else "x-vector only, no transcript"
-            clones[path.stem] = Voice(
-                name=path.stem,
+            clones[name] = Voice(
+                name=name,
                 kind=ModelKind.BASE,
-                summary=f"Cloned voice {path.stem} ({mode})",
+                summary=f"Cloned voice {name} ({mode})",
                 languages=ALL_CODES,
                 reference=reference,
                 source=VoiceSource.CLONE,
@@ -495,8 +543,9 @@ class VoiceCatalog:
         self._clones = clones
         self._reported = reported
         self._read = read
-        self._clone_problems = {stem: why for stem, why in problems.items() if stem not in {c.lower() for c in clones}}
-        self._orphans = {stem: name for stem, name in orphans.items() if stem not in {c.lower() for c in clones}}
+        served = {name_key(c) for c in clones}
+        self._clone_problems = {key: why for key, why in problems.items() if key not in served}
+        self._orphans = {key: name for key, name in orphans.items() if key not in served}
         # Last: while the clips are read, ``stale`` still says so, and a door's
         # ``refresh_async`` waits for these reads instead of looking up the old catalogue.
         self._signature = signature
@@ -523,7 +572,7 @@ class VoiceCatalog:
         return sorted(self._clone_problems.values())
 
     def voices(self) -> list[Voice]:
-        """Every available voice. Names are case-insensitive: a user preset overrides the
+        """Every available voice. Names are case-insensitive (``name_key``): a user preset overrides the
         shipped one of the same name in any case, and clone ids shadow presets and
         speakers of the same name. A shadowing clone or speaker takes over the aliases of
         what it shadows (a clone ``aria`` is also ``nova``, the shipped ``aria``'s OpenAI
@@ -538,20 +587,20 @@ class VoiceCatalog:
         shadows: list[tuple[Voice, Voice]] = []
         for source in sources:
             for voice in source.values():
-                key = voice.name.casefold()
+                key = name_key(voice.name)
                 earlier = merged.get(key)
                 if earlier is not None and earlier.source is not voice.source and voice.source is not VoiceSource.USER:
-                    own = {a.casefold() for a in voice.aliases}
-                    voice = replace(voice, aliases=voice.aliases + tuple(a for a in earlier.aliases if a.casefold() not in own))
+                    own = {name_key(a) for a in voice.aliases}
+                    voice = replace(voice, aliases=voice.aliases + tuple(a for a in earlier.aliases if name_key(a) not in own))
                     shadows.append((earlier, voice))
                 merged[key] = voice  # a later source wins, in the earlier's place
         # A name beats an alias: a clip nova.wav is "nova", no longer an alias of aria.
         taken_aliases: list[tuple[str, Voice, Voice]] = []
         for key, voice in list(merged.items()):
-            lost = [a for a in voice.aliases if a.casefold() in merged and a.casefold() != key]
+            lost = [a for a in voice.aliases if name_key(a) in merged and name_key(a) != key]
             if lost:
                 merged[key] = replace(voice, aliases=tuple(a for a in voice.aliases if a not in lost))
-                taken_aliases += [(alias, voice, merged[alias.casefold()]) for alias in lost]
+                taken_aliases += [(alias, voice, merged[name_key(alias)]) for alias in lost]
         said = frozenset([(old.source.value, old.name) for old, _ in shadows]
                          + [("alias", alias) for alias, _, _ in taken_aliases])
         if said != self._shadows_said:
@@ -571,33 +620,35 @@ class VoiceCatalog:
         return list(merged.values())
 
     def find(self, name: str) -> Voice | None:
-        """The voice of this exact name or alias (case-insensitive), or None."""
+        """The voice of this name or alias (compared by ``name_key``: in any case, composed or
+        decomposed accents, spaces around it aside), or None."""
         try:
             return self.get(name)
         except UnknownVoiceError:
             return None
 
     def get(self, name: str) -> Voice:
-        """Look a voice up by name, then by alias (case-insensitive).
+        """Look a voice up by name, then by alias, compared by ``name_key`` (in any case, with
+        accents composed or decomposed, spaces around it aside).
 
         Raises:
             UnknownVoiceError: with a message listing a few available names (and, for a clone
                 whose clip was skipped, why).
         """
         voices = self.voices()
-        wanted = name.strip().lower()
+        wanted = name_key(name)
         for voice in voices:
-            if voice.name.lower() == wanted:
+            if name_key(voice.name) == wanted:
                 return voice
         for voice in voices:
-            if wanted in (a.lower() for a in voice.aliases):
+            if wanted in (name_key(a) for a in voice.aliases):
                 return voice
         names = sorted(v.name for v in voices)
         shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "") or "none"
         if ModelKind.VOICE_DESIGN not in self.kinds:  # a preset, but no model to speak it
             for preset in (*self.shipped.values(), *self._user_presets.values()):
-                if wanted == preset.name.lower() or wanted in (a.lower() for a in preset.aliases):
-                    what = f"the preset {preset.name!r}" + (f" ({name!r} is its alias)" if wanted != preset.name.lower() else "")
+                if wanted == name_key(preset.name) or wanted in (name_key(a) for a in preset.aliases):
+                    what = f"the preset {preset.name!r}" + (f" ({name!r} is its alias)" if wanted != name_key(preset.name) else "")
                     raise UnknownVoiceError(
                         f"Voice {name!r} is {what}, and presets need the VoiceDesign model, which this server "
                         f"has not loaded (--design-model); available: {shown}"
