@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
@@ -273,3 +274,85 @@ def test_the_clone_model_alone_with_no_clip_and_no_studio_stops_before_loading(c
                     "the VoiceDesign model (--design-model) or the CustomVoice model (--custom-voice-model); "
                     "skipped: broken.wav (no readable audio), 'tab\\there.wav' (control characters in its name)"), last
     assert "Loading" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_default_voice_check_and_clip_survey_know_clips_named_with_spaces_or_decomposed_accents(tmp_path: Path) -> None:
+    """Before loading, ``--voice`` is checked against the voice names the catalogue gives the
+    clips: ``"trail .wav"`` is ``trail`` (its spaces are not part of the name), an NFD
+    ``Renée.wav`` is ``Renée`` in either spelling; ``" .wav"`` has a blank name and is skipped."""
+    from wyoming_qwen3tts.startup import check_default_voice, survey_clips
+    from wyoming_qwen3tts.voices import ModelKind
+
+    tone = (0.3 * np.sin(2 * np.pi * 200 * np.arange(24000) / 24000)).astype(np.float32)
+    for stem in ("trail ", "Rene\u0301e", " "):
+        sf.write(tmp_path / f"{stem}.wav", tone, 24000)
+    for name in ("trail", "trail ", "TRAIL", "Ren\u00e9e", "Rene\u0301e"):
+        check_default_voice(name, tmp_path, {ModelKind.BASE})
+    with pytest.raises(SystemExit, match="valid voices: Ren\u00e9e, trail$"):
+        check_default_voice("nosuch", tmp_path, {ModelKind.BASE})
+    assert survey_clips(tmp_path) == (True, ["' .wav' (a blank name)"])
+
+
+async def test_a_clone_only_server_starts_with_a_clip_named_with_a_trailing_space(checkpoints: Path, tmp_path: Path) -> None:
+    """The new-user trial: with ``"Amy .wav"`` and ``bob.wav`` and the clone model alone, the
+    server exited at start (``--voice: Unknown voice 'Amy '``, no ``--voice`` given): the
+    default voice, first by name, was listed as ``"Amy "`` and looked up stripped. The voice
+    is ``Amy``: the real process starts, lists and describes it so, makes it the default,
+    and speaks it when asked for by that name, with the space, or by no name, on both doors."""
+    import json
+    import urllib.request
+
+    from wyoming.audio import AudioChunk, AudioStop
+    from wyoming.client import AsyncTcpClient
+    from wyoming.error import Error
+    from wyoming.info import Describe, Info
+    from wyoming.tts import Synthesize, SynthesizeVoice
+
+    from .conftest import start_server, stop_server
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    t = np.arange(2 * 24000) / 24000
+    sf.write(voices / "Amy .wav", (0.3 * np.sin(2 * np.pi * 190 * t)).astype(np.float32), 24000)
+    (voices / "Amy .txt").write_text("Hello, this is Amy.")
+    sf.write(voices / "bob.wav", (0.3 * np.sin(2 * np.pi * 120 * t)).astype(np.float32), 24000)
+    srv = start_server(
+        checkpoints, voices, tmp_path / "server.log",
+        extra=["--no-zeroconf", "--design-model", "none", "--custom-voice-model", "none"],
+    )
+    try:
+        with urllib.request.urlopen(srv.http_url + "/v1/audio/voices", timeout=60) as resp:
+            listing = json.loads(resp.read())
+        assert listing["default"] == "Amy" and [v["name"] for v in listing["voices"]] == ["Amy", "bob"], listing
+        for voice in ("Amy", "Amy ", None):
+            body = {"input": "Hi", "model": "qwen3-tts-clone", "response_format": "pcm"}
+            if voice is not None:
+                body["voice"] = voice
+            request = urllib.request.Request(
+                srv.http_url + "/v1/audio/speech", data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=300) as resp:
+                assert resp.status == 200 and resp.headers["X-Voice"] == "Amy" and len(resp.read()) > 0, voice
+        async with AsyncTcpClient("127.0.0.1", srv.port) as client:
+            await client.write_event(Describe().event())
+            while True:
+                event = await asyncio.wait_for(client.read_event(), 60)
+                assert event is not None
+                if Info.is_type(event.type):
+                    break
+            assert [v.name for v in Info.from_event(event).tts[0].voices] == ["Amy", "bob"]
+            await client.write_event(Synthesize(text="Hi", voice=SynthesizeVoice(name="Amy ")).event())
+            samples = 0
+            while True:
+                event = await asyncio.wait_for(client.read_event(), 300)
+                assert event is not None and not Error.is_type(event.type), event
+                if AudioChunk.is_type(event.type):
+                    samples += len(AudioChunk.from_event(event).audio) // 2
+                elif AudioStop.is_type(event.type):
+                    break
+            assert samples > 0
+        assert srv.alive()
+    finally:
+        stop_server(srv)
+    assert "Traceback" not in srv.output()
