@@ -684,3 +684,41 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
     finally:
         stop_server(srv)
     assert "Traceback" not in srv.output()
+
+
+async def test_a_clip_named_with_spaces_or_decomposed_accents_is_listed_spoken_renamed_and_deleted_by_its_name(
+    studio: Server, folders: tuple[Path, Path]
+) -> None:
+    """Clips copied into the folder as ``"trail .wav"`` (with ``"trail .txt"``) and as an NFD
+    ``Renée.wav`` (macOS over Samba) are the voices ``trail`` and ``Renée`` (NFC): listed and
+    described so, spoken when asked for as listed, with the space, or typed composed; an
+    upload of ``Renée`` in NFC is refused as taken (no two voices that look alike); the
+    studio renames ``trail`` (asked for as ``trail%20``) and deletes ``Renée`` (asked for in
+    NFC), moving and removing the files as they are spelled."""
+    voices = folders[0]
+    nfc, nfd = "Ren\u00e9e", "Rene\u0301e"
+    sf.write(voices / "trail .wav", tone(2.0, freq=210.0), 24000)
+    (voices / "trail .txt").write_text("Trail speaking.")
+    sf.write(voices / f"{nfd}.wav", tone(2.0, freq=230.0), 24000)
+    listed = await voices_of(studio)
+    assert {"trail", nfc} <= set(listed) and "trail " not in listed and nfd not in listed, sorted(listed)
+    assert {"trail", nfc} <= await wyoming_voices(studio)
+    assert frames_ok(len(await speech(studio, "trail ")) // 2)
+    assert frames_ok(len(await speech(studio, nfc)) // 2)
+    assert frames_ok(await wyoming_samples(studio, nfc))
+
+    before = snapshot(voices)
+    status, body = await call(studio, "POST", "/v1/audio/voices", data=upload(nfc, encoded(tone(2.0), "wav")))
+    assert status == 409 and json.loads(body)["error"]["code"] == "name-taken", body
+    assert snapshot(voices) == before
+
+    status, body = await call(studio, "PATCH", "/v1/audio/voices/trail%20", json={"name": "trail moved"})
+    assert status == 200 and json.loads(body)["name"] == "trail moved", body
+    assert (voices / "trail moved.txt").read_text() == "Trail speaking." and (voices / "trail moved.wav").is_file()
+    assert not (voices / "trail .wav").exists() and not (voices / "trail .txt").exists()
+    status, body = await call(studio, "DELETE", "/v1/audio/voices/Ren%C3%A9e")
+    assert status == 200 and json.loads(body) == {"deleted": nfc}, body
+    assert not (voices / f"{nfd}.wav").exists()
+    status, body = await call(studio, "DELETE", "/v1/audio/voices/trail%20moved")
+    assert status == 200, body
+    assert not {"trail", "trail moved", nfc} & set(await voices_of(studio))
