@@ -498,3 +498,44 @@ def test_the_browser_refuses_exactly_the_keys_the_start_up_warns_of(browser: Bro
         context.close()
     assert dict(zip(keys, offered)) == {key: browser_can_offer_key(key) for key in keys}
     assert offered.count(True) == 3  # the three token keys; every other one is refused
+
+
+def test_your_override_of_the_default_voice_can_be_deleted_from_the_page(
+    page: Page, studio: Server, tmp_path: Path
+) -> None:
+    """A design kept as ``aria``, the default voice (``replace``), is the user's override of
+    the shipped preset: the page offers Delete for it (it hid it for the default voice), says
+    the shipped preset comes back, and after the delete lists the shipped ``aria`` again, as
+    the default, without Delete."""
+    import json
+    import re
+
+    from .test_studio import call
+
+    auth = {"Authorization": f"Bearer {KEY}"}
+    request = {"description": "A robot voice", "language": "de", "text": "Hallo.", "count": 1}
+    status, body = run_async(call(studio, "POST", "/v1/audio/designs", auth=False, headers=auth, json=request))
+    assert status == 200, body
+    candidate = json.loads(body)["candidates"][0]["id"]
+    status, body = run_async(call(
+        studio, "POST", f"/v1/audio/designs/{candidate}/keep", auth=False, headers=auth, json={"name": "aria", "replace": True}
+    ))
+    assert status == 201, body
+    page.reload()
+    expect(row(page, "aria")).to_contain_text("default")
+    remove = row(page, "aria").get_by_role("button", name="Delete")
+    expect(remove).to_have_attribute("title", re.compile("the shipped preset aria comes back"))
+    shot = tmp_path / "override.png"
+    page.locator("#voices").screenshot(path=str(shot))
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    asked: list[str] = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
+    remove.click()
+    expect(page.locator("#message")).to_contain_text("the shipped preset aria is back")
+    assert asked and "the shipped preset aria comes back in its place, as the default voice" in asked[0], asked
+    expect(row(page, "aria")).to_contain_text("default")
+    expect(row(page, "aria").get_by_role("button", name="Delete")).to_have_count(0)  # the shipped one again
+    status, body = run_async(call(studio, "GET", "/v1/audio/voices", auth=False, headers=auth))
+    listing = json.loads(body)
+    assert listing["default"] == "aria"
+    assert next(v for v in listing["voices"] if v["name"] == "aria")["source"] == "shipped"

@@ -377,6 +377,29 @@ async def test_voice_selection(
     assert len(data) == 2 * pcm_samples
 
 
+async def test_instructions_without_a_voice_are_spoken_by_a_designed_voice(server: Server, pcm_samples: int) -> None:
+    """``instructions`` and no ``voice`` design a voice for that request alone: ``X-Voice``
+    and the log say ``(designed)`` (they said the default voice, ``aria``, which did not
+    speak); with a voice named, or without instructions, they name the voice."""
+    cases = [
+        ({"instructions": "A calm, low voice."}, "(designed)"),
+        ({"model": "qwen3-tts-voice-design", "instructions": "A child's bright voice."}, "(designed)"),
+        ({"voice": "nova", "instructions": "A deep, slow voice."}, "aria"),
+        ({}, "aria"),
+    ]
+    for extra, voice in cases:
+        before = server.output().count("http request ok: voice (designed), ")
+        status, headers, data = await post(server, {"input": TEXT, "response_format": "pcm", "seed": 5, **extra})
+        assert status == 200, data
+        assert headers["X-Voice"] == voice, extra
+        assert len(data) == 2 * pcm_samples
+        for _ in range(50):  # the log line follows the last chunk
+            if server.output().count("http request ok: voice (designed), ") > before or voice != "(designed)":
+                break
+            await asyncio.sleep(0.1)
+        assert server.output().count("http request ok: voice (designed), ") == before + (voice == "(designed)"), extra
+
+
 async def test_catalogue_models_and_probes(server: Server) -> None:
     status, _, body = await get(server, "/v1/audio/voices")
     assert status == 200

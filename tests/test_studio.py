@@ -686,6 +686,165 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
     assert "Traceback" not in srv.output()
 
 
+# --- overrides of the default voice, an unreadable presets.toml, files of one voice name --------
+
+
+def _voice_files(folder: Path) -> dict[str, bytes]:
+    """``snapshot`` without the lock file (the first edit of a server makes it)."""
+    return {name: data for name, data in snapshot(folder).items() if name != LOCK_FILE}
+
+
+async def test_an_override_of_the_default_voice_can_be_deleted_and_the_shipped_preset_comes_back(
+    studio: Server, folders: tuple[Path, Path]
+) -> None:
+    """A design kept as ``aria`` (the default voice, with ``replace``) overrides the shipped
+    preset; deleting or renaming that override never removes the name, so it is allowed for
+    the default voice too (it was refused with ``default-voice``, and the page hid Delete):
+    the shipped ``aria``, with its aliases, is the default voice again. The listing marks
+    such a user preset with ``overrides``."""
+    import tomllib
+
+    presets = folders[0] / "presets.toml"
+    status, body = await call(studio, "GET", "/v1/audio/voices")
+    assert json.loads(body)["default"] == "aria"
+    request = {"description": "A robot voice", "language": "de", "text": "Hallo.", "count": 1}
+    status, body = await call(studio, "POST", "/v1/audio/designs", json=request)
+    assert status == 200, body
+    candidate = json.loads(body)["candidates"][0]["id"]
+    if (await voices_of(studio))["aria"]["source"] != "user":  # (an earlier test may have overridden it)
+        status, body = await call(studio, "POST", f"/v1/audio/designs/{candidate}/keep", json={"name": "aria", "replace": True})
+        assert status == 201, body
+    listed = await voices_of(studio)
+    assert listed["aria"]["source"] == "user" and listed["aria"]["overrides"] is True
+    assert {"alloy", "shimmer", "coral"} <= set(listed["aria"]["aliases"])
+    assert "overrides" not in listed["clone"] and "overrides" not in listed["james"]
+
+    status, body = await call(studio, "DELETE", "/v1/audio/voices/aria")
+    assert status == 200 and json.loads(body) == {"deleted": "aria"}, body
+    status, body = await call(studio, "GET", "/v1/audio/voices")
+    listing = json.loads(body)
+    aria = next(v for v in listing["voices"] if v["name"] == "aria")
+    assert listing["default"] == "aria" and aria["source"] == "shipped" and "overrides" not in aria
+    assert {"alloy", "shimmer", "coral"} <= set(aria["aliases"])
+    assert "aria" not in {k.casefold() for k in tomllib.loads(presets.read_text())}
+    assert "voice aria deleted; the shipped preset aria is back" in studio.output()
+    async with (
+        aiohttp.ClientSession(timeout=_GUARD) as session,
+        session.post(studio.http_url + "/v1/audio/speech", json={"input": TEXT, "response_format": "pcm"}, headers=AUTH) as resp,
+    ):
+        assert resp.status == 200 and resp.headers["X-Voice"] == "aria"
+        assert frames_ok(len(await resp.read()) // 2)
+
+    # Renaming the override leaves the name to the shipped preset too.
+    status, body = await call(studio, "POST", f"/v1/audio/designs/{candidate}/keep", json={"name": "aria", "replace": True})
+    assert status == 201, body
+    status, body = await call(studio, "PATCH", "/v1/audio/voices/alloy", json={"name": "robot"})
+    assert status == 200 and json.loads(body)["name"] == "robot", body
+    listed = await voices_of(studio)
+    assert listed["aria"]["source"] == "shipped" and listed["robot"]["source"] == "user"
+    assert listed["robot"]["overrides"] is False and listed["robot"]["languages"] == ["de"]
+    status, _ = await call(studio, "DELETE", "/v1/audio/voices/robot")
+    assert status == 200
+
+
+async def test_while_presets_toml_is_unreadable_no_edit_touches_a_name_it_may_hold(
+    studio: Server, folders: tuple[Path, Path]
+) -> None:
+    """With a syntax error in the voices folder's presets.toml the catalogue serves none of
+    its presets, so their names look free: a delete or rename of one said "There is no
+    voice", and a clone could take a preset's name (shadowing the user's design once the
+    file was fixed). Every such edit is refused with 409 ``presets-unreadable``, naming the
+    file and the error, and changes nothing; a table with a mistake in a readable file still
+    holds its name."""
+    voices_dir = folders[0]
+    presets = voices_dir / "presets.toml"
+    original = presets.read_text() if presets.exists() else ""
+    granny = '\n[Granny]\nlanguage = "en"\ninstruct = "An old woman\'s warm, slow voice."\n'
+    presets.write_text(original + granny)
+    status, body = await call(studio, "POST", "/v1/audio/voices", data=upload("d4 clone", encoded(tone(2.0), "wav"), "Words."))
+    assert status == 201, body
+    try:
+        assert (await voices_of(studio))["Granny"]["source"] == "user"
+        presets.write_text(original + granny + "[broken\n")
+        before = _voice_files(voices_dir)
+        for method, path, kwargs in [
+            ("DELETE", "/v1/audio/voices/Granny", {}),
+            ("PATCH", "/v1/audio/voices/Granny", {"json": {"name": "Nana"}}),
+            ("PATCH", "/v1/audio/voices/d4%20clone", {"json": {"name": "Granny"}}),
+            ("PATCH", "/v1/audio/voices/d4%20clone", {"json": {"name": "anything"}}),
+            ("DELETE", "/v1/audio/voices/nobody", {}),
+            ("POST", "/v1/audio/voices", {"data": upload("Granny", encoded(tone(2.0), "wav"))}),
+        ]:
+            status, data = await call(studio, method, path, **kwargs)
+            error = json.loads(data)["error"]
+            assert (status, error["code"]) == (409, "presets-unreadable"), (method, path, error)
+            assert str(presets) in error["message"] and "line" in error["message"], error  # the file, the parse error
+        assert _voice_files(voices_dir) == before
+
+        presets.write_text(original + granny)  # fixed: the design and the clone as they were
+        listed = await voices_of(studio)
+        assert listed["Granny"]["source"] == "user" and listed["d4 clone"]["source"] == "clone"
+        assert "takes the name of the preset Granny" not in studio.output()
+
+        presets.write_text(original + granny + '\n[Halfdone]\nlanguage = "en"\n')  # no instruct: skipped
+        for method, path, kwargs in [
+            ("POST", "/v1/audio/voices", {"data": upload("halfdone", encoded(tone(2.0), "wav"))}),
+            ("PATCH", "/v1/audio/voices/d4%20clone", {"json": {"name": "HalfDone"}}),
+        ]:
+            status, data = await call(studio, method, path, **kwargs)
+            error = json.loads(data)["error"]
+            assert (status, error["code"]) == (409, "name-taken") and "presets.toml" in error["message"], error
+    finally:
+        presets.write_text(original)
+        status, _ = await call(studio, "DELETE", "/v1/audio/voices/d4%20clone")
+        assert status == 200
+
+
+async def test_deleting_a_clone_voice_removes_every_file_of_its_name(studio: Server, folders: tuple[Path, Path]) -> None:
+    """``KIMBERLY.wav`` and ``kimberly.flac`` are one voice name (the first is spoken, the
+    second ignored with a warning): a delete removed only the first, and the voice stayed,
+    speaking from the second. Now it removes every file of the name, transcripts in any
+    case included; a rename, which would leave the others speaking as the old name, is
+    refused with ``duplicate-files`` and changes nothing."""
+    voices_dir = folders[0]
+    sf.write(voices_dir / "KIMBERLY.wav", tone(2.0, freq=150.0), 24000)
+    (voices_dir / "KIMBERLY.txt").write_text(CLONE_TRANSCRIPT)
+    sf.write(voices_dir / "kimberly.flac", tone(2.0, freq=260.0), 24000, format="FLAC")
+    (voices_dir / "Kimberly.txt").write_text("Another transcript.")
+    assert "KIMBERLY" in await voices_of(studio)
+
+    before = _voice_files(voices_dir)
+    status, data = await call(studio, "PATCH", "/v1/audio/voices/KIMBERLY", json={"name": "Kim"})
+    error = json.loads(data)["error"]
+    assert (status, error["code"]) == (409, "duplicate-files"), error
+    assert "kimberly.flac" in error["message"] and "Kimberly.txt" in error["message"], error
+    assert _voice_files(voices_dir) == before
+
+    status, body = await call(studio, "DELETE", "/v1/audio/voices/kimberly")
+    assert status == 200 and json.loads(body) == {"deleted": "KIMBERLY"}, body
+    assert not [p.name for p in voices_dir.iterdir() if p.stem.casefold() == "kimberly"]
+    assert not [n for n in await voices_of(studio) if n.casefold() == "kimberly"]
+    status, body = await call(studio, "POST", "/v1/audio/speech", json={"input": TEXT, "voice": "kimberly"})
+    assert status == 404 and json.loads(body)["error"]["code"] == "unknown-voice", body
+    assert "also its files 'Kimberly.txt', 'kimberly.flac'" in studio.output()
+
+
+async def test_an_upload_without_a_transcript_never_reads_an_orphan_one_in_another_case(
+    studio: Server, folders: tuple[Path, Path]
+) -> None:
+    """A transcript waiting for its clip (``Lonely.txt``) is read by a clip of its name in
+    any case: an upload ``LONELY`` without a transcript removes it, as it removed
+    ``LONELY.txt``, so the voice is cloned from the clip alone (x-vector), as asked."""
+    voices_dir = folders[0]
+    (voices_dir / "Lonely.txt").write_text("A transcript of some other clip.")
+    status, body = await call(studio, "POST", "/v1/audio/voices", data=upload("LONELY", encoded(tone(2.0), "wav")))
+    assert status == 201, body
+    assert "x-vector only" in json.loads(body)["summary"], body
+    assert sorted(p.name for p in voices_dir.iterdir() if p.stem.casefold() == "lonely") == ["LONELY.wav"]
+    status, _ = await call(studio, "DELETE", "/v1/audio/voices/LONELY")
+    assert status == 200
+
+
 async def test_a_clip_named_with_spaces_or_decomposed_accents_is_listed_spoken_renamed_and_deleted_by_its_name(
     studio: Server, folders: tuple[Path, Path]
 ) -> None:

@@ -50,10 +50,11 @@ from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buff
 from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from . import http_ws, openapi
 from .ws_events import KEY_PROTOCOL_PREFIX, PATH as WS_PATH, PROTOCOL, offered_subprotocols
-from .http_common import ApiError, BodyStalledError, error_body, error_param, read_json, voice_json, watch_body
+from .http_common import ApiError, BodyStalledError, error_body, error_param, read_json, watch_body
 from .http_request import GENERIC_MODELS, HUB_MODEL, KIND_MODELS, SpeechParams, model_kind, parse_speech, pick_voice
-from .studio import add_routes, from_ingress, is_page  # the page is open, ingress is authenticated
+from .studio import add_routes, from_ingress, is_page, listed_voice  # the page is open, ingress is authenticated
 from .service import (
+    DESIGNED_VOICE,
     EmptyTextError,
     GenerationError,
     LanguageError,
@@ -165,7 +166,9 @@ def _headers(stream: SpeechStream, content_type: str) -> dict[str, str]:
         "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no",  # reverse proxies: pass chunks through as they come
         "X-Sample-Rate": str(SAMPLE_RATE),
-        "X-Voice": quote(stream.voice.name, safe=""),  # clone ids are file names: any script
+        # Clone ids are file names: any script. A voice designed from the instructions alone
+        # is "(designed)", which no encoded name can be ("(" is %28).
+        "X-Voice": DESIGNED_VOICE if stream.designed else quote(stream.voice.name, safe=""),
     }
 
 
@@ -328,7 +331,8 @@ async def voices(request: web.Request) -> web.Response:
     """``GET /v1/audio/voices``: ``{"default": name, "voices": [voice, ...]}``, by name.
 
     Each voice: ``id`` and ``name`` (the same), ``kind``, ``model`` (the model name that
-    selects its kind), ``summary``, ``languages`` (BCP-47), ``aliases``. A server with no
+    selects its kind), ``summary``, ``languages`` (BCP-47), ``aliases``, and the studio's
+    ``source``, ``served``, ``anchor`` and ``overrides`` (``studio.listed_voice``). A server with no
     voice yet (the clone model alone, no clip) answers ``{"default": null, "voices": []}``.
     """
     service = request.app[_SERVICE_KEY]
@@ -337,7 +341,7 @@ async def voices(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "default": service.default_voice,
-            "voices": [{**voice_json(v), **service.voice_info(v)} for v in listed],  # studio
+            "voices": [listed_voice(service, v) for v in listed],  # with the studio's fields
         }
     )
 

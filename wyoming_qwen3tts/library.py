@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import re
 import tempfile
+import tomllib
 import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,6 +44,8 @@ from .voices import (
     VoiceCatalog,
     VoiceSource,
     clone_files,
+    has_control_characters,
+    name_key,
 )
 
 #: Largest uploaded clip, in bytes (20 MB: a 20 s WAV at 48 kHz stereo 32-bit is 7.7 MB).
@@ -190,6 +194,7 @@ def check_transcript(text: object) -> str | None:
     return text or None
 
 
+_LOGGER = logging.getLogger(__name__)
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -221,6 +226,30 @@ def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:
     out = io.BytesIO()
     sf.write(out, np.clip(audio, -1.0, 1.0), sample_rate, format="WAV", subtype="PCM_16")
     return out.getvalue()
+
+
+def _named_files(folder: Path, name: str) -> list[Path]:
+    """Every file of ``folder`` that names the clone voice ``name``, sorted: the clip the
+    catalogue speaks, the clips it ignores because they give the same voice name
+    (``KIMBERLY.wav`` and ``kimberly.flac``: the first in name order is used, the log names
+    the others), and every transcript of that name (``voices.name_key``: in any case or
+    Unicode form), read or not. Hidden files and names with control characters, which the
+    catalogue skips, are never among them."""
+    key = name_key(name)
+    return sorted(
+        p for p in folder.iterdir()
+        if not p.name.startswith(".")
+        and p.suffix.lower() in AUDIO_SUFFIXES + (".txt",)
+        and not has_control_characters(p.stem)
+        and name_key(p.stem) == key
+    )
+
+
+def overrides_shipped(catalog: VoiceCatalog, voice: Voice) -> bool:
+    """Whether ``voice`` is a user preset that overrides a shipped preset of its name
+    (any case): deleting or renaming it brings the shipped one back under that name."""
+    shipped = {n.casefold() for n in catalog.shipped}
+    return voice.source is VoiceSource.USER and voice.name.casefold() in shipped
 
 
 class VoiceLibrary:
@@ -301,6 +330,16 @@ class VoiceLibrary:
         elif key in shipped and not replace_shipped:
             message = f"{name!r} is the name of a shipped preset; set replace to override it"
             raise VoiceEditError(409, "name-taken", message, "name")
+        if ModelKind.VOICE_DESIGN in self.catalog.kinds:
+            # The user's presets.toml as written, not as served: a table the catalogue skips
+            # (a syntax error skips the whole file) would be shadowed once it is fixed.
+            own = renaming is not None and name_key(renaming.name) == name_key(name)
+            if taken is None and not own and name_key(name) in self._preset_tables():
+                message = (
+                    f"{name!r} is a table of {self.catalog.presets_path} that is not served (it has a "
+                    "mistake, see the log); fix or remove that table first"
+                )
+                raise VoiceEditError(409, "name-taken", message, "name")
         if self.catalog.voices_dir is not None and self.catalog.voices_dir.is_dir():
             for path in self.catalog.voices_dir.iterdir():
                 if renaming is not None and path.stem == renaming.name:
@@ -346,15 +385,20 @@ class VoiceLibrary:
             self._reserved.discard(name.casefold())
 
     def editable(self, name: str) -> Voice:
-        """The voice ``name`` (or alias), if the studio may rename or delete it.
+        """The voice ``name`` (or alias), if the studio may rename or delete it. The default
+        voice may not go, unless it is a user preset overriding a shipped one: the name
+        stays, spoken by the shipped preset again.
 
         Raises:
-            VoiceEditError: 404 ``unknown-voice``, 403 ``shipped-preset`` /
-                ``builtin-speaker``, 409 ``default-voice``.
+            VoiceEditError: 404 ``unknown-voice`` (409 ``presets-unreadable`` instead while
+                the user's presets.toml cannot be read: the voice may be one of its presets),
+                403 ``shipped-preset`` / ``builtin-speaker``, 409 ``default-voice``.
         """
         self.catalog.refresh()
         voice = self.catalog.find(name)
         if voice is None:
+            if ModelKind.VOICE_DESIGN in self.catalog.kinds:
+                self._preset_tables()  # 409 presets-unreadable: it may be one of that file's presets
             raise VoiceEditError(404, "unknown-voice", f"There is no voice {name!r}", "voice")
         if voice.source is VoiceSource.SHIPPED:
             message = (
@@ -366,7 +410,8 @@ class VoiceLibrary:
             message = f"{voice.name!r} is a built-in speaker of the CustomVoice model"
             raise VoiceEditError(403, "builtin-speaker", message, "voice")
         default = self.default_voice
-        if default is not None and voice.name.casefold() == default.casefold():
+        # An override of a shipped preset may go: the shipped one comes back under its name.
+        if default is not None and voice.name.casefold() == default.casefold() and not overrides_shipped(self.catalog, voice):
             message = (
                 f"{voice.name!r} is the server's default voice, spoken when a request names none: "
                 "choose another first (--voice, the add-on's voice option) and restart"
@@ -401,8 +446,9 @@ class VoiceLibrary:
             try:
                 if transcript:
                     write_atomic(txt, transcript.encode("utf-8") + b"\n")
-                else:
-                    txt.unlink(missing_ok=True)  # an orphan transcript would turn this into ICL
+                else:  # an orphan transcript (in any case: the catalogue reads it so) would turn this into ICL
+                    for orphan in _named_files(folder, name):
+                        orphan.unlink(missing_ok=True)
                 write_atomic(wav, wav_bytes(audio, SAMPLE_RATE))
             except OSError as err:
                 with contextlib.suppress(OSError):
@@ -462,7 +508,15 @@ class VoiceLibrary:
             return self._rename(old, new)
 
     def _rename(self, old: str, new: object) -> Voice:
+        """``rename`` under the lock.
+
+        Raises:
+            VoiceEditError: as ``rename``; 409 ``duplicate-files`` when other files of the
+                folder name a clone voice too (``_named_files``): they would keep its name.
+        """
         voice = self.editable(old)
+        if voice.source is VoiceSource.CLONE:
+            self._check_no_twins(voice)
         # A user preset that overrides a shipped one may change its name's case; a rename
         # onto another shipped preset's name is refused (keep a design with replace for that).
         case_only = isinstance(new, str) and new.strip().casefold() == voice.name.casefold()
@@ -494,6 +548,8 @@ class VoiceLibrary:
     def delete(self, name: str) -> Voice:
         """Delete a clone voice's files or a user preset's table (a shipped preset it
         overrode comes back). Requests already speaking with it finish: they hold the voice.
+        A clone voice's files are every file that names it (``_named_files``): the clip spoken,
+        clips of the same voice name the catalogue ignores, and every transcript of the name.
 
         Returns:
             the deleted voice.
@@ -505,12 +561,20 @@ class VoiceLibrary:
             return self._delete(name)
 
     def _delete(self, name: str) -> Voice:
+        """``delete`` under the lock."""
         voice = self.editable(name)
         try:
             if voice.source is VoiceSource.CLONE:
                 folder = self.folder
-                for path in sorted(_clone_files(folder, voice.name), key=lambda p: p.suffix.lower() == ".txt"):
-                    path.unlink()  # audio first: a transcript alone is never a voice
+                # Every file of the name: the clip spoken, ignored twins in another case or
+                # format and every transcript, or the next one would speak as the voice.
+                files = _named_files(folder, voice.name)
+                others = sorted(set(files) - set(_clone_files(folder, voice.name)))
+                if others:
+                    _LOGGER.info("Deleting clone voice %s: also its files %s, which give the same voice name",
+                                 voice.name, ", ".join(repr(p.name) for p in others))
+                for path in sorted(files, key=lambda p: p.suffix.lower() == ".txt"):
+                    path.unlink(missing_ok=True)  # audio first: a transcript alone is never a voice
             else:
                 document = self._presets_document()
                 del document[voice.name]
@@ -521,6 +585,49 @@ class VoiceLibrary:
         return voice
 
     # --- helpers ----------------------------------------------------------------------
+
+    def _check_no_twins(self, voice: Voice) -> None:
+        """Refuse to rename a clone voice whose name other files give too: clips the
+        catalogue ignores for it (``KIMBERLY.wav`` spoken, ``kimberly.flac`` ignored) or
+        transcripts it does not read. Left behind, they would speak as the old name again;
+        moved along, another clip than the one heard might be spoken.
+
+        Raises:
+            VoiceEditError: 409 ``duplicate-files``.
+        """
+        folder = self.folder
+        moved = set(_clone_files(folder, voice.name))
+        named = _named_files(folder, voice.name)
+        others = [p.name for p in named if p not in moved]
+        if others:
+            spoken = next((p.name for p in named if p.suffix.lower() in AUDIO_SUFFIXES), "?")
+            message = (
+                f"Other files of the voices folder name the voice {voice.name!r} too ({', '.join(others)}; "
+                f"{spoken} is the one spoken): a rename would leave them to speak as {voice.name!r}. "
+                "Remove or rename them in the folder first, or delete the voice, which removes them all"
+            )
+            raise VoiceEditError(409, "duplicate-files", message, "voice")
+
+    def _preset_tables(self) -> set[str]:
+        """The names (``voices.name_key``) of the tables of the user's presets.toml, as
+        written: also those the catalogue skips for a mistake in them.
+
+        Raises:
+            VoiceEditError: 409 ``presets-unreadable``: the file cannot be read or parsed
+                (the catalogue then serves none of its presets, so any name may be one).
+        """
+        path = self.catalog.presets_path
+        if path is None:
+            return set()
+        try:
+            text = path.read_text("utf-8") if path.is_file() else ""
+            return {name_key(name) for name in tomllib.loads(text)}
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+            message = (
+                f"{path} cannot be read ({err}), so its presets are not served and their names are unknown; "
+                "fix or remove it first"
+            )
+            raise VoiceEditError(409, "presets-unreadable", message) from None
 
     def _presets_document(self) -> tomlkit.TOMLDocument:
         path = self.catalog.presets_path

@@ -76,6 +76,10 @@ _SCHEMAS: dict[str, Any] = {
             "source": {"type": "string", "enum": ["shipped", "user", "clone", "builtin"]},
             "served": {"type": "string", "enum": ["anchor", "designed-live", "clone", "speaker"]},
             "anchor": {"type": "string", "enum": ["ready", "pending", "waiting", "failed", "off"]},
+            "overrides": {
+                "type": "boolean",
+                "description": "User presets only: it overrides a shipped preset of its name, which deleting it brings back.",
+            },
         },
     },
     "VoiceList": {
@@ -137,7 +141,13 @@ _HEADERS: dict[str, Any] = {
         "schema": {"type": "string", "pattern": "^[0-9]+$"},
     },
     "SampleRate": {"description": "Sample rate of the audio: 24000.", "schema": {"type": "string"}},
-    "Voice": {"description": "The voice used (percent-encoded).", "schema": {"type": "string"}},
+    "Voice": {
+        "description": (
+            "The voice used (percent-encoded); exactly (designed) when the request named no voice and "
+            "its instructions designed one for it alone."
+        ),
+        "schema": {"type": "string"},
+    },
 }
 
 #: Path items added by other modules (``add_paths``).
@@ -281,7 +291,10 @@ def _studio_paths() -> dict[str, Any]:
         "400": _error("Bad name, transcript or clip."),
         "403": _error("A shipped preset or built-in speaker cannot be changed."),
         "404": _error("No such voice."),
-        "409": _error("Name taken, the default voice, no voices folder, or the model is off."),
+        "409": _error(
+            "Name taken or busy, the default voice, other files of the voice's name (duplicate-files), "
+            "presets.toml unreadable, no voices folder, or the model is off."
+        ),
         "500": _error("The voices folder could not be written."),
     }
     return {
@@ -340,7 +353,7 @@ def _studio_paths() -> dict[str, Any]:
             },
             "delete": {
                 "operationId": "deleteVoice",
-                "summary": "Delete a clone voice or user preset",
+                "summary": "Delete a clone voice (every file of its name) or user preset (a shipped one it overrode comes back)",
                 "parameters": [{"name": "voice", **name}],
                 "responses": {
                     "200": _json(
@@ -386,7 +399,10 @@ def _studio_paths() -> dict[str, Any]:
                                             "id": {"type": "string"},
                                             "seed": {"type": "integer"},
                                             "seconds": {"type": "number"},
-                                            "sample": {"type": "string"},
+                                            "sample": {
+                                                "type": "string",
+                                                "description": "The clip's URL relative to the server's root (v1/audio/designs/{id}/sample).",
+                                            },
                                         },
                                     },
                                 },

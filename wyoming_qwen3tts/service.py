@@ -103,6 +103,12 @@ class OverloadedError(RequestError):
     retry_after_s = 2
 
 
+#: How the doors and the log name a voice designed from a request's ``instructions`` alone
+#: (no voice named): no catalogue voice spoke (``SpeechStream.designed``). Never a
+#: percent-encoded voice name (those encode "(" as %28).
+DESIGNED_VOICE = "(designed)"
+
+
 class ServerStoppingError(RequestError):
     """The server is shutting down: new requests are refused and open streams end with it."""
 
@@ -132,6 +138,7 @@ class SpeechRequest:
 
 __all__ = [
     "DEFAULT_MAX_CHARS",
+    "DESIGNED_VOICE",
     "EmptyTextError",
     "GenerationError",
     "LanguageError",
@@ -371,7 +378,11 @@ class TtsService:
         if seed is None:
             seed = random.randrange(2**31)
         job = self._schedulers[kind].open_job(asyncio.get_running_loop())
-        stream = SpeechStream(self, job, voice, language, instruct, seed, request.door, streamed, reference)
+        # No voice named and a description: a voice designed for this request alone.
+        one_off = bool(request.instructions) and not request.voice and voice.kind is ModelKind.VOICE_DESIGN
+        stream = SpeechStream(
+            self, job, voice, language, instruct, seed, request.door, streamed, reference, designed=one_off
+        )
         self._open.add(stream)
         return stream
 
@@ -466,6 +477,9 @@ class SpeechStream:
         voice: the resolved voice.
         language: the Qwen3-TTS language used.
         anchored: True when a preset is spoken by the Base model from its anchor.
+        designed: True when the request named no voice and its ``instructions`` designed
+            one for it alone (``voice`` is then only the preset whose language it took).
+        voice_name: ``voice``'s name, or ``DESIGNED_VOICE`` when ``designed``.
         first_audio_s: seconds from the request's arrival (its first text: ``timeline.arrived``;
             the stream's opening where no text came) to its first chunk, once it came. A
             streamed text's client may open the request long before its first words (a voice
@@ -486,10 +500,12 @@ class SpeechStream:
         door: str,
         streamed: bool = True,
         reference: Reference | None = None,
+        designed: bool = False,
     ) -> None:
         self._service = service
         self._job = job
         self.voice = voice
+        self.designed = designed
         self._reference = reference
         self.anchored = voice.kind is ModelKind.VOICE_DESIGN and reference is not None
         self.language = language
@@ -506,6 +522,12 @@ class SpeechStream:
         self._interrupted: RequestError | None = None
         self.timeline = Timeline()
         job.timeline = self.timeline
+
+    @property
+    def voice_name(self) -> str:
+        """The voice as the doors and the log name it: ``voice.name``, or ``DESIGNED_VOICE``
+        for a voice designed from the request's ``instructions`` alone."""
+        return DESIGNED_VOICE if self.designed else self.voice.name
 
     def add_text(self, delta: str, arrived: float | None = None) -> None:
         """Feed text (a whole message or an arbitrary delta); complete sentences start now.
@@ -633,7 +655,7 @@ class SpeechStream:
             said = "ok (nothing speakable: no audio)"
         _LOGGER.info(
             "%s request %s: voice %s, %d chars, %d sentence(s), first audio %s, %.2f s of audio",
-            self._door, said, self.voice.name + (" (anchor)" if self.anchored else ""),
+            self._door, said, self.voice_name + (" (anchor)" if self.anchored else ""),
             self._chars, self._segments, first, audio_s,
         )
         if outcome == "ok" and audio_s > 0:

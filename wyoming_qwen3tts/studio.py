@@ -52,12 +52,13 @@ from .library import (
     VoiceLibrary,
     check_transcript,
     decode_clip,
+    overrides_shipped,
     too_large,
     wav_bytes,
 )
 from .service import GenerationError, TtsService, VoiceNotFoundError
 from .text import clean_text, estimated_seconds
-from .voices import MAX_PRESET_SEED, ModelKind, Voice
+from .voices import MAX_PRESET_SEED, ModelKind, Voice, VoiceSource
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -173,9 +174,16 @@ def _string(body: dict[str, Any], name: str, required: bool = False) -> str | No
     return value.strip()
 
 
-def _voice_json(service: TtsService, voice: Voice) -> dict[str, Any]:
-    """A voice as ``GET /v1/audio/voices`` lists it."""
-    return {**_listed_json(voice), **service.voice_info(voice)}
+def listed_voice(service: TtsService, voice: Voice) -> dict[str, Any]:
+    """A voice as ``GET /v1/audio/voices`` lists it: ``http_common.voice_json``, how it is
+    served (``TtsService.voice_info``) and, for a user preset, ``overrides``: whether it
+    overrides a shipped preset of its name, which deleting it brings back (the default
+    voice's name included)."""
+    listed = {**_listed_json(voice), **service.voice_info(voice)}
+    if voice.source is VoiceSource.USER:
+        listed["overrides"] = overrides_shipped(service.catalog, voice)
+    return listed
+
 
 
 def _wav_response(audio: np.ndarray, sample_rate: int, name: str) -> web.Response:
@@ -265,7 +273,7 @@ async def create_clone(request: web.Request) -> web.Response:
         voice.name, filename or "an upload", len(audio) / SAMPLE_RATE,
         "with transcript" if transcript else "no transcript: x-vector only",
     )
-    return web.json_response(_voice_json(service, voice), status=201)
+    return web.json_response(listed_voice(service, voice), status=201)
 
 
 async def _read_limited(part: BodyPartReader) -> bytes:
@@ -288,15 +296,20 @@ async def rename(request: web.Request) -> web.Response:
     if service.anchors is not None:
         service.anchors.changed()
     _LOGGER.info("Voice studio: %s renamed to %s", old, voice.name)
-    return web.json_response(_voice_json(service, voice))
+    return web.json_response(listed_voice(service, voice))
 
 
 @_edits
 async def delete(request: web.Request) -> web.Response:
-    """``DELETE /v1/audio/voices/{id}``: ``{"deleted": name}``."""
-    library = request.app[_LIBRARY_KEY]
+    """``DELETE /v1/audio/voices/{id}``: ``{"deleted": name}``. Deleting a user preset that
+    overrides a shipped one (the default voice's too) brings the shipped one back."""
+    service, library = request.app[_SERVICE_KEY], request.app[_LIBRARY_KEY]
     voice = await _edit(request, library.delete, request.match_info["voice"])
-    _LOGGER.info("Voice studio: %s voice %s deleted", voice.source.value, voice.name)
+    back = service.catalog.find(voice.name) if voice.source is VoiceSource.USER else None
+    if back is not None and service.anchors is not None:
+        service.anchors.changed()  # the shipped preset's anchor, if it has none yet
+    restored = f"; the {back.source.value} preset {back.name} is back" if back is not None else ""
+    _LOGGER.info("Voice studio: %s voice %s deleted%s", voice.source.value, voice.name, restored)
     return web.json_response({"deleted": voice.name})
 
 
@@ -413,7 +426,7 @@ async def keep(request: web.Request) -> web.Response:
             _LOGGER.warning("Preset %s does not match its candidate; its anchor will be rendered", voice.name)
         anchors.changed()
     _LOGGER.info("Voice studio: design candidate (seed %d) kept as preset %s", spec.seed, voice.name)
-    return web.json_response(_voice_json(service, voice), status=201)
+    return web.json_response(listed_voice(service, voice), status=201)
 
 
 # --- wiring -----------------------------------------------------------------------------

@@ -156,14 +156,19 @@ function renderVoices() {
         const nameCell = el("td", {className: "name"}, [el("span", {className: "voice-name", textContent: voice.name})]);
         if (voice.name === state.defaultVoice) nameCell.append(el("span", {className: "default-mark", textContent: "default"}));
         if (voice.aliases.length) nameCell.append(el("span", {className: "aliases", textContent: voice.aliases.join(", ")}));
-        const editable = (voice.source === "user" || voice.source === "clone") && voice.name !== state.defaultVoice;
+        // The default voice stays, unless it is your override of a shipped preset: deleting
+        // or renaming that leaves the name to the shipped preset (the server allows it).
+        const editable = (voice.source === "user" || voice.source === "clone")
+            && (voice.name !== state.defaultVoice || voice.overrides === true);
         const actions = el("td", {className: "actions"}, [
             button("▶ Play", (event) => playSample(voice, event.currentTarget)),
             button("Try", () => { chooseTryVoice(voice.name); $("try-text").focus(); }),
         ]);
         if (editable) {
             actions.append(button("Rename", () => startRename(voice, nameCell)));
-            actions.append(button("Delete", () => deleteVoice(voice), "danger"));
+            const remove = button("Delete", () => deleteVoice(voice), "danger");
+            if (voice.overrides) remove.title = `Delete your preset: the shipped preset ${voice.name} comes back`;
+            actions.append(remove);
         }
         const row = el("tr", {}, [
             nameCell,
@@ -209,11 +214,22 @@ function startRename(voice, cell) {
     input.select();
 }
 
+function deleteQuestion(voice) {
+    if (voice.overrides) {
+        return `Delete your preset ${voice.name}? It is removed from presets.toml, and the shipped preset ` +
+            `${voice.name} comes back in its place` +
+            (voice.name === state.defaultVoice ? ", as the default voice." : ".");
+    }
+    if (voice.source === "user") return `Delete the preset ${voice.name}? It is removed from presets.toml.`;
+    return `Delete the voice ${voice.name}? Its clip and transcript are removed from the voices folder ` +
+        "(with any other file of that name).";
+}
+
 async function deleteVoice(voice) {
-    if (!confirm(`Delete the voice ${voice.name}? Its files are removed from the voices folder.`)) return;
+    if (!confirm(deleteQuestion(voice))) return;
     try {
         await api(voiceUrl(voice.name), {method: "DELETE"});
-        say(`Deleted ${voice.name}.`, "ok");
+        say(voice.overrides ? `Deleted your ${voice.name}: the shipped preset ${voice.name} is back.` : `Deleted ${voice.name}.`, "ok");
         await loadVoices();
     } catch (error) { fail(error); }
 }
