@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterable
 
 import pytest
+from sentence_stream import SentenceBoundaryDetector
 
+from wyoming_qwen3tts import text as text_module
 from wyoming_qwen3tts.text import (
     MAX_SEGMENT_SECONDS,
     MarkdownReader,
@@ -14,6 +17,7 @@ from wyoming_qwen3tts.text import (
     clean_text,
     estimated_seconds,
     frame_budget,
+    run_on_cut,
     split_long,
 )
 
@@ -25,7 +29,7 @@ def segments(*deltas: str, streamed: bool = False) -> list[str]:
 
 def splits(text: str) -> list[list[str]]:
     """The text as one delta, one character per delta, and deltas of random lengths."""
-    rng = random.Random(text)
+    rng = random.Random(text.encode("utf-8", "surrogatepass"))  # (the same seed as the text's own)
     cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, len(text) // 3)))
     return [[text], list(text), [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]]
 
@@ -226,10 +230,15 @@ MARKED_UP = [
     'Sure. <think>\nThe user <b>asks</b>.\n</think><a\nhref="https://x.io"\n  title=\'a\nb\'>Link</a> <br / >Fish&#0;&#x81; '
     "chips&#xD800;!<img\nalt='A car'\n/> ok.<!-- a --> Dr.<script\n>x</script\n>Bye<br/ >no</b\n>\n- item</spe",
     "If a<b\nand c>d then x <b\n\nclass='y'> a </ b\n- x<b and c\nVec<T\nor a<b",
+    # run-on text (over a segment without a sentence end) between control characters
+    "Sure\x00 so\x81 we \ufeffwent\ufffd on\x0bwith " + "the long walk down to the old mill by the river " * 5
+    + "and Dr. Who came <b>too</b>, then " + "我们今天去公园玩然后回家吃饭" * 7 + " ok\x85done",
 ]
 
 
-@pytest.mark.parametrize("text", MARKED_UP, ids=["markup", "prose", "markup-over-lines", "prose-over-lines"])
+@pytest.mark.parametrize(
+    "text", MARKED_UP, ids=["markup", "prose", "markup-over-lines", "prose-over-lines", "run-on-controls"]
+)
 def test_markup_split_at_every_character_reads_as_the_whole_text(text: str) -> None:
     whole = segments(text)
     assert whole and clean_text(text)
@@ -254,6 +263,10 @@ def test_markup_segments_of_the_first_reply() -> None:
     assert clean_text(MARKED_UP[1]) == MARKED_UP[1]
     assert segments(MARKED_UP[2]) == ["Sure.", "Link", "Fish chips!", "A car ok.", "Dr.", "Bye", "no", "item."]
     assert segments(MARKED_UP[3]) == ["If a<b and c>d then x <b", "class='y'> a </ b", "x<b and c.", "Vec<T or a<b"]
+    walk, cjk = "the long walk down to the old mill by the river ", "我们今天去公园玩然后回家吃饭"
+    assert segments(MARKED_UP[4]) == [  # run-on: at a comma, between CJK characters, a long word at a character
+        f"Sure so we went on with {walk * 5}and Dr. Who came too,", "then " + (cjk * 7)[:86], (cjk * 7)[86:] + " ok done",
+    ]
 
 
 def test_markup_deltas_that_end_next_to_a_url() -> None:
@@ -344,7 +357,7 @@ def test_whole_text_keeps_sentences_and_streamed_clause_needs_no_sentence_end() 
     assert segmenter.finish() == ["I turned on the lights, the fan"]
 
 
-@pytest.mark.parametrize("text", ["word " * 600, "字" * 400, "a" * 2000, ("clause, " * 300)])
+@pytest.mark.parametrize("text", ["word " * 600, "字" * 400, "a" * 2000, ("clause, " * 300), "字" * 42 + "x" * 200])
 def test_long_text_is_split_without_loss_and_fits_the_cache(text: str) -> None:
     pieces = split_long(text.strip())
     assert len(pieces) > 1
@@ -352,6 +365,19 @@ def test_long_text_is_split_without_loss_and_fits_the_cache(text: str) -> None:
     assert "".join(pieces).replace(" ", "") == text.replace(" ", "")
     # Generation cap + a generous prompt stays inside faster-qwen3-tts's 2048-token KV cache.
     assert all(frame_budget(p) + 600 < 2048 for p in pieces)
+
+
+def test_a_long_sentence_is_cut_between_words_and_never_changed() -> None:
+    """A sentence over a segment is cut where run-on text is (its last clause mark that fits,
+    else a word boundary): "1,000" and "12:30" stay whole, no space is added."""
+    text = "It is 1,000 km and 12:30 now " + "word " * 70 + "done."
+    assert split_long(text) == [text[:298], text[299:]]
+    assert segments(text) == split_long(text)
+    chinese = "好的，" + "我们今天去公园玩然后回家吃饭" * 7 + "。"
+    assert split_long(chinese) == ["好的，", chinese[3:90], chinese[90:]]
+    listed = "- Yes, " + "word " * 58 + "x" * 25 + "\n- b"  # (over a segment inside its last word)
+    for cut in range(1, len(listed)):
+        assert segments(listed[:cut], listed[cut:]) == segments(listed) == ["Yes,", "word " * 57 + "word", "x" * 25 + ".", "b."]
 
 
 def test_emoji_only_sentences_are_dropped() -> None:
@@ -364,6 +390,117 @@ def test_frame_budget_grows_with_text_and_is_bounded() -> None:
     assert frame_budget("Hi.") < frame_budget("Hello there, how are you doing today?")
     assert frame_budget("字" * 10) > frame_budget("a" * 10)  # CJK characters take longer to say
     assert frame_budget("Hi.") >= 13  # at least a second of audio
+
+
+def run_on(chars: int, seed: int = 0, comma_every: int = 0) -> str:
+    """Random lowercase words without any sentence end (and commas only every
+    ``comma_every`` words): an LLM reply without full stops, a list of words."""
+    rng = random.Random(seed)
+    words: list[str] = []
+    while sum(map(len, words)) + len(words) < chars:
+        word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 9)))
+        words.append(word + ("," if comma_every and len(words) % comma_every == comma_every - 1 else ""))
+    return " ".join(words)
+
+
+class CountingDetector(SentenceBoundaryDetector):
+    """sentence-stream's detector, counting the characters it searches (its whole buffer at
+    every chunk) and the most it ever held."""
+
+    searched = 0
+    most = 0
+
+    def add_chunk(self, chunk: str) -> Iterable[str]:
+        held = len(self.current_sentence + self.remaining_text + chunk)
+        CountingDetector.searched += held
+        CountingDetector.most = max(CountingDetector.most, held)
+        return super().add_chunk(chunk)
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole"])
+@pytest.mark.parametrize(
+    "kind",
+    ["words", "cjk", "long-word", "symbols"],
+    ids=["words", "chinese-without-punctuation", "one-long-word", "nothing-speakable"],
+)
+def test_work_per_delta_is_bounded_on_text_without_sentence_ends(
+    streamed: bool, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run-on text fed 7 characters at a time: the segmenter's text and sentence-stream's
+    buffer stay within a segment and a little, and the characters sentence-stream searches
+    grow with the text, not with its square (this was 0.6 s for 10 KB and 5 s for 40 KB)."""
+    monkeypatch.setattr(text_module, "SentenceBoundaryDetector", CountingDetector)
+    searched: list[int] = []
+    for chars in (8_000, 16_000):
+        text = {
+            "words": run_on(chars),
+            "cjk": ("我们今天去公园玩然后回家吃饭" * chars)[: chars // 3],
+            "long-word": "x" * chars,
+            "symbols": "% " * (chars // 2),  # (no segment: the first clause may still come)
+        }[kind]
+        CountingDetector.searched = CountingDetector.most = 0
+        segmenter = Segmenter(streamed=streamed)
+        for start in range(0, len(text), 7):
+            segmenter.add(text[start : start + 7])
+            assert len(segmenter._text) < 1000, start  # (context and the part not fed yet)
+            assert CountingDetector.most < 1000, start
+        segmenter.finish()
+        searched.append(CountingDetector.searched)
+    assert searched[1] < 2.3 * searched[0], searched  # linear: twice the text, twice the work
+
+
+def test_run_on_streamed_text_is_spoken_as_it_streams() -> None:
+    """An LLM reply without sentence ends is released a segment at a time while it streams,
+    at word boundaries, never more than a segment and a little behind what has come; the
+    same segments as the whole text."""
+    text = run_on(10_000, seed=1)
+    segmenter, released, fed = Segmenter(streamed=True), [], 0
+    for start in range(0, len(text), 7):
+        released += segmenter.add(text[start : start + 7])
+        fed = start + 7
+        assert fed - sum(len(s) + 1 for s in released) < 400, fed  # (a segment is ~300 characters)
+    assert len(released) >= 30
+    assert released + segmenter.finish() == segments(text) == segments(*re.findall(".{1,7}", text, re.S))
+    assert " ".join(segments(text)) == text  # cut only between words
+    assert all(estimated_seconds(s) <= MAX_SEGMENT_SECONDS < estimated_seconds(s) + 1 for s in segments(text)[:-1])
+
+
+def test_run_on_text_is_cut_at_its_last_clause_mark() -> None:
+    """Run-on text with commas is released at the last comma that fits; "." that ends no
+    sentence (a lowercase word follows) is a mark too, a title's "." ("Dr.") is not."""
+    text = run_on(3_000, seed=2, comma_every=13)
+    segmenter = Segmenter(streamed=True)
+    released = [p for delta in re.findall(".{1,5}", text, re.S) for p in segmenter.add(delta)]
+    assert len(released) > 8 and all(p.endswith(",") for p in released), released
+    assert released + segmenter.finish() == segments(text, streamed=True)  # (the first ends at a clause)
+    assert " ".join(segments(text)) == text
+    assert run_on_cut("so it goes. " + "word " * 70) == len("so it goes.")
+    assert run_on_cut("so it goes and " + "word " * 20 + "with Dr. Smith " + "word " * 60) == 300  # at a space
+    assert run_on_cut("word " * 100) == 300  # (60 words of 4 letters and the spaces between them)
+    assert run_on_cut("x" * 500) == 300
+    assert run_on_cut("好" * 10 + "x" * 400) == 10  # between a CJK character and a word
+    assert run_on_cut("short, enough") == len("short, enough")
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [
+        ("a\x00b\x01c\x08d\x1be\x7ff", "abcdef"),  # C0 controls and DEL
+        ("a\x80b\x81c\x9fd", "abcd"),  # C1 controls
+        ("a\ufffdb\ufeffc", "abc"),  # the replacement character, a byte order mark
+        ("a\ud800b\udfffc", "abc"),  # lone surrogates (as JSON's "\ud800" decodes)
+        ("a\ufffeb\uffffc\ufdd0d\U0001fffee\U0010ffff", "abcde"),  # non-characters
+        ("a\xadb\u200bc\u2060d", "abcd"),  # soft hyphen, zero-width space, word joiner
+        ("a\x0bb\x0cc\x1cd\x1fe\x85f", "a b c d e f"),  # whitespace controls: spaces
+        ("\ufeff- one\x00\n- two\r\n\tthree\n", "one. two. three"),  # tab, newline and CR still work
+        ("&#x81;&#65533;&#xFEFF;ok", "ok"),  # the same as entities
+    ],
+)
+def test_characters_that_are_no_text_are_never_spoken(raw: str, clean: str) -> None:
+    assert clean_text(raw) == clean
+    for deltas in splits(raw):
+        assert " ".join(segments(*deltas)) == clean, deltas
+        assert " ".join(segments(*deltas, streamed=True)) == clean, deltas
 
 
 #: Pieces of LLM-style markdown in several scripts, for random texts below.
@@ -387,7 +524,18 @@ _MARKUP_PIECES = [
 ]
 
 
-@pytest.mark.parametrize("pieces", [_PIECES, _PIECES + _MARKUP_PIECES], ids=["markdown", "markup"])
+#: Run-on text (no sentence end for over a segment), characters that are no text, and some
+#: of the marks and markup above.
+_RUN_ON_PIECES = [
+    "the long walk down to the old mill by the river and on " * 3, "我们今天去公园玩然后回家吃饭" * 3, "x" * 120, "so. ",
+    "Dr. ", ", ", "，", " - ", "\x00", "\x81", "\ufffd", "\ufeff", "\x0b", "\x85", "\ud800", "\xad", "\uffff",
+    "\n- ", "**", "Hello ", "? ", "\n\n", "<b>", "&#0;", " ",
+]
+
+
+@pytest.mark.parametrize(
+    "pieces", [_PIECES, _PIECES + _MARKUP_PIECES, _RUN_ON_PIECES], ids=["markdown", "markup", "run-on"]
+)
 def test_random_markdown_split_anywhere_reads_as_the_whole_text(pieces: list[str]) -> None:
     rng = random.Random(0)
     for _ in range(300):

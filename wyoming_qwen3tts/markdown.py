@@ -35,13 +35,13 @@ from .markup import (
     CELL_TAGS,
     ENTITY_TEXT,
     HUSH,
+    INPUT_TEXT,
     ITEM_END,
     ITEM_TAGS,
     LIST_TAGS,
     MARKS_RE,
     MARKUP,
     MAX_HELD_CHARS,
-    NO_MARKS,
     OPEN_ITEM_TAGS,
     SILENT_BREAK_RE,
     hidden_upto,
@@ -114,7 +114,7 @@ class MarkdownReader:
 
     def feed(self, delta: str) -> str:
         """Add a delta; return the speech text it completed (possibly "")."""
-        self._buf += delta.translate(NO_MARKS)
+        self._buf += delta.translate(INPUT_TEXT)
         out, waiting = self._lines(final=False)
         if not waiting:
             text, used = self._line(self._buf, complete=False)

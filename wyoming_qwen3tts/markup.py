@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import re
 
+from .writing import SILENT, SPACES
+
 #: Longest text held back while markup, a link, inline code or a URL may still close, in
 #: characters (bounds the work per delta; longer ones are read as plain text). The markdown
 #: reader holds its links, code spans and URLs to this bound too.
@@ -39,7 +41,11 @@ BREAK, ITEM_END, CELL = "\ue000", "\ue001", "\ue002"
 #: finished sentence before it ends there, so that it is spoken before the block is over.
 HUSH = "\ue003"
 MARKS_RE = re.compile(f"([{BREAK}{ITEM_END}{CELL}{HUSH}])")
-NO_MARKS = str.maketrans("", "", BREAK + ITEM_END + CELL + HUSH)
+#: What the reader makes of its raw input, character by character (so however it is split):
+#: the marks above and the characters that are no text (``writing.SILENT``: controls,
+#: invisible format characters, U+FFFD, non-characters) dropped, whitespace controls other
+#: than tab, newline and carriage return (``writing.SPACES``) made spaces.
+INPUT_TEXT = str.maketrans(dict.fromkeys(SPACES, " ") | dict.fromkeys([*SILENT, BREAK, ITEM_END, CELL, HUSH]))
 #: Tags that end a phrase (a pause, no period added): blocks, ``<br>``, SSML ``<break>``,
 #: ``<p>`` and ``<s>`` (HTML's strikethrough ``<s>`` too: its words are still spoken).
 BREAK_TAGS = frozenset(
@@ -99,15 +105,15 @@ ATTRIBUTE_RE = re.compile(rf"""([A-Za-z_:][\w:.-]*)\s*=\s*("[^"<]*"|'[^'<]*'|[^\
 SILENT_BREAK_RE = re.compile(
     r"""\bstrength\s*=\s*["']?(?:none|x-weak)\b|\btime\s*=\s*["']?0*(?:\.0*)?m?s\b"""
 )
-#: Decoded entities that are spaces or no text: no-break space and whitespace controls;
-#: soft hyphen and zero-width characters; the reader's marks; and what ``html.unescape``
-#: makes of references to no character (U+FFFD for ``&#0;``, a surrogate or a number past
+#: Decoded entities that are spaces or no text: no-break space and whitespace controls,
+#: newlines too (an entity never starts a markdown line); the reader's marks; and the
+#: characters that are no text (``writing.SILENT``), among them what ``html.unescape`` makes
+#: of references to no character (U+FFFD for ``&#0;``, a surrogate or a number past
 #: U+10FFFF) or to a control character (``&#x81;``), which a browser shows as no text or a
-#: replacement glyph and the model cannot say.
+#: replacement glyph and the model cannot say. Literal text gets the same rule
+#: (``INPUT_TEXT``).
 ENTITY_TEXT = str.maketrans(
-    dict.fromkeys("\xa0\t\n\r\x0c", " ")
-    | dict.fromkeys("\xad\u200b\u200c\u200d\u2060\ufeff\ufffd" + BREAK + ITEM_END + CELL + HUSH)
-    | dict.fromkeys(chr(c) for c in [*range(0x20), *range(0x7F, 0xA0)] if chr(c) not in "\t\n\r\x0c")
+    dict.fromkeys([*SPACES, "\xa0", "\t", "\n", "\r"], " ") | dict.fromkeys([*SILENT, BREAK, ITEM_END, CELL, HUSH])
 )
 
 

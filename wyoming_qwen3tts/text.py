@@ -15,7 +15,11 @@ speakable; neither ever emits half a markup token:
    streamed text the first segment may end at a clause boundary (comma, colon, semicolon,
    dash; CJK ``，：；、``) so that speech starts before the first sentence is complete;
    later segments stay whole sentences. Sentences longer than ``MAX_SEGMENT_SECONDS`` of
-   speech are split at clauses or words.
+   speech are split at clauses or words; run-on text (no sentence end in sight: a long
+   reply without full stops, a list of words) is released as it streams, a segment at a
+   time, once more than a segment's worth of it waits (``run_on_cut``), at the same places
+   as in the whole text. The work per delta is bounded by the delta (amortised): nothing
+   is searched again from the start of the text.
 
 Every segment is capped by ``frame_budget`` codec frames. Works for the ten Qwen3-TTS
 languages; Chinese and Japanese need no spaces (their punctuation ends sentences).
@@ -31,7 +35,7 @@ classes both stages decide by to ``writing.py``; ``MarkdownReader`` and
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from sentence_stream import SentenceBoundaryDetector
 
@@ -65,9 +69,12 @@ _ABBREVIATIONS = frozenset(
     "mme sra dra srs ud uds sig av prof str vol".split()
 )
 
-_WORD_RE = re.compile(r"[^\W\d_]+")
+#: A letter of a spaced script, and the start of a word of one (a letter after no such
+#: letter): counted with the text before as context, so the counts of consecutive stretches
+#: add up to the count of their whole. Chinese and Japanese characters count half a word each.
+_SPACED_LETTER = r"[^\W\d_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
+_WORD_START_RE = re.compile(rf"(?<!{_SPACED_LETTER}){_SPACED_LETTER}")
 _SPEAKABLE_RE = re.compile(r"\w")
-_CLAUSE_BREAK_RE = re.compile(r"(?<=[,;:，；：、])\s*")
 
 # --- sentence boundaries ---------------------------------------------------------------------
 #: Where the segmenter decides about a boundary: whitespace runs, and marks after which CJK
@@ -80,6 +87,30 @@ _SPACED_CLOSE_RE = re.compile(rf"[.!?…]\s[{re.escape(CLOSERS)}]+$")
 _OPENERS = "¿¡\"“„«‘'("
 _NEXT_WORD_RE = re.compile(rf"([{re.escape(_OPENERS)}]*)(\w)")
 _LAST_WORD_DOT_RE = re.compile(r"(?<![\w.])([^\W\d_]+)\.$")
+
+
+# --- run-on text ------------------------------------------------------------------------------
+#: ``estimated_seconds`` in whole ticks (1/84 s: a Latin character is 7, a CJK one 24), so that
+#: sums over stretches of text are exact however the text was cut.
+_TICKS_PER_SECOND = 84
+_LATIN_TICKS = round(_TICKS_PER_SECOND / _LATIN_CHARS_PER_SECOND)
+_CJK_TICKS = round(_TICKS_PER_SECOND / _CJK_CHARS_PER_SECOND)
+assert (_LATIN_TICKS / _TICKS_PER_SECOND, _CJK_TICKS / _TICKS_PER_SECOND) == (
+    1 / _LATIN_CHARS_PER_SECOND,
+    1 / _CJK_CHARS_PER_SECOND,
+), "speaking rates that are no whole number of ticks"
+_MAX_SEGMENT_TICKS = round(MAX_SEGMENT_SECONDS * _TICKS_PER_SECOND)
+#: Characters of speech text between the points where the segmenter checks for run-on text
+#: that may have to be released, where no space or clause mark comes sooner (a long word,
+#: Chinese without punctuation). Bounds what sentence-stream holds to a segment and this.
+RUN_ON_CHECK_CHARS = 32
+#: Where run-on text may be cut, best first: after clause or sentence punctuation (and any
+#: closing quotes) followed by a space, after a spaced dash, after an em dash or CJK
+#: punctuation; then at the last space; then between CJK characters; else at a character.
+_RUN_ON_CLAUSE_RE = re.compile(
+    rf"(?:[,;:.!?…]|(?<=\s)[-–])[{re.escape(CLOSERS)}]*(?=\s)"
+    rf"|[—，；：、。！？][{re.escape(CLOSERS)}]*"
+)
 
 
 def clean_text(text: str) -> str:
@@ -108,41 +139,75 @@ def frame_budget(text: str) -> int:
 
 
 def split_long(sentence: str, max_seconds: float = MAX_SEGMENT_SECONDS) -> list[str]:
-    """Split a sentence whose estimated speech exceeds ``max_seconds`` into pieces.
+    """Split a sentence whose estimated speech exceeds ``max_seconds`` into pieces, cut
+    where run-on text is (``run_on_cut``): at the last clause mark that fits, else the last
+    word boundary, else (one long word) at a character.
 
-    Breaks at clause punctuation first, then at spaces, then (for unspaced scripts) at
-    characters. Every piece is non-empty and no text is lost (pieces joined with single
-    spaces equal the input up to whitespace).
+    Every piece is non-empty and no text is lost or changed (pieces are slices of the
+    sentence, stripped: joined with single spaces they equal it up to whitespace).
     """
-    if estimated_seconds(sentence) <= max_seconds:
-        return [sentence]
     pieces: list[str] = []
-    current = ""
-    for unit in _units(sentence, max_seconds):
-        candidate = f"{current} {unit}".strip() if current else unit
-        if current and estimated_seconds(candidate) > max_seconds:
-            pieces.append(current)
-            current = unit
-        else:
-            current = candidate
-    if current:
-        pieces.append(current)
-    return pieces
+    rest = sentence.strip()
+    while rest and _spoken_ticks(rest) > max_seconds * _TICKS_PER_SECOND:
+        cut = run_on_cut(rest, max_seconds)
+        pieces.append(rest[:cut].strip())
+        rest = rest[cut:].strip()
+    return pieces + [rest] if rest else pieces
 
 
-def _units(sentence: str, max_seconds: float) -> Iterator[str]:
-    """Yield the smallest pieces ``split_long`` packs: clauses, else words, else characters."""
-    for clause in filter(None, (c.strip() for c in _CLAUSE_BREAK_RE.split(sentence))):
-        if estimated_seconds(clause) <= max_seconds:
-            yield clause
+def _ticks(text: str) -> int:
+    """``estimated_seconds`` of ``text`` in ticks, every character counted (spaces too)."""
+    return _LATIN_TICKS * len(text) + (_CJK_TICKS - _LATIN_TICKS) * len(CJK_RE.findall(text))
+
+
+def _spoken_ticks(text: str) -> int:
+    """``estimated_seconds`` of ``text`` in ticks, each run of whitespace between words
+    counted as one space and none at its ends: the same however its whitespace came (the
+    reader's output may hold a space more or less where deltas were cut). Never more than
+    ``_ticks(text)``, never less than ``estimated_seconds(tidy(text))``."""
+    return _ticks(" ".join(text.split()))
+
+
+def run_on_cut(text: str, max_seconds: float = MAX_SEGMENT_SECONDS) -> int:
+    """Where text over ``max_seconds`` of speech that holds no sentence end is cut (run-on
+    text, whole or streamed, and a long sentence in ``split_long``): within the longest
+    start of it that fits (whitespace counted as by ``_spoken_ticks``), after its last
+    clause or sentence mark (``,;:.!?`` and a spaced dash before a space; an em dash; CJK
+    ``，；：、。！？``; no "." of a title such as "Dr."), else at its last space or CJK
+    character, whichever is later, else (one long word) at a character.
+
+    Returns ``cut``: ``text[:cut]`` is the segment (never only whitespace) and ``text[cut:]``
+    the rest; ``len(text)`` when all of it fits.
+    """
+    ticks, spaced, first, fits = 0, False, -1, len(text)
+    for index, char in enumerate(text):
+        if char.isspace():
+            spaced = first >= 0
             continue
-        for word in clause.split():
-            if estimated_seconds(word) <= max_seconds:
-                yield word
-                continue
-            step = max(1, int(len(word) * max_seconds / estimated_seconds(word)))
-            for start in range(0, len(word), step):
-                yield word[start : start + step]
+        ticks += (_CJK_TICKS if CJK_RE.match(char) else _LATIN_TICKS) + (_LATIN_TICKS if spaced else 0)
+        spaced, first = False, index if first < 0 else first
+        if ticks > max_seconds * _TICKS_PER_SECOND:
+            fits = index  # text[:fits] fits; text[fits] is the first character that does not
+            break
+    if fits == len(text):
+        return fits
+    clause = 0
+    for mark in _RUN_ON_CLAUSE_RE.finditer(text, first + 1, fits):
+        title = _LAST_WORD_DOT_RE.search(text, max(0, mark.start() - 8), mark.start() + 1)
+        if not (title and title.group(1).lower() in _ABBREVIATIONS):
+            clause = mark.end()
+    if clause:
+        return clause
+    word = fits
+    while word > first + 1 and not _word_boundary(text, word):
+        word -= 1
+    return word if _word_boundary(text, word) else fits
+
+
+def _word_boundary(text: str, index: int) -> bool:
+    """Whether a word ends before ``text[index]``: a space on either side, or a CJK
+    character (each is a word)."""
+    return any(char.isspace() or CJK_RE.match(char) for char in text[index - 1 : index + 1])
 
 
 class Segmenter:
@@ -151,6 +216,7 @@ class Segmenter:
     Deltas may split anywhere. ``add`` returns the segments completed by a delta;
     ``finish`` returns the rest. Each segment is clean speech text (``MarkdownReader``) of
     at most ``MAX_SEGMENT_SECONDS`` estimated speech, with at least one letter or digit.
+    Text with no sentence end is not held back past a segment's worth (``run_on_cut``).
 
     Args:
         streamed: the text arrives as it is written (an LLM's deltas): the first segment
@@ -164,6 +230,15 @@ class Segmenter:
         self._first_clause = streamed  # may the first segment still end at a clause?
         self._text = ""  # speech text: some context, then what the detector has not had
         self._fed = 0  # characters of _text already given to the detector
+        # Run-on text: an upper bound of the ticks of what the detector holds, counted up to
+        # _bounded in _text, and the next check point where no decision point comes sooner.
+        self._bound = 0
+        self._bounded = 0
+        self._next_check = RUN_ON_CHECK_CHARS
+        # The first clause: the words and brackets of _text before _counted (running counts).
+        self._counted = 0
+        self._half_words = 0  # (a Chinese or Japanese character is half a word)
+        self._brackets = [0, 0]  # "(" and ")"
 
     def add(self, delta: str) -> list[str]:
         """Feed one delta; return the segments it completed (possibly none)."""
@@ -172,29 +247,41 @@ class Segmenter:
     def finish(self) -> list[str]:
         """End the stream; return the segments of the text still buffered."""
         segments = self._push(self._reader.close(), final=True)
+        self._release_run_on(segments)
         return segments + self._segments([self._detector.finish()])
 
     def _push(self, speech: str, final: bool) -> list[str]:
-        """Mark certain boundaries in new speech text and feed the decided part to sentence-stream."""
+        """Mark certain boundaries in new speech text and feed the decided part to sentence-stream.
+
+        Work per call is bounded by the new text (amortised): the loop visits each decision
+        point once, the detector holds at most a segment of run-on text (``_check``), and
+        ``_text`` keeps 64 characters of context before what the detector has not had.
+        """
         text = self._text = self._text + speech
         pieces: list[str] = []
+        out: list[str] = []
         start = pos = self._fed
         while match := _DECISION_RE.search(text, pos):
             begin, end = match.span()
+            start = self._checks(text, start, begin, pieces, out)
             pos = end
             if not match.group().isspace():  # CJK punctuation or an em dash: decide right after it
                 if self._clause_ends(end):
                     pieces.append(text[start:end] + "\n\n")
-                    start = end
-                elif match.group() in "。！？":
-                    self._first_clause = False
+                    start = self._marked(end)
+                else:
+                    if match.group() in "。！？":
+                        self._first_clause = False
+                    start = self._check(text, start, end, pieces, out)
+                self._next_check = end + RUN_ON_CHECK_CHARS
                 continue
             if "\n\n" in match.group():  # the reader's sentence mark
                 self._first_clause = False
+                self._marked(end)
                 continue
             if self._clause_ends(begin):
                 pieces.append(text[start:begin] + "\n\n")
-                start = end
+                start = self._marked(end)
                 continue
             following = _NEXT_WORD_RE.match(text, end)
             if following is None and not final and _only_openers(text[end:]):
@@ -204,27 +291,96 @@ class Segmenter:
             before = text[max(0, begin - 40) : begin]
             if _missed_boundary(before, following):
                 pieces.append(text[start:begin] + "\n\n")
-                start = end
-            elif _SENTENCE_END_RE.search(before):
-                self._first_clause = False
+                start = self._marked(end)
+            else:
+                if _SENTENCE_END_RE.search(before):
+                    self._first_clause = False
+                start = self._check(text, start, begin, pieces, out)
+                self._next_check = end + RUN_ON_CHECK_CHARS
         else:
+            start = self._checks(text, start, len(text), pieces, out)
             pieces.append(text[start:])
             start = len(text)
         self._fed = start
-        if not self._first_clause and start > 64:  # keep a little context for the rules
-            self._text, self._fed = text[start - 64 :], 64
-        return self._segments(self._detector.add_chunk("".join(pieces)))
+        out += self._segments(self._detector.add_chunk("".join(pieces)))
+        if start > 64:  # keep a little context for the rules
+            self._advance(text, start)
+            shift = start - 64
+            self._text, self._fed = text[shift:], 64
+            self._bounded -= shift
+            self._next_check -= shift
+            self._counted -= shift
+        return out
+
+    def _marked(self, end: int) -> int:
+        """A sentence mark was put before ``end``: the detector will hold nothing before it."""
+        self._bound, self._bounded, self._next_check = 0, end, end + RUN_ON_CHECK_CHARS
+        return end
+
+    def _checks(self, text: str, start: int, stop: int, pieces: list[str], out: list[str]) -> int:
+        """Check for run-on text every ``RUN_ON_CHECK_CHARS`` before ``stop`` (the next
+        decision point, or the end of the text so far) since the last decision point."""
+        while self._next_check < stop:
+            start = self._check(text, start, self._next_check, pieces, out)
+            self._next_check += RUN_ON_CHECK_CHARS
+        return start
+
+    def _check(self, text: str, start: int, point: int, pieces: list[str], out: list[str]) -> int:
+        """At a check point (a decision point that marked no boundary, or every
+        ``RUN_ON_CHECK_CHARS`` between them), when what the detector would hold up to
+        ``point`` may be over a segment: feed it up to there and release run-on text.
+
+        Check points depend on the text alone, and the detector's state after a text on the
+        text alone (not on how it was cut), so whole and streamed text are cut alike.
+        Returns the new start of what is not fed yet.
+        """
+        self._advance(text, point)
+        if self._bound <= _MAX_SEGMENT_TICKS:
+            return start
+        pieces.append(text[start:point])
+        out += self._segments(self._detector.add_chunk("".join(pieces)))
+        pieces.clear()
+        self._release_run_on(out)
+        return point
+
+    def _advance(self, text: str, point: int) -> None:
+        """Count the speech text up to ``point`` into the bound of what the detector holds."""
+        if point > self._bounded:
+            self._bound += _ticks(text[self._bounded : point])
+            self._bounded = point
+        if not self._first_clause:
+            self._counted = max(self._counted, point)  # (no longer needed)
+        elif point > self._counted:
+            counted = text[self._counted : point]  # (the text before is context for word starts)
+            self._half_words += 2 * len(_WORD_START_RE.findall(text, self._counted, point))
+            self._half_words += len(HAN_KANA_RE.findall(counted))
+            self._brackets[0] += counted.count("(")
+            self._brackets[1] += counted.count(")")
+            self._counted = point
+
+    def _release_run_on(self, out: list[str]) -> None:
+        """While what the detector holds is over a segment's worth of speech, with no
+        sentence end it can find, release its start as a segment (``run_on_cut``): a long
+        reply without sentence punctuation is spoken as it streams, and the detector's
+        buffer (which it searches at every delta) stays short."""
+        while True:
+            held = self._detector.current_sentence + self._detector.remaining_text
+            self._bound = _ticks(held)
+            if self._bound <= _MAX_SEGMENT_TICKS or _spoken_ticks(held) <= _MAX_SEGMENT_TICKS:
+                return
+            cut = run_on_cut(held)
+            self._detector = SentenceBoundaryDetector()  # the same text, a sentence mark at the cut
+            out += self._segments(self._detector.add_chunk(f"{held[:cut]}\n\n{held[cut:]}"))
 
     def _clause_ends(self, end: int) -> bool:
         """True (once) when the first segment of streamed text may end at ``end``: a clause
         mark there, enough words before it, no sentence end and no open bracket before it."""
         if not self._first_clause:
             return False
-        head = self._text[:end]
-        if not _CLAUSE_END_RE.search(head) or head.count("(") > head.count(")"):
+        if not _CLAUSE_END_RE.search(self._text, max(0, end - 3), end):
             return False
-        words = len(_WORD_RE.findall(HAN_KANA_RE.sub(" ", head))) + len(HAN_KANA_RE.findall(head)) / 2
-        if words < FIRST_CLAUSE_MIN_WORDS:
+        self._advance(self._text, end)
+        if self._brackets[0] > self._brackets[1] or self._half_words < 2 * FIRST_CLAUSE_MIN_WORDS:
             return False
         self._first_clause = False
         return True
