@@ -27,6 +27,7 @@ from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop, Synthe
 from wyoming_qwen3tts import ws_events as ev
 from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
 from wyoming_qwen3tts.http_ws import MAX_ERRORS_IN_A_ROW
+from wyoming_qwen3tts.service import DESIGNED_VOICE
 from wyoming_qwen3tts.text import frame_budget
 
 from .conftest import Server, start_server, stop_server
@@ -849,3 +850,15 @@ def test_a_key_no_browser_can_offer_is_warned_of_at_start_up(
     said = [r.getMessage() for r in caplog.records if "--api-key" in r.getMessage()]
     assert len(said) == int(warned), said
     assert not warned or "WebSocket" in said[0] and "openssl rand -hex 32" in said[0]
+
+
+async def test_a_voice_designed_from_instructions_is_configured_as_designed(ws_server: Server) -> None:
+    """``request.start`` with ``instructions`` and no voice designs a one-off voice: the
+    session's ``request.configured`` names it ``(designed)``, as the HTTP door's ``X-Voice``
+    does, not the default voice that did not speak."""
+    async with aiohttp.ClientSession(timeout=_GUARD) as http:
+        session = await connect(http, ws_server)
+        await speak(session, ["A calm hello."], instructions="A calm, low voice.")
+        check_response(session, await session.rest())
+    configured = next(e for e in session.events if e["type"] == "request.configured")
+    assert configured["voice"] == DESIGNED_VOICE == "(designed)", configured

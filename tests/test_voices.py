@@ -641,3 +641,20 @@ def test_the_studio_renames_and_deletes_a_voice_whose_file_name_is_spelled_other
     assert library.delete("spaced").name == "spaced"
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".wav", ".txt")) == ["Path.txt", "Path.wav"]
     assert library.catalog.find(RENEE) is None and library.catalog.find("trail") is None
+
+
+def test_a_clip_the_catalogue_cannot_read_still_holds_its_name_in_any_spelling(tmp_path: Path) -> None:
+    """An unreadable clip (not audio) is no voice, but its file is there: a new voice of its
+    name is refused as taken whether the file is spelled in NFD, with a space, or in
+    another case, and the refused upload removes nothing of the user's."""
+    for stem in (RENEE_NFD, "kim ", "ZED"):
+        (tmp_path / f"{stem}.wav").write_bytes(b"not audio at all")
+    library = _library(tmp_path)
+    for name in (RENEE, "kim", "zed"):
+        assert library.catalog.find(name) is None
+        with pytest.raises(VoiceEditError) as caught:
+            library.check_free(name)
+        assert caught.value.code == "name-taken", name
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".wav") == sorted(
+        f"{stem}.wav" for stem in (RENEE_NFD, "kim ", "ZED")
+    )

@@ -269,7 +269,7 @@ class SpeechSession:
             self._speak(self._stream), name=f"websocket speaker {self.request_id}"
         )
         await self._send_json(
-            ev.request_configured(self.request_id, self._stream.voice.name, self._stream.language)
+            ev.request_configured(self.request_id, self._stream.voice_name, self._stream.language)
         )
 
     def _check_sequence(self, event: ev.ClientEvent) -> int:

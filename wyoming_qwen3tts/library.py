@@ -341,10 +341,10 @@ class VoiceLibrary:
                 )
                 raise VoiceEditError(409, "name-taken", message, "name")
         if self.catalog.voices_dir is not None and self.catalog.voices_dir.is_dir():
-            for path in self.catalog.voices_dir.iterdir():
-                if renaming is not None and path.stem == renaming.name:
+            for path in self.catalog.voices_dir.iterdir():  # unreadable clips too: the same name rule
+                if renaming is not None and name_key(path.stem) == name_key(renaming.name):
                     continue
-                if path.stem.casefold() == key and path.suffix.lower() in AUDIO_SUFFIXES:
+                if name_key(path.stem) == name_key(name) and path.suffix.lower() in AUDIO_SUFFIXES:
                     message = f"A file {path.name!r} already exists in the voices folder"
                     raise VoiceEditError(409, "name-taken", message, "name")
 
