@@ -302,13 +302,8 @@ async def test_a_clone_only_server_starts_with_a_clip_named_with_a_trailing_spac
     import json
     import urllib.request
 
-    from wyoming.audio import AudioChunk, AudioStop
-    from wyoming.client import AsyncTcpClient
-    from wyoming.error import Error
-    from wyoming.info import Describe, Info
-    from wyoming.tts import Synthesize, SynthesizeVoice
-
     from .conftest import start_server, stop_server
+    from .test_studio import wyoming_samples, wyoming_voices
 
     voices = tmp_path / "voices"
     voices.mkdir()
@@ -334,24 +329,8 @@ async def test_a_clone_only_server_starts_with_a_clip_named_with_a_trailing_spac
             )
             with urllib.request.urlopen(request, timeout=300) as resp:
                 assert resp.status == 200 and resp.headers["X-Voice"] == "Amy" and len(resp.read()) > 0, voice
-        async with AsyncTcpClient("127.0.0.1", srv.port) as client:
-            await client.write_event(Describe().event())
-            while True:
-                event = await asyncio.wait_for(client.read_event(), 60)
-                assert event is not None
-                if Info.is_type(event.type):
-                    break
-            assert [v.name for v in Info.from_event(event).tts[0].voices] == ["Amy", "bob"]
-            await client.write_event(Synthesize(text="Hi", voice=SynthesizeVoice(name="Amy ")).event())
-            samples = 0
-            while True:
-                event = await asyncio.wait_for(client.read_event(), 300)
-                assert event is not None and not Error.is_type(event.type), event
-                if AudioChunk.is_type(event.type):
-                    samples += len(AudioChunk.from_event(event).audio) // 2
-                elif AudioStop.is_type(event.type):
-                    break
-            assert samples > 0
+        assert await wyoming_voices(srv) == {"Amy", "bob"}
+        assert await wyoming_samples(srv, "Amy ", "Hi") > 0
         assert srv.alive()
     finally:
         stop_server(srv)
