@@ -849,7 +849,7 @@ def test_a_key_no_browser_can_offer_is_warned_of_at_start_up(
         check_args(args)
     said = [r.getMessage() for r in caplog.records if "--api-key" in r.getMessage()]
     assert len(said) == int(warned), said
-    assert not warned or "WebSocket" in said[0] and "openssl rand -hex 32" in said[0]
+    assert not warned or "WebSocket" in said[0] and "openssl rand -hex 32" in said[0] and "!#$%&'*" in said[0]
 
 
 async def test_a_voice_designed_from_instructions_is_configured_as_designed(ws_server: Server) -> None:
@@ -862,3 +862,31 @@ async def test_a_voice_designed_from_instructions_is_configured_as_designed(ws_s
         check_response(session, await session.rest())
     configured = next(e for e in session.events if e["type"] == "request.configured")
     assert configured["voice"] == DESIGNED_VOICE == "(designed)", configured
+
+
+@pytest.mark.parametrize("key", ["ключ", "key\u00e9", " spaced", "spaced ", "tab\tkey", "new\nline"])
+def test_a_key_no_http_client_can_send_is_refused_at_start_up(key: str, tmp_path: Path) -> None:
+    """An ``--api-key`` outside printable ASCII, or with a space at an end, cannot travel in
+    an ``Authorization`` header from the openai SDK (httpx refuses it) or a browser: start-up
+    refuses it in one line, before any model loads. The SDK's own refusal of a non-ASCII key
+    is checked too."""
+    import httpx
+    import openai
+
+    from wyoming_qwen3tts.__main__ import build_parser, check_args
+
+    from .conftest import free_port
+
+    args = build_parser().parse_args(
+        ["--data-dir", str(tmp_path), "--uri", f"tcp://127.0.0.1:{free_port()}", "--api-key", key]
+    )
+    with pytest.raises(SystemExit, match="--api-key must be printable ASCII"):
+        check_args(args)
+    if key.isascii():
+        return  # spaces at an end never equal the header's stripped token; a line break splits it
+    sdk = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key=key, max_retries=0, timeout=5)
+    with pytest.raises((UnicodeEncodeError, httpx.LocalProtocolError, openai.APIConnectionError)) as refused:
+        sdk.models.list()
+    assert not isinstance(refused.value, openai.APIConnectionError) or isinstance(
+        refused.value.__cause__, (UnicodeEncodeError, httpx.LocalProtocolError)
+    ), refused.value.__cause__

@@ -38,7 +38,7 @@ from .startup import load_engines, no_voices_message, no_voices_warning, studio_
 from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, DEFAULT_VOICE, TtsService, pick_default_voice
 from .studio import HA_INGRESS_PEER
 from .voices import ModelKind, Reference, VoiceCatalog
-from .ws_events import browser_can_offer_key
+from .ws_events import browser_can_offer_key, header_safe_key
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -169,9 +169,15 @@ def check_args(args: argparse.Namespace) -> None:
         _check_writable("--voices-dir", Path(args.voices_dir), required=False)
     if not 0 <= args.http_port <= 65535:
         raise SystemExit(f"--http-port must be 0..65535, got {args.http_port}")
+    if args.api_key and not header_safe_key(args.api_key):
+        raise SystemExit(
+            "--api-key must be printable ASCII with no space at either end: it travels in an HTTP "
+            "header, which the openai SDK and browsers cannot fill with other characters "
+            "(openssl rand -hex 32 makes a key that works everywhere)"
+        )
     if args.api_key and args.http_port and not browser_can_offer_key(args.api_key):
         _LOGGER.warning(
-            "--api-key holds characters outside letters, digits and !#$%%&'*+-.^_`|~: HTTP clients "
+            "--api-key holds characters outside letters, digits and !#$%&'*+-.^_`|~: HTTP clients "
             "and the studio can send it, but a browser cannot offer it to the WebSocket door "
             "(openssl rand -hex 32 makes a key that works everywhere)"
         )

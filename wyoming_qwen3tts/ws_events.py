@@ -63,6 +63,14 @@ def browser_can_offer_key(key: str) -> bool:
     return _TOKEN_RE.fullmatch(key) is not None
 
 
+def header_safe_key(key: str) -> bool:
+    """True when ``key`` can travel as ``Authorization: Bearer <key>`` from any client:
+    printable ASCII (U+0020-U+007E), not empty, and no space at either end (the server strips
+    the header's token). The openai SDK (httpx) refuses other characters in a header, and a
+    browser's ``fetch`` throws for characters beyond ISO-8859-1."""
+    return bool(key) and key == key.strip() and all(" " <= c <= "~" for c in key)
+
+
 #: Where the door listens, on the HTTP port (where the harness looks for it).
 PATH = "/v1/audio/speech/ws"
 #: The audio format of every binary message, as ``session.created`` and
