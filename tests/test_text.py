@@ -184,6 +184,7 @@ def test_streaming_never_emits_half_a_markup_token(text: str) -> None:
         ("references to no character are dropped", "a&#0;b&#xD800;c&#x110000;d&#xFFFD;e", "abcde"),
         ("references to controls are dropped", "a&#1;b&#x81;c&#127;d&#x9D;e&#9;f", "abcde f"),
         ("Windows-1252 references read as a browser does", "&#128;5 and &#x99;", "€5 and ™"),
+        ("a closing think tag alone parts its words", "Before</think>after and a</script>b</style>c", "Before after and a b c"),
     ],
     ids=lambda v: v if isinstance(v, str) and " " in v and len(v) < 40 else "",
 )
@@ -211,6 +212,7 @@ def test_markup_rules(rule: str, raw: str, clean: str) -> None:
         ("Roses are red<br / >Violets are blue<br\n/>Sugar", ["Roses are red", "Violets are blue", "Sugar"]),
         ("Sure.<think>plan</think>Okay! <!-- note -->Done", ["Sure.", "Okay!", "Done"]),
         ("Dr.<think>plan</think> Smith", ["Dr.", "Smith"]),  # a finished sentence ends at an unspoken block
+        ("greet them</think>Hello there. How are you?", ["greet them", "Hello there.", "How are you?"]),  # thoughts opened in the prompt
         ("See <think>plan</think>the <!-- note -->docs", ["See the docs"]),  # an unfinished one goes on
         ("Hi<br", ["Hi"]),
     ],

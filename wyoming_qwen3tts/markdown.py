@@ -34,6 +34,7 @@ from .markup import (
     CELL,
     CELL_TAGS,
     ENTITY_TEXT,
+    HIDDEN_TAGS,
     HUSH,
     INPUT_TEXT,
     ITEM_END,
@@ -396,9 +397,13 @@ def _inline_sub(match: re.Match[str]) -> str:
 def _tag(name: str | None, attributes: str, closing: bool) -> str:
     """What a tag is read as: a mark for a block, item or cell, an image's alt text, else
     nothing (inline HTML, SSML wrappers, declarations). A ``<break>`` of no strength or no
-    time is no break."""
+    time is no break. A closing ``</think>`` (``</script>``, ``</style>``) with no opening
+    one ends a phrase: a reasoning model whose prompt opened its thoughts writes only the
+    closing tag, between its thoughts and its answer."""
     if name in CELL_TAGS:
         return CELL
+    if closing and name in HIDDEN_TAGS:  # a stray "</think>": the thoughts opened in the prompt end
+        return BREAK
     if name in (ITEM_TAGS | LIST_TAGS if closing else OPEN_ITEM_TAGS):
         return ITEM_END
     if name == "break" and SILENT_BREAK_RE.search(attributes):

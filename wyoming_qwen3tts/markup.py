@@ -62,7 +62,7 @@ CELL_TAGS = frozenset(("td", "th"))
 LIST_TAGS = frozenset("dl ol table tbody tfoot thead ul".split())
 #: Elements whose content is not spoken (as a browser shows none of it; ``<think>`` holds a
 #: reasoning model's thoughts), up to their closing tag or the end of the text.
-_HIDDEN_TAGS = ("script", "style", "think")
+HIDDEN_TAGS = ("script", "style", "think")
 #: Every other tag known: dropped, its text spoken (SSML wrappers, inline HTML). Tags are
 #: lowercase, as LLMs and SSML write them: "press <A>" and "Vec<T>" stay prose.
 _INLINE_TAGS = frozenset(
@@ -72,7 +72,7 @@ _INLINE_TAGS = frozenset(
     "source span speak strike strong sub sup svg template textarea time title token track tt u var "
     "video voice w wbr".split()
 )
-_TAG_NAMES = BREAK_TAGS | ITEM_TAGS | CELL_TAGS | _INLINE_TAGS | set(_HIDDEN_TAGS)
+_TAG_NAMES = BREAK_TAGS | ITEM_TAGS | CELL_TAGS | _INLINE_TAGS | set(HIDDEN_TAGS)
 _NAME = (
     r"(?:[a-z][a-z0-9]*:[a-z][\w.-]*"  # namespaced: amazon:effect, mstts:express-as
     rf"|(?:{'|'.join(sorted(_TAG_NAMES, key=len, reverse=True))})(?![\w:-]))"
@@ -87,7 +87,7 @@ _VALUE = r"""(?:"[^"<]*"|'[^'<]*'|[^\s"'=<>`]+)"""
 _ATTRIBUTES = rf"(?:\s+(?:[A-Za-z_:][\w:.-]*\s*=\s*{_VALUE}|(?:{_BOOLEAN_ATTRIBUTES})(?![\w:.-])))*"
 MARKUP = (
     r"(?P<comment><!--(?P<comment_end>.*?-->)?)"  # an open one hides the lines up to "-->"
-    rf"|(?P<hidden><(?P<hidden_name>{'|'.join(_HIDDEN_TAGS)}|sub(?=[^<>]*\salias\s*=))(?![\w:-])"
+    rf"|(?P<hidden><(?P<hidden_name>{'|'.join(HIDDEN_TAGS)}|sub(?=[^<>]*\salias\s*=))(?![\w:-])"
     rf"(?P<hidden_attrs>{_ATTRIBUTES})\s*>(?P<hidden_end>.*?</(?P=hidden_name)\s*>)?)"
     rf"|(?P<tag></?(?P<tag_name>{_NAME})(?P<attrs>{_ATTRIBUTES})[\s/]*>|<![A-Za-z][^<>]*>|<\?[^<>]*\?>)"
     r"|(?P<mail><(?P<address>[\w.+-]+@[\w-]+(?:\.[\w-]+)+)>)"
