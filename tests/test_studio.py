@@ -589,7 +589,9 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
     same (with its studio, which is where the first clip comes from), says so in one WARNING
     naming the studio's address and the clips it skipped, describes itself with no voice,
     refuses speech on both doors with how to add one (connection and server staying up),
-    and speaks the first uploaded clip at once, as its default voice, without a restart."""
+    and speaks the first uploaded clip at once, as its default voice, without a restart.
+    That default is automatic (no --voice): the studio may delete it, and when its clip is
+    gone another voice is picked by the same rule, on both doors and in the listing."""
     from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
     from wyoming_qwen3tts.audio import SAMPLE_RATE as RATE
@@ -676,10 +678,65 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
         ):
             assert resp.status == 200 and resp.headers["X-Voice"] == "First"
             assert frames_ok(len(await resp.read()) // 2)
-        # Chosen as the default, it is kept as one: the studio does not delete it.
-        status, body = await call(srv, "DELETE", "/v1/audio/voices/First", auth=False)
-        assert status == 409 and json.loads(body)["error"]["code"] == "default-voice"
         await sdk.close()
+
+        # An automatic default (no --voice) follows the rule: the studio may delete it, and
+        # with no voice left, speech is refused as before (no-voices, not an unknown 'First').
+        status, body = await call(srv, "DELETE", "/v1/audio/voices/First", auth=False)
+        assert status == 200, body
+        status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
+        assert status == 200 and json.loads(body) == {"default": None, "voices": []}
+        async with AsyncTcpClient("127.0.0.1", srv.port) as client:
+            refused = await _wyoming_exchange(client, Synthesize(text="Hello there."), until="audio-stop")
+            assert Error.from_event(refused[0]).code == "no-voices" and "First" not in Error.from_event(refused[0]).text
+        # A new first clip, then its files removed by hand and another clip copied in: the
+        # default is picked again (the user trial: 'Zed' stayed the default, every request
+        # that named no voice was refused with unknown-voice 'Zed').
+        status, body = await call(
+            srv, "POST", "/v1/audio/voices", auth=False, data=upload("Zed", encoded(tone(2.0), "wav"), "Hello, this is me.")
+        )
+        assert status == 201, body
+        assert json.loads((await call(srv, "GET", "/v1/audio/voices", auth=False))[1])["default"] == "Zed"
+        for path in voices.glob("Zed.*"):
+            path.unlink()
+        async with AsyncTcpClient("127.0.0.1", srv.port) as client:
+            refused = await _wyoming_exchange(client, Synthesize(text="Hello there."), until="audio-stop")
+            error = Error.from_event(refused[0])
+            assert error.code == "no-voices" and "Zed" not in error.text, error
+        sf.write(voices / "Amy.wav", tone(2.0, freq=230.0), 24000)
+        (voices / "Amy.txt").write_text(CLONE_TRANSCRIPT)
+        status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
+        listing = json.loads(body)
+        assert listing["default"] == "Amy" and [v["name"] for v in listing["voices"]] == ["Amy"], listing
+        assert await wyoming_voices(srv) == {"Amy"}
+        async with AsyncTcpClient("127.0.0.1", srv.port) as client:  # Home Assistant names no voice
+            spoken = await _wyoming_exchange(client, Synthesize(text=TEXT), until="audio-stop")
+            assert not any(Error.is_type(e.type) for e in spoken), spoken
+            assert frames_ok(sum(len(AudioChunk.from_event(e).audio) for e in spoken if AudioChunk.is_type(e.type)) // 2)
+        async with (
+            aiohttp.ClientSession(timeout=_GUARD) as session,
+            session.post(srv.http_url + "/v1/audio/speech", json={"input": TEXT, "response_format": "pcm"}) as resp,
+        ):
+            assert resp.status == 200 and resp.headers["X-Voice"] == "Amy"
+            await resp.read()
+        # A voice added, then the default's clip removed while another is left: picked again at once.
+        status, body = await call(
+            srv, "POST", "/v1/audio/voices", auth=False, data=upload("Bob", encoded(tone(2.0), "wav"), "Hello, this is me.")
+        )
+        assert status == 201, body
+        for path in voices.glob("Amy.*"):
+            path.unlink()
+        async with AsyncTcpClient("127.0.0.1", srv.port) as client:
+            spoken = await _wyoming_exchange(client, Synthesize(text=TEXT), until="audio-stop")
+            assert not any(Error.is_type(e.type) for e in spoken), spoken
+        status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
+        assert json.loads(body)["default"] == "Bob", body
+        changes = [line.split(": ", 1)[1] for line in srv.output().splitlines() if "service: Default voice:" in line]
+        assert changes[-3:] == [  # each change logged once
+            "Default voice: none, Zed is gone and no voice is left",
+            "Default voice: Amy, the first voice added (--voice chooses another)",
+            "Default voice: Bob, as Amy is gone (--voice chooses one to keep)",
+        ], changes
         assert srv.alive()
     finally:
         stop_server(srv)

@@ -658,3 +658,68 @@ def test_a_clip_the_catalogue_cannot_read_still_holds_its_name_in_any_spelling(t
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".wav") == sorted(
         f"{stem}.wav" for stem in (RENEE_NFD, "kim ", "ZED")
     )
+
+
+# --- the default voice: explicit (--voice) or automatic ----------------------------------------
+
+
+def test_an_automatic_default_is_picked_again_when_its_voice_goes_an_explicit_one_stays(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An automatic default (no --voice) names a voice of the catalogue at each read: its clip
+    removed, the next by ``pick_default_voice`` (logged once), None when no voice is left; the
+    studio may delete it. An explicit default stays as given and the studio keeps it."""
+    from wyoming_qwen3tts.engine import Engine
+    from wyoming_qwen3tts.metrics import Metrics
+    from wyoming_qwen3tts.service import NoVoicesError, TtsService, VoiceNotFoundError
+
+    from .stub_service import StubEngine
+
+    def service(folder: Path, default: str | None, explicit: bool) -> TtsService:
+        engines: dict[ModelKind, Engine] = {ModelKind.BASE: StubEngine(ModelKind.BASE, frames=2)}
+        return TtsService(VoiceCatalog(folder, set(engines)), engines, default, Metrics(), default_explicit=explicit)
+
+    auto_dir, pinned_dir = tmp_path / "auto", tmp_path / "pinned"
+    for folder in (auto_dir, pinned_dir):
+        folder.mkdir()
+        for name in ("bea", "cal", "dee"):
+            write_voice(folder, name)
+    auto, pinned = service(auto_dir, "bea", False), service(pinned_dir, "bea", True)
+    try:
+        with caplog.at_level(logging.INFO, logger="wyoming_qwen3tts"):
+            assert auto.default_voice == "bea" and auto.pinned_default is None
+            for path in auto_dir.glob("bea.*"):
+                path.unlink()
+            auto.catalog.refresh()
+            assert auto.default_voice == "cal" and auto.default_voice == "cal"
+            assert auto.resolve_voice(None).name == "cal"
+            assert taken_logs(caplog, logging.INFO, "Default voice") == ["Default voice: cal, as bea is gone (--voice chooses one to keep)"]
+            library = VoiceLibrary(auto.catalog, lambda: auto.pinned_default)
+            assert library.delete("cal").name == "cal"  # an automatic default may go
+            assert auto.default_voice == "dee"
+            library.rename("dee", "eve")
+            assert auto.default_voice == "eve"
+            library.delete("eve")
+            assert auto.default_voice is None
+            with pytest.raises(NoVoicesError):  # no voice left: the no-voices refusal, not unknown-voice
+                auto.resolve_voice(None)
+            assert len(taken_logs(caplog, logging.INFO, "Default voice")) == 3
+
+            assert pinned.default_voice == "bea" and pinned.pinned_default == "bea"
+            pinned_library = VoiceLibrary(pinned.catalog, lambda: pinned.pinned_default)
+            for edit in (lambda: pinned_library.delete("bea"), lambda: pinned_library.rename("bea", "bee")):
+                with pytest.raises(VoiceEditError) as refused:
+                    edit()
+                assert (refused.value.status, refused.value.code) == (409, "default-voice")
+            assert pinned_library.delete("cal").name == "cal"  # any other voice may go
+            for path in pinned_dir.glob("bea.*"):  # removed by hand: --voice still names it
+                path.unlink()
+            pinned.catalog.refresh()
+            assert pinned.default_voice == "bea"
+            with pytest.raises(VoiceNotFoundError) as unknown:
+                pinned.resolve_voice(None)
+            assert not isinstance(unknown.value, NoVoicesError) and "Unknown voice 'bea'" in str(unknown.value)
+            assert taken_logs(caplog, logging.INFO, "Default voice") == []
+    finally:
+        auto.stop(5)
+        pinned.stop(5)

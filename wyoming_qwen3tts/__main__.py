@@ -306,6 +306,7 @@ async def main(argv: list[str] | None = None) -> None:
         catalog, engines, default_voice, metrics,
         max_chars=args.max_chars, seed=args.seed, fixed_frames=args.fixed_frames, anchors=anchors,
         max_queue=args.max_queue, studio=studio,
+        default_explicit=bool(args.voice),  # the add-on's voice: auto passes no --voice
     )
     if anchors is not None:  # a VoiceDesign model that can never load renders none: stored ones still serve
         await anchors.begin(service.render_design, rendering=getattr(engines.get(ModelKind.VOICE_DESIGN), "unservable", None) is None)

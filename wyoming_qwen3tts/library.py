@@ -261,9 +261,10 @@ class VoiceLibrary:
 
     Args:
         catalog: the server's catalogue; its ``voices_dir`` is written.
-        default_voice: the server's default voice, which cannot be renamed or deleted: its
-            name, or a function that says it at each edit (``TtsService.default_voice``: a
-            server started with no voice chooses it when the first one is added); None: none.
+        default_voice: the server's explicit default voice (``--voice``), which cannot be
+            renamed or deleted: its name, or a function that says it at each edit
+            (``TtsService.pinned_default``); None: none is protected (an automatic default
+            may go: the next request picks another, ``TtsService.default_voice``).
     """
 
     def __init__(self, catalog: VoiceCatalog, default_voice: str | Callable[[], str | None] | None) -> None:
@@ -413,8 +414,8 @@ class VoiceLibrary:
         # An override of a shipped preset may go: the shipped one comes back under its name.
         if default is not None and voice.name.casefold() == default.casefold() and not overrides_shipped(self.catalog, voice):
             message = (
-                f"{voice.name!r} is the server's default voice, spoken when a request names none: "
-                "choose another first (--voice, the add-on's voice option) and restart"
+                f"{voice.name!r} is the server's default voice (--voice), spoken when a request names "
+                "none: choose another first (--voice, the add-on's voice option) and restart"
             )
             raise VoiceEditError(409, "default-voice", message, "voice")
         if voice.name.casefold() in self._reserved:

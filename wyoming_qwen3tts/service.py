@@ -161,7 +161,7 @@ class TtsService:
     Args:
         catalog: the voice catalogue.
         engines: one warmed-up engine per loaded model kind; the service starts them.
-        default_voice: voice used when a request names none.
+        default_voice: voice used when a request names none (None: none yet).
         metrics: where outcomes are counted.
         max_chars: longest text per request or stream.
         seed: seed for requests that bring none (None: a random one per stream).
@@ -171,6 +171,9 @@ class TtsService:
         max_queue: most requests open at once (both doors); ``open`` refuses the next one.
         studio: where clients find the voice studio (its URL, in words), for the refusal
             of a request while the server has no voice (``NoVoicesError``); None: no studio.
+        default_explicit: ``default_voice`` was chosen by the user (``--voice``): it is kept,
+            and the studio may not remove it. False: it was picked by ``pick_default_voice``
+            (or is None) and is picked again when its voice is gone (``default_voice``).
     """
 
     def __init__(
@@ -185,6 +188,7 @@ class TtsService:
         anchors: Anchors | None = None,
         max_queue: int = DEFAULT_MAX_QUEUE,
         studio: str | None = None,
+        default_explicit: bool = False,
     ) -> None:
         self.catalog = catalog
         self.anchors = anchors
@@ -196,6 +200,7 @@ class TtsService:
             metrics.track_queue(kind.value, self._schedulers[kind].queue_depth)
             engine.start(self._schedulers[kind])
         self._default_voice = default_voice
+        self._default_explicit = default_explicit and default_voice is not None
         self.studio = studio
         self.metrics = metrics
         self.max_chars = max_chars
@@ -211,18 +216,38 @@ class TtsService:
 
     @property
     def default_voice(self) -> str | None:
-        """The voice of requests that name none: ``--voice``, or the one chosen at start.
-        None while the server has no voice at all (it started with none: the clone model
-        alone and an empty voices folder); the first time it is read once the catalogue
-        holds voices (a clip uploaded in the studio or copied into the folder), the default
-        is chosen as at start (``pick_default_voice``), logged, and kept from then on.
-        Reading it does not re-read the voices folder (the doors refresh the catalogue)."""
-        if self._default_voice is None:
-            chosen = pick_default_voice([v.name for v in self.catalog.voices()])
-            if chosen is not None:
-                self._default_voice = chosen
+        """The voice of requests that name none. An explicit default (``--voice``,
+        ``default_explicit``) is kept as given. An automatic one (chosen at start, or the
+        first time it is needed by a server that started with no voice) follows the rule
+        of ``pick_default_voice`` at each read: while the voice it names is in the
+        catalogue it stays; once that voice is gone (its clip deleted or renamed, in the
+        studio or the folder) another is picked by the same rule, and the change is logged
+        once. None while the catalogue holds no voice at all. Reading it does not re-read
+        the voices folder (the doors refresh the catalogue); it costs one pass over the
+        catalogue's voices."""
+        if self._default_explicit:
+            return self._default_voice
+        voices = self.catalog.voices()
+        current = self._default_voice
+        if current is not None and any(v.name == current for v in voices):
+            return current
+        chosen = pick_default_voice([v.name for v in voices])
+        if chosen != current:
+            self._default_voice = chosen
+            if current is None:
                 _LOGGER.info("Default voice: %s, the first voice added (--voice chooses another)", chosen)
-        return self._default_voice
+            elif chosen is None:
+                _LOGGER.info("Default voice: none, %s is gone and no voice is left", current)
+            else:
+                _LOGGER.info("Default voice: %s, as %s is gone (--voice chooses one to keep)", chosen, current)
+        return chosen
+
+    @property
+    def pinned_default(self) -> str | None:
+        """The default voice if it is explicit (``--voice``): the studio may not rename or
+        delete it. None for an automatic default, which may go (the next request picks
+        another, ``default_voice``)."""
+        return self._default_voice if self._default_explicit else None
 
     def no_voices(self, name: str | None = None, why: str | None = None) -> NoVoicesError:
         """The refusal of a request while the server has no voice: what to do about it.

@@ -435,8 +435,9 @@ async def keep(request: web.Request) -> web.Response:
 def add_routes(app: web.Application, service: TtsService) -> None:
     """Register the studio's routes and page on the HTTP door's application."""
     app[_SERVICE_KEY] = service
-    # Read at each edit: a server started with no voice chooses its default at the first.
-    app[_LIBRARY_KEY] = VoiceLibrary(service.catalog, lambda: service.default_voice)
+    # Read at each edit: only an explicit default (--voice) is protected; an automatic one
+    # may go, and the next request picks another (TtsService.default_voice).
+    app[_LIBRARY_KEY] = VoiceLibrary(service.catalog, lambda: service.pinned_default)
     app[_CANDIDATES_KEY] = OrderedDict()
     app[_EDITS_KEY] = asyncio.Lock()
     app.router.add_get("/", page)
