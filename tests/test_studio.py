@@ -874,7 +874,8 @@ async def test_deleting_a_clone_voice_removes_every_file_of_its_name(studio: Ser
     status, data = await call(studio, "PATCH", "/v1/audio/voices/KIMBERLY", json={"name": "Kim"})
     error = json.loads(data)["error"]
     assert (status, error["code"]) == (409, "duplicate-files"), error
-    assert "kimberly.flac" in error["message"] and "Kimberly.txt" in error["message"], error
+    # Only the other clip refuses it: a transcript alone never speaks.
+    assert "kimberly.flac" in error["message"] and "Kimberly.txt" not in error["message"], error
     assert _voice_files(voices_dir) == before
 
     status, body = await call(studio, "DELETE", "/v1/audio/voices/kimberly")
@@ -884,6 +885,34 @@ async def test_deleting_a_clone_voice_removes_every_file_of_its_name(studio: Ser
     status, body = await call(studio, "POST", "/v1/audio/speech", json={"input": TEXT, "voice": "kimberly"})
     assert status == 404 and json.loads(body)["error"]["code"] == "unknown-voice", body
     assert "also its files 'Kimberly.txt', 'kimberly.flac'" in studio.output()
+
+
+async def test_an_upload_with_a_transcript_removes_stale_ones_and_unread_transcripts_do_not_block_a_rename(
+    studio: Server, folders: tuple[Path, Path]
+) -> None:
+    """Transcripts of a name in other cases or forms (``Orph.TXT``, ``"orph .txt"``) stayed
+    beside an upload ``orph`` with its own transcript, and then refused its rename with
+    ``duplicate-files`` (transcripts alone cannot speak). Now the upload removes them, and a
+    rename moves the clip and the transcript read, removing transcripts of the old name the
+    catalogue does not read (logged), instead of refusing."""
+    voices_dir = folders[0]
+    (voices_dir / "Orph.TXT").write_text("Stale words.")
+    (voices_dir / "orph .txt").write_text("Older words.")
+    status, body = await call(
+        studio, "POST", "/v1/audio/voices", data=upload("orph", encoded(tone(2.0), "wav"), "new words")
+    )
+    assert status == 201, body
+    assert sorted(p.name for p in voices_dir.iterdir() if "orph" in p.name.casefold()) == ["orph.txt", "orph.wav"]
+    assert (voices_dir / "orph.txt").read_text() == "new words\n"
+    (voices_dir / "ORPH.TXT").write_text("Unread: orph.txt is read.")  # copied in by hand later
+    status, body = await call(studio, "PATCH", "/v1/audio/voices/orph", json={"name": "orph2"})
+    assert status == 200 and json.loads(body)["name"] == "orph2", body
+    assert sorted(p.name for p in voices_dir.iterdir() if "orph" in p.name.casefold()) == ["orph2.txt", "orph2.wav"]
+    assert (voices_dir / "orph2.txt").read_text() == "new words\n"
+    assert "Renaming clone voice orph to orph2: removing its unread transcripts 'ORPH.TXT'" in studio.output()
+    assert "removing the transcripts 'Orph.TXT', 'orph .txt' left without a clip" in studio.output()
+    status, _ = await call(studio, "DELETE", "/v1/audio/voices/orph2")
+    assert status == 200
 
 
 async def test_an_upload_without_a_transcript_never_reads_an_orphan_one_in_another_case(

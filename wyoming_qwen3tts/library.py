@@ -445,11 +445,17 @@ class VoiceLibrary:
         with self.locked():
             self._check_taken(name, replace_shipped=False)  # another server may have taken it
             try:
+                # Orphan transcripts of the name (in any case or form: the catalogue reads them
+                # so) go first: without a transcript one would turn this into ICL, with one they
+                # would stay beside it, stale (no clip of the name is here: _check_taken).
+                orphans = [p for p in _named_files(folder, name) if not (transcript and p == txt)]
+                if orphans:
+                    _LOGGER.info("Clone voice %s: removing the transcripts %s left without a clip", name,
+                                 ", ".join(repr(p.name) for p in orphans))
+                for orphan in orphans:
+                    orphan.unlink(missing_ok=True)
                 if transcript:
                     write_atomic(txt, transcript.encode("utf-8") + b"\n")
-                else:  # an orphan transcript (in any case: the catalogue reads it so) would turn this into ICL
-                    for orphan in _named_files(folder, name):
-                        orphan.unlink(missing_ok=True)
                 write_atomic(wav, wav_bytes(audio, SAMPLE_RATE))
             except OSError as err:
                 with contextlib.suppress(OSError):
@@ -512,8 +518,9 @@ class VoiceLibrary:
         """``rename`` under the lock.
 
         Raises:
-            VoiceEditError: as ``rename``; 409 ``duplicate-files`` when other files of the
+            VoiceEditError: as ``rename``; 409 ``duplicate-files`` when other clips of the
                 folder name a clone voice too (``_named_files``): they would keep its name.
+                Its transcripts the catalogue does not read are removed after the rename.
         """
         voice = self.editable(old)
         if voice.source is VoiceSource.CLONE:
@@ -526,7 +533,12 @@ class VoiceLibrary:
             return voice
         if voice.source is VoiceSource.CLONE:
             folder = self.folder
-            moves = [(path, folder / f"{new_name}{path.suffix}") for path in _clone_files(folder, voice.name)]
+            moved = _clone_files(folder, voice.name)
+            # Transcripts of the name the catalogue does not read ("Kim.TXT" beside the read
+            # "kim.txt"): unused, and left behind they would be read by a later clip of the old
+            # name; removed once the rename is done (other clips of the name refuse it above).
+            unread = [p for p in _named_files(folder, voice.name) if p not in moved and p.suffix.lower() == ".txt"]
+            moves = [(path, folder / f"{new_name}{path.suffix}") for path in moved]
             moves.sort(key=lambda move: move[0].suffix.lower() != ".txt")  # transcript first
             done: list[tuple[Path, Path]] = []
             try:
@@ -538,6 +550,13 @@ class VoiceLibrary:
                     with contextlib.suppress(OSError):
                         os.rename(target, source)
                 raise VoiceEditError(500, "write-failed", f"Cannot rename: {err}") from None
+            unread = [p for p in unread if p not in {target for _, target in moves}]
+            if unread:
+                _LOGGER.info("Renaming clone voice %s to %s: removing its unread transcripts %s", voice.name,
+                             new_name, ", ".join(repr(p.name) for p in unread))
+            for path in unread:
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
         else:
             document = self._presets_document()
             table = document[voice.name]
@@ -588,10 +607,11 @@ class VoiceLibrary:
     # --- helpers ----------------------------------------------------------------------
 
     def _check_no_twins(self, voice: Voice) -> None:
-        """Refuse to rename a clone voice whose name other files give too: clips the
-        catalogue ignores for it (``KIMBERLY.wav`` spoken, ``kimberly.flac`` ignored) or
-        transcripts it does not read. Left behind, they would speak as the old name again;
-        moved along, another clip than the one heard might be spoken.
+        """Refuse to rename a clone voice whose name other clips give too: clips the
+        catalogue ignores for it (``KIMBERLY.wav`` spoken, ``kimberly.flac`` ignored). Left
+        behind, they would speak as the old name again; moved along, another clip than the
+        one heard might be spoken. Transcripts alone never speak: those it does not read
+        do not refuse a rename (``_rename`` removes them).
 
         Raises:
             VoiceEditError: 409 ``duplicate-files``.
@@ -599,11 +619,11 @@ class VoiceLibrary:
         folder = self.folder
         moved = set(_clone_files(folder, voice.name))
         named = _named_files(folder, voice.name)
-        others = [p.name for p in named if p not in moved]
+        others = [p.name for p in named if p not in moved and p.suffix.lower() in AUDIO_SUFFIXES]
         if others:
             spoken = next((p.name for p in named if p.suffix.lower() in AUDIO_SUFFIXES), "?")
             message = (
-                f"Other files of the voices folder name the voice {voice.name!r} too ({', '.join(others)}; "
+                f"Other clips of the voices folder name the voice {voice.name!r} too ({', '.join(others)}; "
                 f"{spoken} is the one spoken): a rename would leave them to speak as {voice.name!r}. "
                 "Remove or rename them in the folder first, or delete the voice, which removes them all"
             )
