@@ -723,3 +723,56 @@ def test_an_automatic_default_is_picked_again_when_its_voice_goes_an_explicit_on
     finally:
         auto.stop(5)
         pinned.stop(5)
+
+
+# --- an unreadable presets.toml ----------------------------------------------------------------
+
+
+ARIA_OVERRIDE = '[aria]\nlanguage = "en"\ninstruct = "A bright, quick voice."\nsummary = "Bright"\n'
+
+
+def test_while_presets_toml_is_unreadable_a_shipped_name_is_presets_unreadable_not_shipped_preset(tmp_path: Path) -> None:
+    """The user's override of the shipped ``aria`` is not served while presets.toml cannot be
+    parsed, so ``aria`` is the shipped preset: a delete or rename meant for the override was
+    refused as ``shipped-preset`` (403); the real cause is ``presets-unreadable`` (409)."""
+    presets = tmp_path / "presets.toml"
+    presets.write_text(ARIA_OVERRIDE + "[broken\n")
+    library = VoiceLibrary(VoiceCatalog(tmp_path, {ModelKind.BASE, ModelKind.VOICE_DESIGN}), None)
+    for edit in (lambda: library.delete("aria"), lambda: library.rename("aria", "aria2")):
+        with pytest.raises(VoiceEditError) as refused:
+            edit()
+        assert (refused.value.status, refused.value.code) == (409, "presets-unreadable"), refused.value
+        assert str(presets) in str(refused.value)
+    presets.write_text(ARIA_OVERRIDE)  # fixed: the override goes, the shipped preset stays
+    assert library.delete("aria").source is VoiceSource.USER
+    with pytest.raises(VoiceEditError) as refused:
+        library.delete("aria")
+    assert (refused.value.status, refused.value.code) == (403, "shipped-preset")
+
+
+def test_an_unreadable_presets_file_is_logged_once_per_state_and_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every re-read of a broken presets.toml (each studio edit forces one) logged the same
+    ERROR again: now once per (file state, error), and again when it changes, or when it is
+    fixed and broken again."""
+    presets = tmp_path / "presets.toml"
+    presets.write_text(ARIA_OVERRIDE + "[broken\n")
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, {ModelKind.VOICE_DESIGN})
+        assert len(taken_logs(caplog, logging.ERROR, "Skipping presets file")) == 1
+        for _ in range(3):
+            catalog.refresh(force=True)
+            catalog.refresh()
+        assert taken_logs(caplog, logging.ERROR, "Skipping presets file") == []
+        presets.write_text(ARIA_OVERRIDE + "[still broken\n")  # another state, another error
+        catalog.refresh()
+        assert len(taken_logs(caplog, logging.ERROR, "Skipping presets file")) == 1
+        catalog.refresh(force=True)
+        assert taken_logs(caplog, logging.ERROR, "Skipping presets file") == []
+        presets.write_text(ARIA_OVERRIDE)  # fixed
+        catalog.refresh()
+        assert taken_logs(caplog, logging.ERROR, "Skipping") == [] and catalog.get("aria").source is VoiceSource.USER
+        presets.write_text(ARIA_OVERRIDE + "[broken\n")  # broken again, as the first time
+        catalog.refresh()
+        assert len(taken_logs(caplog, logging.ERROR, "Skipping presets file")) == 1
+        catalog.refresh(force=True)
+        assert taken_logs(caplog, logging.ERROR, "Skipping presets file") == []

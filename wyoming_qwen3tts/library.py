@@ -391,8 +391,9 @@ class VoiceLibrary:
         stays, spoken by the shipped preset again.
 
         Raises:
-            VoiceEditError: 404 ``unknown-voice`` (409 ``presets-unreadable`` instead while
-                the user's presets.toml cannot be read: the voice may be one of its presets),
+            VoiceEditError: 404 ``unknown-voice`` or 403 ``shipped-preset`` (409
+                ``presets-unreadable`` instead while the user's presets.toml cannot be read: the
+                voice may be one of its presets, or its override of the shipped one),
                 403 ``shipped-preset`` / ``builtin-speaker``, 409 ``default-voice``.
         """
         self.catalog.refresh()
@@ -402,6 +403,8 @@ class VoiceLibrary:
                 self._preset_tables()  # 409 presets-unreadable: it may be one of that file's presets
             raise VoiceEditError(404, "unknown-voice", f"There is no voice {name!r}", "voice")
         if voice.source is VoiceSource.SHIPPED:
+            if ModelKind.VOICE_DESIGN in self.catalog.kinds:
+                self._preset_tables()  # 409 presets-unreadable: it may be the user's override, not served
             message = (
                 f"{voice.name!r} is a shipped preset: it cannot be renamed or deleted, only "
                 "overridden by a preset of the same name"

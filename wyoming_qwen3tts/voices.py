@@ -239,6 +239,7 @@ def load_presets(
     source: VoiceSource = VoiceSource.SHIPPED,
     base: Mapping[str, Voice] | None = None,
     errors: list[str] | None = None,
+    log: bool = True,
 ) -> dict[str, Voice]:
     """Read VoiceDesign presets from TOML files; later files override earlier ones.
 
@@ -248,6 +249,7 @@ def load_presets(
         base: presets these files override: an override without ``aliases`` keeps the
             names clients already use.
         errors: if given, each problem's message is appended to it too.
+        log: log each problem at ERROR; False leaves that to the caller (``errors``).
 
     A malformed entry is skipped with a log line naming it; a malformed file likewise.
     """
@@ -259,21 +261,22 @@ def load_presets(
         try:
             data = tomllib.loads(path.read_text("utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-            _report(errors, f"Skipping presets file {path}: {err}")
+            _report(errors, f"Skipping presets file {path}: {err}", log)
             continue
         for name, entry in data.items():
             try:
                 earlier = presets.get(name) or folded.get(name.casefold())
                 presets[name] = _preset(name, entry, source, earlier)
             except KeyError as err:
-                _report(errors, f"Skipping preset {name!r} in {path}: missing key {err}")
+                _report(errors, f"Skipping preset {name!r} in {path}: missing key {err}", log)
             except (TypeError, ValueError, AttributeError, UnsupportedLanguageError) as err:
-                _report(errors, f"Skipping preset {name!r} in {path}: {err}")
+                _report(errors, f"Skipping preset {name!r} in {path}: {err}", log)
     return presets
 
 
-def _report(errors: list[str] | None, message: str) -> None:
-    _LOGGER.error("%s", message)
+def _report(errors: list[str] | None, message: str, log: bool = True) -> None:
+    if log:
+        _LOGGER.error("%s", message)
     if errors is not None:
         errors.append(message)
 
@@ -366,6 +369,9 @@ class VoiceCatalog:
         self._user_presets: dict[str, Voice] = {}
         self._presets_signature: tuple[int, int, int] | None = None
         self._presets_problems: list[str] = []  # why parts of the user presets file were skipped
+        #: The presets file's state and problems as last logged at ERROR: a re-read (each
+        #: studio edit forces one) of the same broken file logs them again at DEBUG only.
+        self._presets_said: tuple[tuple[int, int, int] | None, tuple[str, ...]] | None = None
         self._clones: dict[str, Voice] = {}
         self._clone_problems: dict[str, str] = {}  # name key (``name_key``): why its clip was skipped
         self._orphans: dict[str, str] = {}  # name key: a transcript's file name, no clip beside it
@@ -463,8 +469,12 @@ class VoiceCatalog:
         if signature == self._presets_signature and not force:
             return
         problems: list[str] = []
-        self._user_presets = load_presets([path], VoiceSource.USER, self.shipped, problems) if signature else {}
+        self._user_presets = load_presets([path], VoiceSource.USER, self.shipped, problems, log=False) if signature else {}
         self._presets_problems = problems
+        said = (signature, tuple(problems))  # once per file state (mtime, size, inode) and error
+        for problem in problems:
+            _LOGGER.log(logging.DEBUG if said == self._presets_said else logging.ERROR, "%s", problem)
+        self._presets_said = said
         self._presets_signature = signature  # last, as the clones' (``_refresh_clones``)
         if signature:
             _LOGGER.info("User presets %s: %d voice(s)", path, len(self._user_presets))
