@@ -539,3 +539,55 @@ def test_your_override_of_the_default_voice_can_be_deleted_from_the_page(
     listing = json.loads(body)
     assert listing["default"] == "aria"
     assert next(v for v in listing["voices"] if v["name"] == "aria")["source"] == "shipped"
+
+
+def test_an_automatic_default_clone_can_be_deleted_from_the_page_a_pinned_one_cannot(
+    browser: Browser, checkpoints: Path, tmp_path: Path
+) -> None:
+    """A clone-only server with two clips and no ``--voice``: its default (``Amy``, first by
+    name) is automatic, so the page offers Delete for it, says the server picks another, and
+    after the delete the listing's default is ``Bob``. With the listing saying the default
+    is pinned (``--voice``), the page offers no Delete or Rename for it."""
+    import json
+
+    from .test_studio import call
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    for name in ("Amy", "Bob"):
+        sf.write(voices / f"{name}.wav", tone(1.5), 24000)
+        (voices / f"{name}.txt").write_text(CLONE_TRANSCRIPT)
+    srv = start_server(
+        checkpoints, voices, tmp_path / "server.log",
+        extra=["--no-zeroconf", "--design-model", "none", "--custom-voice-model", "none"],
+    )
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(STEP_MS)
+        page.goto(srv.http_url + "/")
+        expect(row(page, "Amy")).to_contain_text("default")
+        remove = row(page, "Amy").get_by_role("button", name="Delete")
+        asked: list[str] = []
+        page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
+        remove.click()
+        expect(row(page, "Amy")).to_have_count(0)
+        assert asked and "the server then picks another default voice" in asked[0], asked
+        page.reload()
+        expect(row(page, "Bob")).to_contain_text("default")
+        listing = json.loads(run_async(call(srv, "GET", "/v1/audio/voices", auth=False))[1])
+        assert listing["default"] == "Bob" and listing["default_pinned"] is False, listing
+
+        def pinned(route: Any) -> None:  # the same listing, as a server started with --voice Bob
+            body = route.fetch().json()
+            route.fulfill(json={**body, "default_pinned": True})
+
+        page.route("**/v1/audio/voices", pinned)
+        page.reload()
+        expect(row(page, "Bob")).to_contain_text("default")
+        expect(row(page, "Bob").get_by_role("button", name="Delete")).to_have_count(0)
+        expect(row(page, "Bob").get_by_role("button", name="Rename")).to_have_count(0)
+        page.locator("#voices").screenshot(path=str(tmp_path / "pinned.png"))
+    finally:
+        context.close()
+        stop_server(srv)

@@ -544,6 +544,7 @@ async def test_on_the_cpu_a_kept_design_keeps_the_clip_heard_and_no_anchor_is_re
     try:
         status, body = await call(srv, "GET", "/v1/audio/voices")
         assert json.loads(body)["default"] == "aria"  # --voice by alias, any case: the voice's own name
+        assert json.loads(body)["default_pinned"] is True  # chosen with --voice: the studio keeps it
         listed = await voices_of(srv)
         assert listed["aria"]["served"] == "designed-live" and listed["aria"]["anchor"] == "off"
         status, body = await call(srv, "GET", "/v1/audio/voices/aria/sample")
@@ -636,7 +637,7 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
 
         # HTTP: empty listings, probes as usual, and OpenAI's error shape from the SDK.
         status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
-        assert status == 200 and json.loads(body) == {"default": None, "voices": []}
+        assert status == 200 and json.loads(body) == {"default": None, "default_pinned": False, "voices": []}
         status, described = await call(srv, "GET", "/openapi.json", auth=False)
         document = json.loads(described)
         listing = {**document["components"]["schemas"]["VoiceList"], "components": document["components"]}
@@ -685,7 +686,7 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
         status, body = await call(srv, "DELETE", "/v1/audio/voices/First", auth=False)
         assert status == 200, body
         status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
-        assert status == 200 and json.loads(body) == {"default": None, "voices": []}
+        assert status == 200 and json.loads(body) == {"default": None, "default_pinned": False, "voices": []}
         async with AsyncTcpClient("127.0.0.1", srv.port) as client:
             refused = await _wyoming_exchange(client, Synthesize(text="Hello there."), until="audio-stop")
             assert Error.from_event(refused[0]).code == "no-voices" and "First" not in Error.from_event(refused[0]).text

@@ -328,12 +328,14 @@ async def _send_event(
 
 
 async def voices(request: web.Request) -> web.Response:
-    """``GET /v1/audio/voices``: ``{"default": name, "voices": [voice, ...]}``, by name.
+    """``GET /v1/audio/voices``: ``{"default": name, "default_pinned": bool, "voices": [voice,
+    ...]}``, by name. ``default_pinned``: the default was chosen with ``--voice``, so the
+    studio may not delete or rename it; an automatic default may go (the next is picked).
 
     Each voice: ``id`` and ``name`` (the same), ``kind``, ``model`` (the model name that
     selects its kind), ``summary``, ``languages`` (BCP-47), ``aliases``, and the studio's
     ``source``, ``served``, ``anchor`` and ``overrides`` (``studio.listed_voice``). A server with no
-    voice yet (the clone model alone, no clip) answers ``{"default": null, "voices": []}``.
+    voice yet (the clone model alone, no clip) answers ``{"default": null, ..., "voices": []}``.
     """
     service = request.app[_SERVICE_KEY]
     await service.catalog.refresh_async()
@@ -341,6 +343,7 @@ async def voices(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "default": service.default_voice,
+            "default_pinned": service.pinned_default is not None,  # --voice: the studio keeps it
             "voices": [listed_voice(service, v) for v in listed],  # with the studio's fields
         }
     )

@@ -84,9 +84,13 @@ _SCHEMAS: dict[str, Any] = {
     },
     "VoiceList": {
         "type": "object",
-        "required": ["default", "voices"],
+        "required": ["default", "default_pinned", "voices"],
         "properties": {
             "default": {"type": ["string", "null"], "description": "null while no voice exists yet"},
+            "default_pinned": {
+                "type": "boolean",
+                "description": "The default was chosen with --voice: the studio cannot delete or rename it",
+            },
             "voices": {"type": "array", "items": {"$ref": "#/components/schemas/Voice"}},
         },
     },

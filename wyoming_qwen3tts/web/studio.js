@@ -14,7 +14,7 @@ const GREETINGS = {
 };
 
 const $ = (id) => document.getElementById(id);
-const state = {voices: [], defaultVoice: null, playingButton: null, tryAbort: null, recorded: null};
+const state = {voices: [], defaultVoice: null, defaultPinned: false, playingButton: null, tryAbort: null, recorded: null};
 // Read by the browser tests: what the streaming player received and scheduled.
 window.studioStats = {streamBytes: 0, streamChunks: 0, streamDone: false, samplesEnded: 0};
 
@@ -145,6 +145,7 @@ async function loadVoices() {
     if (localStorage.getItem(KEY_STORAGE)) $("key-forget").hidden = false;
     state.voices = listing.voices.slice().sort((a, b) => a.name.localeCompare(b.name, undefined, {sensitivity: "base"}));
     state.defaultVoice = listing.default;
+    state.defaultPinned = listing.default_pinned === true;
     renderVoices();
 }
 
@@ -156,10 +157,11 @@ function renderVoices() {
         const nameCell = el("td", {className: "name"}, [el("span", {className: "voice-name", textContent: voice.name})]);
         if (voice.name === state.defaultVoice) nameCell.append(el("span", {className: "default-mark", textContent: "default"}));
         if (voice.aliases.length) nameCell.append(el("span", {className: "aliases", textContent: voice.aliases.join(", ")}));
-        // The default voice stays, unless it is your override of a shipped preset: deleting
-        // or renaming that leaves the name to the shipped preset (the server allows it).
+        // A default chosen with --voice stays, unless it is your override of a shipped preset:
+        // deleting or renaming that leaves the name to the shipped preset. An automatic default
+        // may go: the server picks the next (the server allows exactly these).
         const editable = (voice.source === "user" || voice.source === "clone")
-            && (voice.name !== state.defaultVoice || voice.overrides === true);
+            && (voice.name !== state.defaultVoice || voice.overrides === true || !state.defaultPinned);
         const actions = el("td", {className: "actions"}, [
             button("▶ Play", (event) => playSample(voice, event.currentTarget)),
             button("Try", () => { chooseTryVoice(voice.name); $("try-text").focus(); }),
@@ -222,7 +224,8 @@ function deleteQuestion(voice) {
     }
     if (voice.source === "user") return `Delete the preset ${voice.name}? It is removed from presets.toml.`;
     return `Delete the voice ${voice.name}? Its clip and transcript are removed from the voices folder ` +
-        "(with any other file of that name).";
+        "(with any other file of that name)" +
+        (voice.name === state.defaultVoice ? "; the server then picks another default voice." : ".");
 }
 
 async function deleteVoice(voice) {
