@@ -82,13 +82,6 @@ class VoiceEditError(Exception):
         self.status, self.code, self.param = status, code, param
 
 
-def _clone_files(folder: Path, name: str) -> list[Path]:
-    """The files of the clone voice ``name`` in ``folder``, sorted: its clip as the catalogue
-    reads it (``"trail .wav"`` for ``trail``, an NFD ``Renée.wav`` for ``Renée``), that clip's
-    twins (``.wav`` and ``.flac``) and its transcript (``voices.clone_files``)."""
-    return clone_files(folder, name)
-
-
 def check_name(name: object) -> str:
     """A new voice name, stripped, or the reason it cannot be one.
 
@@ -536,7 +529,7 @@ class VoiceLibrary:
             return voice
         if voice.source is VoiceSource.CLONE:
             folder = self.folder
-            moved = _clone_files(folder, voice.name)
+            moved = clone_files(folder, voice.name)
             # Transcripts of the name the catalogue does not read ("Kim.TXT" beside the read
             # "kim.txt"): unused, and left behind they would be read by a later clip of the old
             # name; removed once the rename is done (other clips of the name refuse it above).
@@ -592,7 +585,7 @@ class VoiceLibrary:
                 # Every file of the name: the clip spoken, ignored twins in another case or
                 # format and every transcript, or the next one would speak as the voice.
                 files = _named_files(folder, voice.name)
-                others = sorted(set(files) - set(_clone_files(folder, voice.name)))
+                others = sorted(set(files) - set(clone_files(folder, voice.name)))
                 if others:
                     _LOGGER.info("Deleting clone voice %s: also its files %s, which give the same voice name",
                                  voice.name, ", ".join(repr(p.name) for p in others))
@@ -620,7 +613,7 @@ class VoiceLibrary:
             VoiceEditError: 409 ``duplicate-files``.
         """
         folder = self.folder
-        moved = set(_clone_files(folder, voice.name))
+        moved = set(clone_files(folder, voice.name))
         named = _named_files(folder, voice.name)
         others = [p.name for p in named if p not in moved and p.suffix.lower() in AUDIO_SUFFIXES]
         if others:
