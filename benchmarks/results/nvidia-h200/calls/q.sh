@@ -17,6 +17,8 @@
 # are tested by call 1's GPU tests and timed by its profile; call 5 sweeps the wider
 # fused_linear tiles at 8-32 rows for the predictor's products (benchmarks/linear_sweep.py).
 #   5: the linear sweep, predictor shapes, rows 8, 16 and 32, every tile
+# Stop 44: call 6 is call 1 with the PDL profile (timed in stop 41) replaced by call 5's sweep
+# in the time left.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -64,5 +66,14 @@ case "${1:-1}" in
   5) mkdir -p "$OUT/linear"
      timeout 580 python3 -m benchmarks.linear_sweep --out "$OUT/linear" --rows 8,16,32 --tiles \
        --tile-rows 8,16,32 --shapes predictor > "$OUT/linear/sweep.log" 2>&1; echo "sweep rc $? at $(since)"
+     tail -20 "$OUT/linear/sweep.log" ;;
+  6) CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
+     mkdir -p "$OUT/tests" "$OUT/linear"
+     OUT="$OUT/tests" TESTS_S=200 TESTS="tests/test_codec_kernels.py tests/test_kernels.py -n 4 -rf" \
+       bash benchmarks/gpu.sh tests | tail -8
+     echo "tests at $(since)"
+     profile "$OUT/profile" 220 1,8,32
+     timeout $(( 585 - ($(date +%s) - s) )) python3 -m benchmarks.linear_sweep --out "$OUT/linear" --rows 8,16,32 \
+       --tiles --tile-rows 8,16,32 --shapes predictor > "$OUT/linear/sweep.log" 2>&1; echo "sweep rc $? at $(since)"
      tail -20 "$OUT/linear/sweep.log" ;;
 esac
