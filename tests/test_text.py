@@ -10,6 +10,7 @@ import pytest
 from sentence_stream import SentenceBoundaryDetector
 
 from wyoming_qwen3tts import text as text_module
+from wyoming_qwen3tts.writing import MAX_ESCAPE_CHARS
 from wyoming_qwen3tts.text import (
     MAX_SEGMENT_SECONDS,
     MarkdownReader,
@@ -100,7 +101,8 @@ def test_replies_become_sentences_however_they_are_split(language: str, text: st
         ("quote markers vanish", "> Quoted\n> text.", "Quoted text."),
         ("thematic break", "Before\n\n---\nAfter", "Before After"),
         ("setext heading underline", "Title\n=====\nText", "Title Text"),
-        ("a spaced asterisk is no markup", "5 * 3 = 15, *not* 16", "5 * 3 = 15, not 16"),
+        ("a spaced asterisk is no markup", "5 * 3 = 15, *not* 16, x * y", "5 × 3 = 15, not 16, x * y"),
+        ("a product is no emphasis", "2*3*4 = 24, (1+2)*3 and 2 ** 8, *x*", "2×3×4 = 24, (1+2)×3 and 2 ** 8, x"),
         ("link read as its text", "See [the docs](https://example.com/x \"Docs\") now", "See the docs now"),
         ("image read as its alt text", "![a red car](car.png) drove by", "a red car drove by"),
         ("bare URL read as its domain", "Visit https://www.example.com/a/b?c=d. Then", "Visit example.com. Then"),
@@ -153,7 +155,8 @@ def test_streaming_never_emits_half_a_markup_token(text: str) -> None:
         ("SSML sub reads its alias", 'The <sub alias="World Wide Web">WWW</sub> grew', "The World Wide Web grew"),
         ("a > inside a quoted value", "<span title='a>b'>inside</span> out, <b data-x=\"1>2\">bold</b>", "inside out, bold"),
         ("entities decoded", "Fish &amp; chips&nbsp;for&#160;two, &lt;3, &#8364;5, &#x41;&quot;", 'Fish & chips for two, <3, €5, A"'),
-        ("unknown or unterminated entities kept", "AT&T, Q&A, &copy 2024, &bogus;", "AT&T, Q&A, &copy 2024, &bogus;"),
+        ("unknown entities kept", "AT&T, Q&A, R&D, &bogus;, &notebook", "AT&T, Q&A, R&D, &bogus;, &notebook"),
+        ("references without ';' as a browser reads them", "&copy 2024, a &amp b, &lt3, &#65&#x42, &#67x", "© 2024, a & b, <3, AB, Cx"),
         ("script and style not spoken", "<style>p { color: red; }</style>Hi <script>alert('x')</script>there", "Hi there"),
         ("comment not spoken", "Hello <!-- a note --> world", "Hello world"),
         ("declarations not spoken", '<?xml version="1.0"?><!DOCTYPE html><speak>Hi</speak>', "Hi"),
@@ -262,7 +265,7 @@ def test_markup_segments_of_the_first_reply() -> None:
         "Hello", "there.", "Fish & chips now!", "one.", "two", "three.", "World Wide Web Mail a@b.io at x.org or y.",
         "A, B, C €.", "1, 2.",
     ]
-    assert clean_text(MARKED_UP[1]) == MARKED_UP[1]
+    assert clean_text(MARKED_UP[1]) == MARKED_UP[1].replace("&copy", "©")
     assert segments(MARKED_UP[2]) == ["Sure.", "Link", "Fish chips!", "A car ok.", "Dr.", "Bye", "no", "item."]
     assert segments(MARKED_UP[3]) == ["If a<b and c>d then x <b", "class='y'> a </ b", "x<b and c.", "Vec<T or a<b"]
     walk, cjk = "the long walk down to the old mill by the river ", "我们今天去公园玩然后回家吃饭"
@@ -487,7 +490,7 @@ def test_run_on_text_is_cut_at_its_last_clause_mark() -> None:
 @pytest.mark.parametrize(
     ("raw", "clean"),
     [
-        ("a\x00b\x01c\x08d\x1be\x7ff", "abcdef"),  # C0 controls and DEL
+        ("a\x00b\x01c\x08d\x1ae\x7ff", "abcdef"),  # C0 controls and DEL (ESC: below)
         ("a\x80b\x81c\x9fd", "abcd"),  # C1 controls
         ("a\ufffdb\ufeffc", "abc"),  # the replacement character, a byte order mark
         ("a\ud800b\udfffc", "abc"),  # lone surrogates (as JSON's "\ud800" decodes)
@@ -503,6 +506,85 @@ def test_characters_that_are_no_text_are_never_spoken(raw: str, clean: str) -> N
     for deltas in splits(raw):
         assert " ".join(segments(*deltas)) == clean, deltas
         assert " ".join(segments(*deltas, streamed=True)) == clean, deltas
+
+
+def every_split(text: str) -> list[list[str]]:
+    """``splits(text)`` and the text cut in two at every character."""
+    return splits(text) + [[text[:cut], text[cut:]] for cut in range(1, len(text))]
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [
+        ("\x1b[31mred\x1b[0m alert", "red alert"),  # colours (SGR)
+        ("\x1b[1;38;5;208mOrange\x1b[0m, \x1b[?25lcursor\x1b[2K off\x1b[38:2::255:0:0m", "Orange, cursor off"),
+        ("\x1b]0;build log\x07Done", "Done"),  # OSC (a window title), ended by BEL
+        ("See \x1b]8;;https://x.io/a\x1b\\the docs\x1b]8;;\x1b\\ now", "See the docs now"),  # OSC 8 link, ST
+        ("\x9b32mgreen\x9b0m ok", "green ok"),  # 8-bit CSI
+        ("\x1b(B\x1b[mplain \x1b7saved\x1b8", "plain saved"),  # tput sgr0's charset, cursor save/restore
+        ("\x1b[1m**Sure!**\x1b[0m Here:\n- \x1b[32mone\x1b[0m", "Sure! Here: one."),  # markdown inside
+        ("Done.\x1b[3", "Done."),  # cut off by the end of the text
+        ("Done.\x1b]0;tit", "Done."),
+        ("Done.\x1b", "Done."),
+    ],
+)
+def test_terminal_escape_sequences_are_never_spoken(raw: str, clean: str) -> None:
+    """Colour codes and other ECMA-48 escape sequences from a tool's or an LLM's output are
+    dropped whole (only their ESC was, and "[31m" was spoken), however the deltas cut them."""
+    assert clean_text(raw) == clean
+    for deltas in every_split(raw):
+        assert " ".join(segments(*deltas)) == clean, deltas
+        assert " ".join(segments(*deltas, streamed=True)) == clean, deltas
+
+
+def test_an_escape_sequence_that_never_ends_is_held_back_only_so_far() -> None:
+    """A control string with no end (an OSC cut off, or ESC "]" in garbage) is held back
+    while it may still end, up to ``MAX_ESCAPE_CHARS``; then only its ESC is dropped, as in
+    the whole text, and the work per delta stays bounded."""
+    raw = "Hi \x1b]" + "x" * 2000 + " there"
+    reader, emitted = MarkdownReader(), ""
+    for start in range(0, len(raw), 7):
+        emitted += reader.feed(raw[start : start + 7])
+        assert len(reader._escape) <= MAX_ESCAPE_CHARS + 9, start
+    assert " ".join((emitted + reader.close()).split()) == clean_text(raw) == "Hi ]" + "x" * 2000 + " there"
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [
+        ("Fish &amp chips &lt;3 &gt 2", "Fish & chips <3 > 2"),
+        ("&#65&#x42 &#67x &#x44g &copy2024 &copy 2024 &frac12 &sup23", "AB Cx Dg ©2024 © 2024 ½ ²3"),
+        ("AT&T, R&D, Q&A, S&P 500, M&Ms, BTC&ETH, &notebook, this&copyright", "AT&T, R&D, Q&A, S&P 500, M&Ms, BTC&ETH, &notebook, this&copyright"),
+        ("caf&eacute au lait &amp", "café au lait &"),  # at the end of the text too
+    ],
+)
+def test_character_references_without_semicolon_are_read_as_a_browser_does(raw: str, clean: str) -> None:
+    """HTML5 decodes numeric references and its legacy names (``&amp``, ``&lt``, ``&copy``)
+    without ';' (``html.unescape``); prose with "&" (AT&T, R&D) stays, as does a legacy name
+    followed by a letter or written in capitals. The same however the deltas cut them."""
+    assert clean_text(raw) == clean
+    for deltas in every_split(raw):
+        assert " ".join(segments(*deltas)) == clean, deltas
+        assert " ".join(segments(*deltas, streamed=True)) == clean, deltas
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("5 * 3 * 4 is sixty. Yes.", ["5 × 3 × 4 is sixty.", "Yes."]),
+        ("It is 2*3*4. *Really*, **yes**.", ["It is 2×3×4.", "Really, yes."]),
+        ("Take x * y and 2 ** 8.\n* 7 * 6 = 42", ["Take x * y and 2 ** 8.", "7 × 6 = 42."]),
+        ("*Note:* a * b", ["Note: a * b"]),
+    ],
+)
+def test_products_say_their_operator_and_emphasis_does_not(raw: str, expected: list[str]) -> None:
+    """sentence-stream drops the asterisks around a word ("5 * 3 * 4" came out "5 3 4"), and
+    the reader took "2*3" for emphasis ("23"): a product between numbers is spoken with "×",
+    another spaced "*" reaches the model, emphasis markers do not; whole and streamed."""
+    assert clean_text(raw) == " ".join(expected)
+    for deltas in every_split(raw):
+        assert segments(*deltas) == expected, deltas
+        assert " ".join(segments(*deltas, streamed=True)) == " ".join(expected), deltas
 
 
 #: Pieces of LLM-style markdown in several scripts, for random texts below.
@@ -523,6 +605,8 @@ _MARKUP_PIECES = [
     # tags over lines, self-closing forms, references to no character, tags cut off at the end
     "<a\nhref='x'>", "<b\n", "\nclass=\"x\">", '<break\ntime="1s"\n/>', "<br / >", "<br/ >", "\n>", "&#0;", "&#xD800;",
     "&#x81;", "</b", "</spe", "<br", "<li", "a<b", "</", "<!-", "<?xml", "<think>", "</think>", "Done. ", "\n\n",
+    # references without ';', terminal escape sequences, products
+    "&amp", "&copy", "&#65", "&#x4", "&not", "\x1b[31m", "\x1b[0m", "\x1b]0;t", "\x07", "\x1b\\", "\x1b", "\x9b", "2*3",
 ]
 
 

@@ -6,8 +6,10 @@ headings and table rows end as sentences (a missing final period is added); bold
 and strikethrough markers vanish; fenced code blocks are skipped and inline code is read
 only when it is short (a name or a value); tables are read row by row, cells joined by
 commas; links are read as their text and bare URLs as their domain; emoji and pictographs
-are dropped. Symbols that carry meaning (°, %, currency signs, @, &) and all numbers, dates
-and times are left to the model, which reads them in context.
+are dropped, and so are terminal escape sequences (colour codes in a tool's output), whole,
+even cut across deltas (``writing.drop_escapes``). Symbols that carry meaning (°, %,
+currency signs, @, &, a "*" that is no emphasis: "5 * 3", "2*3") and all numbers, dates and
+times are left to the model, which reads them in context.
 
 A line's start is read first (``_line_kind``: fence, rule, heading, item, quote, table or
 plain), then its inline tokens (``_INLINE_RE``: code, links, URLs, markup, emphasis
@@ -50,7 +52,7 @@ from .markup import (
     may_become_markup,
     unfinished_tag,
 )
-from .writing import CJK, CJK_RE, CLOSERS, FINAL, HAN_KANA_RE, TERMINAL, tidy
+from .writing import CJK, CJK_RE, CLOSERS, FINAL, HAN_KANA_RE, TERMINAL, drop_escapes, tidy
 
 #: Longest inline code read aloud, in characters: a name or a value (`aria`, `22.5`);
 #: longer spans (commands, expressions) are skipped.
@@ -112,10 +114,12 @@ class MarkdownReader:
         self._left = " "  # the last raw character consumed on the current line
         self._hidden: re.Pattern[str] | None = None  # the end of a hidden element or comment
         self._comma = False  # a table cell ended: a comma before the next words
+        self._escape = ""  # raw text of a terminal escape sequence that may still go on
 
     def feed(self, delta: str) -> str:
         """Add a delta; return the speech text it completed (possibly "")."""
-        self._buf += delta.translate(INPUT_TEXT)
+        text, self._escape = drop_escapes(self._escape + delta, final=False)
+        self._buf += text.translate(INPUT_TEXT)
         out, waiting = self._lines(final=False)
         if not waiting:
             text, used = self._line(self._buf, complete=False)
@@ -125,7 +129,9 @@ class MarkdownReader:
 
     def close(self) -> str:
         """End of text: return the rest, the last block ended as a sentence. A tag begun at
-        the very end that can only be markup (``markup.unfinished_tag``) is dropped."""
+        the very end that can only be markup (``markup.unfinished_tag``) is dropped, and so
+        is a terminal escape sequence cut off by the end."""
+        self._escape = ""
         self._buf = self._buf[: unfinished_tag(self._buf)]
         out = self._lines(final=True)[0]
         out += self._line(self._buf, complete=True)[0] if self._buf or self._kind else ""
@@ -314,6 +320,8 @@ def _inline_prefix(text: str, complete: bool, left: str) -> tuple[str, int, re.P
             cut = i
         if text[i] in "<&":
             match = _INLINE_RE.match(text, i)
+            if match and match["entity"] and match.end() == len(text) and text[-1] != ";":
+                break  # a reference without ';' may go on ("&amp" -> "&ampx", "&#6" -> "&#65")
             if match and match["url"] is None:  # a tag, comment, mail address or entity
                 if hidden := hides(match):
                     return _inline(text[: match.end()], left), match.end(), hidden
@@ -389,8 +397,10 @@ def _inline_sub(match: re.Match[str]) -> str:
     after = text[match.end()] if match.end() < len(text) else " "
     if marker[0] == "_" and before.isalnum() and after.isalnum():
         return marker  # snake_case and a_b@c.de keep their underscores
-    if marker == "*" and before.isspace() and after.isspace():
-        return marker  # "5 * 3": no emphasis can open and close at spaces on both sides
+    if marker[0] == "*" and before.isspace() and after.isspace():
+        return marker  # "5 * 3", "2 ** 8": no emphasis opens or closes at spaces on both sides
+    if marker == "*" and (before.isdigit() or before == ")") and (after.isdigit() or after == "("):
+        return marker  # "2*3", "(1+2)*3": a product (CommonMark would let "2*3*4" be emphasis)
     return ""
 
 

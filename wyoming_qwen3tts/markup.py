@@ -4,8 +4,10 @@ may still become one while deltas arrive.
 LLM replies carry ``<br>`` in tables, ``<sup>``, ``<details>`` and entities; Home Assistant
 users send SSML out of habit. They are read as a browser shows them: tags are not spoken,
 the text inside them is; block tags, ``<br>`` and SSML ``<break>`` end a phrase, list
-items, headings and table rows a sentence, table cells a comma; entities are decoded (only
-with their ';'; references to no character or to a control are dropped); ``<script>``,
+items, headings and table rows a sentence, table cells a comma; character references are
+decoded (numeric ones and HTML5's legacy names, ``&amp``, ``&lt``, ``&copy``, also without
+their ';', as a browser does, while "AT&T", "R&D" and "&notebook" stay prose; references to
+no character or to a control are dropped); ``<script>``,
 ``<style>``, ``<think>`` and comments are not spoken, across lines, and a finished sentence
 before them is not held back by them; a tag's attributes may go on over lines;
 ``<name@example.com>`` is read without its brackets. Only lowercase known tag names (and
@@ -26,6 +28,7 @@ sentences and segments to ``text.py``.
 from __future__ import annotations
 
 import re
+from html.entities import html5
 
 from .writing import SILENT, SPACES
 
@@ -41,11 +44,18 @@ BREAK, ITEM_END, CELL = "\ue000", "\ue001", "\ue002"
 #: finished sentence before it ends there, so that it is spoken before the block is over.
 HUSH = "\ue003"
 MARKS_RE = re.compile(f"([{BREAK}{ITEM_END}{CELL}{HUSH}])")
+#: No mark of the reader's: the segmenter's stand-in for a "*" of the speech text while
+#: sentence-stream holds it (sentence-stream takes "*...*" for emphasis and drops it, so
+#: "5 * 3 * 4" came out "5 3 4"; the reader has already read what is emphasis). Removed
+#: from the input as the marks are, so none ever comes out of the reader.
+ASTERISK = "\ue004"
 #: What the reader makes of its raw input, character by character (so however it is split):
-#: the marks above and the characters that are no text (``writing.SILENT``: controls,
-#: invisible format characters, U+FFFD, non-characters) dropped, whitespace controls other
-#: than tab, newline and carriage return (``writing.SPACES``) made spaces.
-INPUT_TEXT = str.maketrans(dict.fromkeys(SPACES, " ") | dict.fromkeys([*SILENT, BREAK, ITEM_END, CELL, HUSH]))
+#: the marks above, ``ASTERISK`` and the characters that are no text (``writing.SILENT``:
+#: controls, invisible format characters, U+FFFD, non-characters) dropped, whitespace
+#: controls other than tab, newline and carriage return (``writing.SPACES``) made spaces.
+INPUT_TEXT = str.maketrans(
+    dict.fromkeys(SPACES, " ") | dict.fromkeys([*SILENT, BREAK, ITEM_END, CELL, HUSH, ASTERISK])
+)
 #: Tags that end a phrase (a pause, no period added): blocks, ``<br>``, SSML ``<break>``,
 #: ``<p>`` and ``<s>`` (HTML's strikethrough ``<s>`` too: its words are still spoken).
 BREAK_TAGS = frozenset(
@@ -85,13 +95,22 @@ _BOOLEAN_ATTRIBUTES = "|".join(
 )
 _VALUE = r"""(?:"[^"<]*"|'[^'<]*'|[^\s"'=<>`]+)"""
 _ATTRIBUTES = rf"(?:\s+(?:[A-Za-z_:][\w:.-]*\s*=\s*{_VALUE}|(?:{_BOOLEAN_ATTRIBUTES})(?![\w:.-])))*"
+#: Named references that HTML5 decodes without their ';' (``&amp``, ``&lt``, ``&copy``, the
+#: Latin-1 letters), as a browser and ``html.unescape`` do; not followed by a letter (HTML5's
+#: rule inside attribute values, for all text here: "&notebook" and "this&copyright" stay),
+#: and none of the all-capital ones (``&AMP``, ``&ETH``, ``&REG``...): after "&" capitals are
+#: an acronym ("BTC&ETH", "AT&T"), and no one writes references in capitals without ';'.
+_LEGACY_NAMES = "|".join(
+    sorted((name for name in html5 if not name.endswith(";") and not name.isupper()), key=len, reverse=True)
+)
 MARKUP = (
     r"(?P<comment><!--(?P<comment_end>.*?-->)?)"  # an open one hides the lines up to "-->"
     rf"|(?P<hidden><(?P<hidden_name>{'|'.join(HIDDEN_TAGS)}|sub(?=[^<>]*\salias\s*=))(?![\w:-])"
     rf"(?P<hidden_attrs>{_ATTRIBUTES})\s*>(?P<hidden_end>.*?</(?P=hidden_name)\s*>)?)"
     rf"|(?P<tag></?(?P<tag_name>{_NAME})(?P<attrs>{_ATTRIBUTES})[\s/]*>|<![A-Za-z][^<>]*>|<\?[^<>]*\?>)"
     r"|(?P<mail><(?P<address>[\w.+-]+@[\w-]+(?:\.[\w-]+)+)>)"
-    r"|(?P<entity>&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});)"
+    r"|(?P<entity>&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});"
+    rf"|&(?:#[0-9]{{1,7}}(?![0-9])|#[xX][0-9a-fA-F]{{1,6}}(?![0-9a-fA-F])|(?:{_LEGACY_NAMES})(?![A-Za-z])))"
 )
 #: Text from a "<" or "&" that may still become markup once more characters arrive.
 _PARTIAL_MARKUP_RE = re.compile(
@@ -106,14 +125,15 @@ SILENT_BREAK_RE = re.compile(
     r"""\bstrength\s*=\s*["']?(?:none|x-weak)\b|\btime\s*=\s*["']?0*(?:\.0*)?m?s\b"""
 )
 #: Decoded entities that are spaces or no text: no-break space and whitespace controls,
-#: newlines too (an entity never starts a markdown line); the reader's marks; and the
-#: characters that are no text (``writing.SILENT``), among them what ``html.unescape`` makes
-#: of references to no character (U+FFFD for ``&#0;``, a surrogate or a number past
-#: U+10FFFF) or to a control character (``&#x81;``), which a browser shows as no text or a
-#: replacement glyph and the model cannot say. Literal text gets the same rule
-#: (``INPUT_TEXT``).
+#: newlines too (an entity never starts a markdown line); the reader's marks and
+#: ``ASTERISK``; and the characters that are no text (``writing.SILENT``), among them what
+#: ``html.unescape`` makes of references to no character (U+FFFD for ``&#0;``, a surrogate
+#: or a number past U+10FFFF) or to a control character (``&#x81;``), which a browser shows
+#: as no text or a replacement glyph and the model cannot say. Literal text gets the same
+#: rule (``INPUT_TEXT``).
 ENTITY_TEXT = str.maketrans(
-    dict.fromkeys([*SPACES, "\xa0", "\t", "\n", "\r"], " ") | dict.fromkeys([*SILENT, BREAK, ITEM_END, CELL, HUSH])
+    dict.fromkeys([*SPACES, "\xa0", "\t", "\n", "\r"], " ")
+    | dict.fromkeys([*SILENT, BREAK, ITEM_END, CELL, HUSH, ASTERISK])
 )
 
 

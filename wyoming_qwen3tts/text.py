@@ -14,14 +14,16 @@ speakable; neither ever emits half a markup token:
    ("called TTS. This", "Yes. I"), a quote or ``¿``/``¡`` opening the next sentence. For
    streamed text the first segment may end at a clause boundary (comma, colon, semicolon,
    dash; CJK ``，：；、``) so that speech starts before the first sentence is complete;
-   later segments stay whole sentences. Sentences longer than ``MAX_SEGMENT_SECONDS`` of
+   later segments stay whole sentences. The asterisks the reader kept are hidden from
+   sentence-stream, which drops them. Sentences longer than ``MAX_SEGMENT_SECONDS`` of
    speech are split at clauses or words; run-on text (no sentence end in sight: a long
    reply without full stops, a list of words) is released as it streams, a segment at a
    time, once more than a segment's worth of it waits (``run_on_cut``), at the same places
    as in the whole text. The work per delta is bounded by the delta (amortised): nothing
    is searched again from the start of the text.
 
-Every segment is capped by ``frame_budget`` codec frames. Works for the ten Qwen3-TTS
+Every segment is capped by ``frame_budget`` codec frames, and says a product between numbers
+("5 * 3", "2*3") with "×" (``_spoken_operators``). Works for the ten Qwen3-TTS
 languages; Chinese and Japanese need no spaces (their punctuation ends sentences).
 
 This module is the front end's public entry point and holds what is spoken, how long it may
@@ -40,6 +42,7 @@ from collections.abc import Iterable
 from sentence_stream import SentenceBoundaryDetector
 
 from .markdown import MAX_SPOKEN_CODE_CHARS as MAX_SPOKEN_CODE_CHARS, MarkdownReader  # (re-exported)
+from .markup import ASTERISK
 from .writing import CJK_RE, CLOSERS, HAN_KANA_RE, tidy
 
 #: Codec frames per second of audio (Qwen3-TTS-Tokenizer-12Hz: 1920 samples at 24 kHz = 80 ms).
@@ -113,13 +116,34 @@ _RUN_ON_CLAUSE_RE = re.compile(
 )
 
 
+# --- operators --------------------------------------------------------------------------------
+#: A "*" that the reader left in the speech text (no emphasis: "5 * 3", "2*3") between numbers
+#: or brackets, spaced alike on both sides: a product, spoken as "×".
+_PRODUCT_RE = re.compile(r"(?<=[\d)])\*(?=[\d(])|(?<=[\d)] )\*(?= [\d(])")
+#: The segmenter's speech text while sentence-stream holds it: "*" as ``markup.ASTERISK``
+#: (sentence-stream drops asterisks around words, and at a line's start), and back.
+_HIDE_ASTERISKS = str.maketrans("*", ASTERISK)
+_SHOW_ASTERISKS = str.maketrans(ASTERISK, "*")
+
+
+def _spoken_operators(speech: str) -> str:
+    """Speech text with its products spoken: a "*" between numbers (or a bracket and a
+    number), with a space on both sides or on neither, becomes the multiplication sign
+    ("5 * 3 * 4" -> "5 × 3 × 4", "2*3" -> "2×3", "(1+2)*3" -> "(1+2)×3"), which the model
+    reads as "times" in the sentence's own language ("mal", "fois", "乘"); an asterisk is
+    no word, and a model trained on transcripts of speech may skip it. Other asterisks
+    the reader kept ("x * y", a footnote's "*") are left for the model to read in context."""
+    return _PRODUCT_RE.sub("×", speech)
+
+
 def clean_text(text: str) -> str:
-    """Make a whole text speakable (``MarkdownReader``), with whitespace collapsed.
+    """Make a whole text speakable (``MarkdownReader``, ``_spoken_operators``), with
+    whitespace collapsed.
 
     Returns "" when nothing speakable is left (e.g. for "🎉" or a lone code block).
     """
     reader = MarkdownReader()
-    speech = tidy(reader.feed(text) + reader.close())
+    speech = _spoken_operators(tidy(reader.feed(text) + reader.close()))
     return speech if _SPEAKABLE_RE.search(speech) else ""
 
 
@@ -257,7 +281,7 @@ class Segmenter:
         point once, the detector holds at most a segment of run-on text (``_check``), and
         ``_text`` keeps 64 characters of context before what the detector has not had.
         """
-        text = self._text = self._text + speech
+        text = self._text = self._text + speech.translate(_HIDE_ASTERISKS)
         pieces: list[str] = []
         out: list[str] = []
         start = pos = self._fed
@@ -386,9 +410,11 @@ class Segmenter:
         return True
 
     def _segments(self, sentences: Iterable[str]) -> list[str]:
+        """Speakable segments of sentence-stream's sentences: tidied, with their asterisks
+        back and products spoken (``_spoken_operators``), cut to ``MAX_SEGMENT_SECONDS``."""
         out: list[str] = []
         for sentence in sentences:
-            text = tidy(sentence)
+            text = _spoken_operators(tidy(sentence.translate(_SHOW_ASTERISKS)))
             if _SPEAKABLE_RE.search(text):
                 self._first_clause = False
                 out.extend(split_long(text))

@@ -7,7 +7,8 @@ here, below both: CJK ranges, sentence-final punctuation, closing quotes and bra
 speech text's whitespace is tidied, and the characters that are no text at all (``SILENT``,
 ``SPACES``: controls, invisible format characters, U+FFFD, non-characters), which the
 reader drops from its input and from decoded entities alike (``markup.INPUT_TEXT``,
-``markup.ENTITY_TEXT``). What is spoken and where text is cut stay with ``text.py``; what
+``markup.ENTITY_TEXT``), with the terminal escape sequences they may begin
+(``drop_escapes``). What is spoken and where text is cut stay with ``text.py``; what
 markdown and markup are read as stays with ``markdown.py`` and ``markup.py``.
 """
 
@@ -49,6 +50,53 @@ SILENT = frozenset(
 #: such): vertical tab, form feed, the information separators U+001C-U+001F and NEL (U+0085);
 #: each becomes a space, as ``str.split`` already treats them.
 SPACES = frozenset("\x0b\x0c\x1c\x1d\x1e\x1f\x85")
+
+
+#: Longest terminal escape sequence dropped whole, in characters (bounds what is held back
+#: while one may still be arriving; a longer one loses only its ESC, as ``SILENT``).
+MAX_ESCAPE_CHARS = 300
+_AT_MOST = f"{{0,{MAX_ESCAPE_CHARS}}}"
+#: The starts of the terminal escape sequences of ECMA-48 (colours and cursor moves in an
+#: LLM's or a tool's output): a control sequence (CSI: ESC "[" or U+009B, parameter bytes
+#: 0x30-0x3F, intermediate bytes 0x20-0x2F); a control string (OSC ESC "]", and DCS, SOS, PM,
+#: APC: ESC "P", "X", "^", "_"; any characters but its end); any other escape sequence (ESC,
+#: intermediate bytes). Only CSI has its 8-bit form here: U+009D and the other 8-bit string
+#: openers turn up in text decoded in the wrong code page ("â\x80\x9d" for "”"), and would
+#: hide the text after them up to a terminator that never comes.
+_ESCAPE_STARTS = (
+    rf"(?:\x1b\[|\x9b)[\x30-\x3f]{_AT_MOST}[\x20-\x2f]{_AT_MOST}",
+    rf"\x1b[\]PX^_][^\x07\x1b\x9c]{_AT_MOST}",
+    rf"\x1b[\x20-\x2f]{_AT_MOST}",
+)
+#: A whole terminal escape sequence (each start above and its end: a CSI's final byte
+#: 0x40-0x7E; a control string's BEL, ST ESC "\\" or U+009C; another sequence's final byte
+#: 0x30-0x7E other than the openers of the two before), or, at the very end of the text,
+#: the start of one that may still go on (``held``).
+_ESCAPE_RE = re.compile(
+    rf"(?P<sequence>{_ESCAPE_STARTS[0]}[\x40-\x7e]"
+    rf"|{_ESCAPE_STARTS[1]}(?:\x07|\x1b\\|\x9c)"
+    rf"|{_ESCAPE_STARTS[2]}[\x30-\x4f\x51-\x57\x59-\x5a\x5c\x60-\x7e])"
+    rf"|(?P<held>(?:{_ESCAPE_STARTS[0]}|{_ESCAPE_STARTS[1]}\x1b?|{_ESCAPE_STARTS[2]})\Z)"
+)
+
+
+def drop_escapes(text: str, final: bool) -> tuple[str, str]:
+    """``text`` without its terminal escape sequences ("\\x1b[31mred\\x1b[0m" is "red"), and
+    the start of one at its very end that may still go on once more text comes ("\\x1b[3"):
+    ``(kept, held)``. Feed ``held + next_delta`` next time, so that a sequence cut across
+    deltas is dropped whole, as in the whole text. With ``final`` (the end of the text)
+    ``held`` is "": a sequence cut off by the end is dropped. Work: linear in ``text``."""
+    if "\x1b" not in text and "\x9b" not in text:
+        return text, ""
+    kept: list[str] = []
+    last, held = 0, ""
+    for match in _ESCAPE_RE.finditer(text):
+        kept.append(text[last : match.start()])
+        last = match.end()
+        if match["held"] is not None and not final:
+            held = match["held"]
+    kept.append(text[last:])
+    return "".join(kept), held
 
 
 def tidy(text: str) -> str:
