@@ -191,3 +191,63 @@ async def test_the_http_door_and_the_clip_preparer_read_new_clips_off_the_loop(
         assert reads == [("newcomer", False), ("later", False), ("third", False)]
     finally:
         await asyncio.to_thread(service.stop, 5.0)
+
+
+async def test_a_too_short_clip_is_refused_over_wyoming_until_replaced_with_a_longer_one(
+    tmp_path: Path, reads: list[tuple[str, bool]]
+) -> None:
+    """A 0.5 s clip copied in while the server runs (the studio refuses such an upload): not
+    listed by ``describe``, and ``synthesize`` naming it gets an ``error`` saying how long it
+    is and what a clip needs; the same file replaced by a 2 s clip (written aside, renamed
+    over it) is listed and spoken on the next request, each read on a worker thread."""
+    import os
+
+    from wyoming.info import Describe, Info
+
+    _write_clip(tmp_path, "ann")
+    service = _service(tmp_path)
+    connections = Connections(service, WyomingLimits(write_timeout=5, idle_timeout=60))
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await connections(reader, writer).run()
+
+    def clip(path: Path, seconds: float) -> None:
+        t = np.arange(int(seconds * 24000)) / 24000
+        sf.write(path, (0.3 * np.sin(2 * np.pi * 230 * t)).astype(np.float32), 24000, format="WAV")
+
+    async def ask(client: AsyncTcpClient) -> tuple[set[str], int, str | None]:
+        """The voices ``describe`` lists, then the chunks of ``synthesize`` for kim, or its error."""
+        await client.write_event(Describe().event())
+        info = Info.from_event(await asyncio.wait_for(client.read_event(), 30))  # type: ignore[arg-type]
+        names = {voice.name for program in info.tts for voice in program.voices}
+        await client.write_event(Synthesize("Hello.", voice=SynthesizeVoice(name="kim")).event())
+        chunks = 0
+        while True:
+            event = await asyncio.wait_for(client.read_event(), 30)
+            assert event is not None
+            if Error.is_type(event.type):
+                return names, chunks, Error.from_event(event).text
+            if AudioChunk.is_type(event.type):
+                chunks += 1
+            if AudioStop.is_type(event.type):
+                return names, chunks, None
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        reads.clear()
+        clip(tmp_path / "kim.wav", 0.5)
+        (tmp_path / "kim.txt").write_text("Kim speaking.")
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            names, chunks, error = await ask(client)
+            assert "ann" in names and "kim" not in names and chunks == 0
+            assert error is not None and "kim.wav: the clip is 0.50 s long, under the 1 s a clone clip needs" in error, error
+            clip(tmp_path / ".kim.wav", 2.0)
+            os.replace(tmp_path / ".kim.wav", tmp_path / "kim.wav")
+            names, chunks, error = await ask(client)
+            assert "kim" in names and error is None and chunks > 0
+        assert reads == [("kim", False), ("kim", False)]
+    finally:
+        server.close()
+        await server.wait_closed()
+        await asyncio.to_thread(service.stop, 5.0)

@@ -218,6 +218,110 @@ def test_a_transcript_whose_name_differs_in_case_is_the_clips(tmp_path: Path, ca
         assert taken_logs(caplog, logging.WARNING, "no clip beside it") == []
 
 
+def _tone_wav(seconds: float, freq: float = 200.0) -> bytes:
+    """A 24 kHz WAV of a ``seconds`` long tone (what a user copies in, or uploads)."""
+    out = io.BytesIO()
+    t = np.arange(int(seconds * 24000)) / 24000
+    sf.write(out, (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), 24000, format="WAV")
+    return out.getvalue()
+
+
+def test_a_clip_shorter_than_the_studio_takes_is_skipped_until_replaced_with_a_longer_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 0.5 s ``kim.wav`` copied into the folder is no voice, as the studio refuses such an
+    upload (one constant, ``voices.MIN_CLIP_SECONDS``): one WARNING names the file and why,
+    a rescan does not repeat it, a request is told why, the start-up survey skips it; the
+    clip replaced by a 2 s one (written aside, renamed over it) is picked up by the next
+    rescan like any other change, with its transcript."""
+    import os
+
+    from wyoming_qwen3tts import library, voices
+    from wyoming_qwen3tts.startup import survey_clips
+
+    assert library.MIN_CLIP_SECONDS is voices.MIN_CLIP_SECONDS == 1.0
+    write_voice(tmp_path, "icl")
+    (tmp_path / "kim.wav").write_bytes(_tone_wav(0.5))
+    (tmp_path / "kim.txt").write_text("Kim speaking.")
+    with pytest.raises(VoiceEditError) as refused:  # the studio's refusal of the same clip
+        decode_clip(_tone_wav(0.5))
+    assert refused.value.code == "clip-too-short"
+    decode_clip(_tone_wav(1.0))  # exactly the minimum: taken by both
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, ALL)
+        assert catalog.find("kim") is None and catalog.get("icl").kind is ModelKind.BASE
+        said = [(r.levelno, r.getMessage()) for r in caplog.records if "kim.wav" in r.getMessage()]
+        assert said == [(logging.WARNING, f"Skipping clone voice {tmp_path / 'kim.wav'}: the clip is 0.50 s long, "
+                                          "under the 1 s a clone clip needs (the voice studio refuses such an upload too)")]
+        caplog.clear()
+        with pytest.raises(UnknownVoiceError, match=r"'kim' is a clone whose clip could not be used \(kim.wav: the clip "
+                                                     r"is 0.50 s long, under the 1 s a clone clip needs"):
+            catalog.get("kim")
+        assert catalog.skipped_clips() == [
+            "kim.wav: the clip is 0.50 s long, under the 1 s a clone clip needs (the voice studio refuses such an upload too)"
+        ]
+        assert survey_clips(tmp_path) == (True, ["kim.wav (0.50 s long, under the 1 s a clone clip needs)"])
+        write_voice(tmp_path, "other")  # another change: a rescan, kim's warning not repeated
+        catalog.refresh()
+        assert catalog.find("other") is not None and catalog.find("kim") is None
+        assert taken_logs(caplog, logging.WARNING, "kim.wav") == []
+        (tmp_path / ".kim.wav").write_bytes(_tone_wav(2.0))
+        os.replace(tmp_path / ".kim.wav", tmp_path / "kim.wav")
+        assert catalog.stale()
+        catalog.refresh()
+        kim = catalog.get("kim")
+        assert kim.reference is not None and kim.reference.transcript == "Kim speaking."
+        assert len(kim.reference.audio) == 2 * 24000 and catalog.skipped_clips() == []
+        assert taken_logs(caplog, logging.WARNING, "kim") == []
+
+
+def test_a_clone_with_two_transcripts_reads_one_by_a_fixed_rule_and_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``kim.TXT`` and ``kim.txt`` beside ``kim.wav`` (a case-sensitive file system): the
+    clip's own ``kim.txt`` is read; without one of its own stem, the first in name order
+    (``Lee.wav``: ``lee.TXT`` before ``lee.txt``), as of two clips of one name. One WARNING
+    names the files and the one used; a rescan does not repeat it, a third transcript
+    says so again, and none is said once one transcript is left."""
+    import os
+
+    write_voice(tmp_path, "kim", transcript="The right one.")
+    (tmp_path / "kim.TXT").write_text("The stray copy.")
+    write_voice(tmp_path, "Lee", transcript=None)
+    (tmp_path / "lee.txt").write_text("Lower case.")
+    (tmp_path / "lee.TXT").write_text("Upper case extension.")
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, ALL)
+        kim, lee = catalog.get("kim"), catalog.get("lee")
+        assert kim.reference is not None and kim.reference.transcript == "The right one."
+        assert lee.reference is not None and lee.reference.transcript == "Upper case extension."
+        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert warned == [
+            "Clone voice 'Lee.wav' has 2 transcripts, 'lee.TXT' and 'lee.txt' (names are case-insensitive; spaces "
+            "around a name and how its accents are encoded do not count): using 'lee.TXT', ignoring 'lee.txt'; "
+            "remove or rename the others",
+            "Clone voice 'kim.wav' has 2 transcripts, 'kim.txt' and 'kim.TXT' (names are case-insensitive; spaces "
+            "around a name and how its accents are encoded do not count): using 'kim.txt', ignoring 'kim.TXT'; "
+            "remove or rename the others",
+        ], warned
+        caplog.clear()
+        write_voice(tmp_path, "other")
+        catalog.refresh()
+        assert taken_logs(caplog, logging.WARNING, "transcripts") == []
+        (tmp_path / "Kim .txt").write_text("A third.")
+        catalog.refresh()
+        assert catalog.get("kim").reference.transcript == "The right one."  # type: ignore[union-attr]
+        assert taken_logs(caplog, logging.WARNING, "transcripts") == [
+            "Clone voice 'kim.wav' has 3 transcripts, 'kim.txt' and 'Kim .txt' and 'kim.TXT' (names are "
+            "case-insensitive; spaces around a name and how its accents are encoded do not count): using "
+            "'kim.txt', ignoring 'Kim .txt' and 'kim.TXT'; remove or rename the others"
+        ]
+        os.remove(tmp_path / "Kim .txt")
+        os.remove(tmp_path / "kim.TXT")
+        catalog.refresh()
+        assert taken_logs(caplog, logging.WARNING, "transcripts") == []
+
+
 def test_a_rescan_reads_only_the_clips_that_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rescan runs on the event loop: it reads again only a clip whose file or transcript
     changed (the new-user trial: touching any file of a 20-clip folder re-read every clip
@@ -269,7 +373,7 @@ def test_clone_library_modes_bad_files_and_live_refresh(tmp_path: Path) -> None:
     assert clones["icl"].reference and clones["icl"].reference.transcript == "Hello there."
     assert clones["xvec"].reference and clones["xvec"].reference.transcript is None
     # A client naming a skipped clip is told why, not only that the voice is unknown.
-    with pytest.raises(UnknownVoiceError, match=r"'tooshort' is a clone whose clip could not be used \(tooshort.wav: .*0.5 s\)"):
+    with pytest.raises(UnknownVoiceError, match=r"'tooshort' is a clone whose clip could not be used \(tooshort.wav: the clip is 0.00 s long, under the 1 s "):
         catalog.get("tooshort")
     with pytest.raises(UnknownVoiceError, match=r"'Hush' is a clone whose clip could not be used \(hush.wav: the clip is silent"):
         catalog.get("Hush")

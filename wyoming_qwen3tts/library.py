@@ -38,6 +38,7 @@ from .audio import SAMPLE_RATE
 from .voices import (
     AUDIO_SUFFIXES,
     MAX_REFERENCE_SECONDS,
+    MIN_CLIP_SECONDS,
     SILENCE_PEAK,
     ModelKind,
     Voice,
@@ -50,8 +51,6 @@ from .voices import (
 
 #: Largest uploaded clip, in bytes (20 MB: a 20 s WAV at 48 kHz stereo 32-bit is 7.7 MB).
 MAX_UPLOAD_BYTES = 20 * 1000 * 1000
-#: Shortest clip that can be cloned, in seconds.
-MIN_CLIP_SECONDS = 1.0
 #: Longest voice name, in characters.
 MAX_NAME_CHARS = 48
 #: Longest transcript of a clone clip, in characters (20 s of fast speech is about 400).

@@ -35,8 +35,8 @@ from .engine.sizing import (
 )
 from .metrics import Metrics
 from .voices import (
-    AUDIO_SUFFIXES, PRESETS_FILE, ModelKind, Reference, VoiceCatalog, VoiceSource, clone_name, has_control_characters,
-    load_presets, name_key,
+    AUDIO_SUFFIXES, MIN_CLIP_SECONDS, PRESETS_FILE, ModelKind, Reference, VoiceCatalog, VoiceSource, clone_name,
+    has_control_characters, load_presets, name_key,
 )
 
 _LOGGER = logging.getLogger("wyoming_qwen3tts")
@@ -281,19 +281,23 @@ def check_some_voice(voices_dir: Path, kinds: set[ModelKind], studio: bool = Fal
 
 
 def survey_clips(voices_dir: Path) -> tuple[bool, list[str]]:
-    """Whether the voices folder holds a clip that may be a voice (a readable audio header,
-    a name without control characters and not blank), and every clip it skips for any of
-    these reasons, each named with why (``'tab\\there.wav' (control characters in its name)``,
-    ``' .wav' (a blank name)``, ``broken.wav (no readable audio)``), by file name. Reads
-    headers only."""
+    """Whether the voices folder holds a clip that may be a voice (a readable audio header of
+    at least ``MIN_CLIP_SECONDS``, a name without control characters and not blank), and
+    every clip it skips for any of these reasons, each named with why (``'tab\\there.wav'
+    (control characters in its name)``, ``' .wav' (a blank name)``, ``broken.wav (no
+    readable audio)``, ``short.wav (0.50 s long, under the 1 s a clone clip needs)``), by
+    file name. Reads headers only."""
     skipped, usable = [], False
     for clip in _clip_files(voices_dir):
+        seconds = _audio_seconds(clip)
         if has_control_characters(clip.stem):
             skipped.append(f"{clip.name!r} (control characters in its name)")
         elif not clone_name(clip.stem):
             skipped.append(f"{clip.name!r} (a blank name)")
-        elif not _audio_header(clip):
+        elif seconds is None:
             skipped.append(f"{clip.name} (no readable audio)")
+        elif seconds < MIN_CLIP_SECONDS:
+            skipped.append(f"{clip.name} ({seconds:.2f} s long, under the {MIN_CLIP_SECONDS:g} s a clone clip needs)")
         else:
             usable = True
     return usable, skipped
@@ -388,13 +392,18 @@ def _clip_files(voices_dir: Path) -> list[Path]:
 
 def _audio_header(path: Path) -> bool:
     """True when ``path`` has a readable audio header (its clip is read when the catalogue loads)."""
+    return _audio_seconds(path) is not None
+
+
+def _audio_seconds(path: Path) -> float | None:
+    """The length of the clip at ``path`` in seconds, by its audio header; None: no readable header."""
     import soundfile
 
     try:
-        soundfile.info(str(path))
+        info = soundfile.info(str(path))
     except Exception:  # noqa: BLE001 - any unreadable file is simply not offered
-        return False
-    return True
+        return None
+    return float(info.frames / info.samplerate) if info.samplerate else None
 
 
 def _check_turns(engines: dict[ModelKind, Engine], plan: Residency) -> None:

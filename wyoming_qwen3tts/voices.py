@@ -43,6 +43,17 @@ MAX_REFERENCE_SECONDS = 20.0
 #: A clone clip whose loudest sample stays below this (full scale 1.0; -40 dBFS) is silent:
 #: refused as an upload (``library``) and skipped in the voices folder.
 SILENCE_PEAK = 0.01
+#: Shortest clip that is a clone voice, in seconds: the voice studio refuses a shorter upload
+#: (``library.decode_clip``, ``clip-too-short``) and the voices folder's scan skips a shorter
+#: clip, so a clip is a voice or not whichever way it came in. The value is the studio's
+#: rule since it shipped, not a limit of the model (``MIN_REFERENCE_SECONDS`` is lower): under
+#: a second a clip holds a word or two, 12 codec frames (12.5 a second) in an in-context
+#: clone's prompt, little of a voice to imitate.
+MIN_CLIP_SECONDS = 1.0
+#: Shortest audio any reference is built from (``Reference.from_audio``), in seconds: clone
+#: clips are held to ``MIN_CLIP_SECONDS``, this lets a preset's rendered anchor of a short
+#: ``anchor_text`` through.
+MIN_REFERENCE_SECONDS = 0.5
 
 AUDIO_SUFFIXES = (".wav", ".flac")
 #: Name of the user's presets file in the voices folder.
@@ -95,16 +106,23 @@ def name_key(name: str) -> str:
     return unicodedata.normalize("NFC", clone_name(name).casefold())
 
 
-def transcript_name(clip: Path, names: Collection[str]) -> str | None:
-    """The transcript that clip ``clip`` reads among the file ``names`` of its folder:
-    ``<id>.txt``, else the first (in name order) whose name is the same voice name
-    (``name_key``: in any case, composed or decomposed, surrounding spaces aside:
-    ``Kim.wav`` reads ``kim.txt``); None: no transcript."""
+def transcript_names(clip: Path, names: Collection[str]) -> list[str]:
+    """Every transcript of clip ``clip`` among the file ``names`` of its folder, the one it
+    reads first: ``<id>.txt`` (its own file stem, ``.txt`` in lower case), then the others
+    whose name is the same voice name (``name_key``: in any case, composed or decomposed,
+    surrounding spaces aside: ``Kim.wav`` reads ``kim.txt``) in name order (code point order:
+    ``kim.TXT`` before ``kim.txt``). Empty: no transcript. More than one: the catalogue reads
+    the first and warns of the others."""
     exact = clip.with_suffix(".txt").name
-    if exact in names:
-        return exact
     key = name_key(clip.stem)
-    return next((n for n in sorted(names) if n.lower().endswith(".txt") and name_key(n[:-4]) == key), None)
+    found = [n for n in sorted(names) if n.lower().endswith(".txt") and name_key(n[:-4]) == key]
+    return [exact] + [n for n in found if n != exact] if exact in found else found
+
+
+def transcript_name(clip: Path, names: Collection[str]) -> str | None:
+    """The transcript that clip ``clip`` reads among the file ``names`` of its folder, the
+    first of ``transcript_names``; None: no transcript."""
+    return next(iter(transcript_names(clip, names)), None)
 
 
 def clone_files(folder: Path, name: str) -> list[Path]:
@@ -140,6 +158,20 @@ _WHAT = {
 }
 
 
+class ClipTooShortError(ValueError):
+    """A clip shorter than a minimum.
+
+    Attributes:
+        seconds: the clip's length (at most ``MAX_REFERENCE_SECONDS``: only that much is read).
+        minimum: the length it fell short of, in seconds.
+    """
+
+    def __init__(self, seconds: float, minimum: float = MIN_CLIP_SECONDS) -> None:
+        super().__init__(f"the clip is {seconds:.2f} s long, shorter than {minimum:g} s")
+        self.seconds = seconds
+        self.minimum = minimum
+
+
 class UnknownVoiceError(KeyError):
     """No voice of that name is available (unknown, or its model is not loaded)."""
 
@@ -170,14 +202,14 @@ class Reference:
         """Build a reference from samples (any shape ``[n]`` or ``[n, channels]``, any dtype).
 
         Raises:
-            ValueError: if the clip is empty or shorter than 0.5 s.
+            ClipTooShortError: if the clip is empty or shorter than ``MIN_REFERENCE_SECONDS``.
         """
         mono = np.asarray(audio, dtype=np.float32)
         if mono.ndim > 1:
             mono = mono.mean(axis=1)
         mono = mono[: int(MAX_REFERENCE_SECONDS * sample_rate)]
-        if len(mono) < sample_rate // 2:
-            raise ValueError("reference audio is shorter than 0.5 s")
+        if len(mono) < sample_rate * MIN_REFERENCE_SECONDS:
+            raise ClipTooShortError(len(mono) / sample_rate, MIN_REFERENCE_SECONDS)
         text = transcript.strip() if transcript and transcript.strip() else None
         digest = hashlib.sha256(mono.tobytes() + str(sample_rate).encode() + (text or "").encode())
         return cls(np.ascontiguousarray(mono), sample_rate, text, digest.hexdigest())
@@ -188,7 +220,8 @@ class Reference:
         ``<id>.txt`` beside it, if it exists).
 
         Raises:
-            ValueError / soundfile.LibsndfileError / OSError: unreadable or too short audio.
+            ClipTooShortError: shorter than ``MIN_REFERENCE_SECONDS``.
+            ValueError / soundfile.LibsndfileError / OSError: unreadable audio.
         """
         with sf.SoundFile(str(audio_path)) as clip:  # read only what is used, never a whole long file
             sample_rate = clip.samplerate
@@ -336,6 +369,14 @@ def _preset(name: str, entry: Any, source: VoiceSource, earlier: Voice | None) -
 _ClipKey = tuple[tuple[str, int, int, int], tuple[str, int, int, int] | None]
 
 
+@dataclass(frozen=True)
+class _Skip:
+    """Why a clip of the clone library is no voice, and the level it is logged at."""
+
+    why: str
+    level: int
+
+
 class VoiceCatalog:
     """All voices the loaded models can speak, looked up by name or alias.
 
@@ -383,7 +424,10 @@ class VoiceCatalog:
         #: inode): a Reference, or why it was skipped. A rescan reads only the clips whose
         #: file or transcript changed (re-reading 20 clips of 30 s held every client for
         #: 0.8 s in a new-user trial, when rescans ran on the event loop).
-        self._read: dict[_ClipKey, Reference | str] = {}
+        self._read: dict[_ClipKey, Reference | _Skip] = {}
+        #: The clips with several transcripts already warned of, as the (name, mtime ns,
+        #: size, inode) of the clip and of each transcript: said again at DEBUG only.
+        self._transcripts_said: set[tuple[tuple[str, int, int, int], ...]] = set()
         #: The presets and speakers that clone ids shadow, and the aliases names take, as last
         #: logged (``voices``).
         self._shadows_said: frozenset[tuple[str, str]] = frozenset()
@@ -490,8 +534,9 @@ class VoiceCatalog:
         clones: dict[str, Voice] = {}
         problems: dict[str, str] = {}
         reported: set[tuple[str, int, int, int]] = set()
+        transcripts_said: set[tuple[tuple[str, int, int, int], ...]] = set()
         by_name = dict(zip((p.name for p in files), signature_items, strict=True))
-        read: dict[_ClipKey, Reference | str] = {}
+        read: dict[_ClipKey, Reference | _Skip] = {}
         clip_keys = {name_key(p.stem) for p in files if p.suffix.lower() in AUDIO_SUFFIXES}
         texts = {p.name for p in files if p.suffix.lower() not in AUDIO_SUFFIXES}
         orphans: dict[str, str] = {}
@@ -527,18 +572,29 @@ class VoiceCatalog:
                 reported.add(item)
                 continue
             taken[key] = path.name
-            text_name = transcript_name(path, texts)
+            text_names = transcript_names(path, texts)
+            text_name = text_names[0] if text_names else None
+            if len(text_names) > 1:  # kim.txt and kim.TXT: one is read, the log says which
+                said = (item, *(by_name[n] for n in text_names))
+                _LOGGER.log(
+                    logging.DEBUG if said in self._transcripts_said else logging.WARNING,
+                    "Clone voice %r has %d transcripts, %s (names are case-insensitive; spaces around a name "
+                    "and how its accents are encoded do not count): using %r, ignoring %s; remove or rename "
+                    "the others", path.name, len(text_names), " and ".join(repr(n) for n in text_names),
+                    text_names[0], " and ".join(repr(n) for n in text_names[1:]),
+                )
+                transcripts_said.add(said)
             clip_key = (item, by_name[text_name] if text_name else None)
             clip = self._read.get(clip_key)  # (``force`` too: every write replaces the file)
             if clip is None:
                 clip = self._read_clip(path, path.with_name(text_name) if text_name else None)
             read[clip_key] = clip
-            if isinstance(clip, str):  # skipped: why
-                level = logging.DEBUG if item in self._reported else logging.ERROR
-                _LOGGER.log(level, "Skipping clone voice %s: %s", path, clip)
+            if isinstance(clip, _Skip):  # skipped: why
+                level = logging.DEBUG if item in self._reported else clip.level
+                _LOGGER.log(level, "Skipping clone voice %s: %s", path, clip.why)
                 reported.add(item)
                 # for clients: the file's name, not the server's folders (soundfile names the path)
-                problems[key] = f"{path.name}: " + clip.replace(str(path), path.name)
+                problems[key] = f"{path.name}: " + clip.why.replace(str(path), path.name)
                 continue
             reference = clip
             mode = "reference transcript" if reference.transcript else "x-vector only, no transcript"
@@ -552,6 +608,7 @@ class VoiceCatalog:
             )
         self._clones = clones
         self._reported = reported
+        self._transcripts_said = transcripts_said
         self._read = read
         served = {name_key(c) for c in clones}
         self._clone_problems = {key: why for key, why in problems.items() if key not in served}
@@ -563,16 +620,27 @@ class VoiceCatalog:
         _LOGGER.info("Clone library %s: %d voice(s)", self.voices_dir.resolve(), len(clones))
 
     @staticmethod
-    def _read_clip(path: Path, transcript: Path | None) -> Reference | str:
+    def _read_clip(path: Path, transcript: Path | None) -> Reference | _Skip:
         """The clip at ``path`` (its transcript: ``transcript``, or none) as a Reference, or
-        why it cannot clone (never raises)."""
+        why it cannot clone (never raises): shorter than ``MIN_CLIP_SECONDS`` (a WARNING, as
+        the studio refuses such an upload: a user's choice of clip, not a broken file), or
+        unreadable or silent (an ERROR)."""
         try:
             reference = Reference.load(path, transcript)
+            seconds = len(reference.audio) / reference.sample_rate
+            if seconds < MIN_CLIP_SECONDS:  # as uploads are refused (clip-too-short)
+                raise ClipTooShortError(seconds)
             peak = float(np.abs(reference.audio).max())
             if peak < SILENCE_PEAK:  # as uploads are refused: it would clone silence
                 raise ValueError(f"the clip is silent (peak {peak:.4f} of full scale)")
+        except ClipTooShortError as err:
+            return _Skip(
+                f"the clip is {err.seconds:.2f} s long, under the {MIN_CLIP_SECONDS:g} s a clone clip needs "
+                "(the voice studio refuses such an upload too)",
+                logging.WARNING,
+            )
         except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, never fatal
-            return str(err)
+            return _Skip(str(err), logging.ERROR)
         return reference
 
     def skipped_clips(self) -> list[str]:
