@@ -336,3 +336,63 @@ async def test_a_clone_only_server_starts_with_a_clip_named_with_a_trailing_spac
     finally:
         stop_server(srv)
     assert "Traceback" not in srv.output()
+
+
+def test_the_cpu_engine_line_says_which_models_run_on_qwentts_cpp_and_which_fell_back() -> None:
+    from wyoming_qwen3tts.startup import cpu_engines_line
+    from wyoming_qwen3tts.voices import ModelKind
+
+    base, custom, design = ModelKind.BASE, ModelKind.CUSTOM_VOICE, ModelKind.VOICE_DESIGN
+    assert cpu_engines_line("No CUDA GPU", [base, custom], []) == (
+        "No CUDA GPU: running on the CPU, every model on qwentts.cpp (GGML, quantized weights)"
+    )
+    assert cpu_engines_line("--device cpu", [base], [custom, design]) == (
+        "--device cpu: running on the CPU, the base model on qwentts.cpp (GGML, quantized weights); the "
+        "custom_voice and voice_design models fell back to the reference engine (qwen_tts, slower) (said above, with why)"
+    )
+    assert cpu_engines_line("--device cpu", [], [base]) == (
+        "--device cpu: running on the CPU; every model fell back to the reference engine (qwen_tts, slower), as "
+        "qwentts.cpp cannot run its checkpoint (each said above, with why)"
+    )
+
+
+async def test_a_cpu_start_whose_every_model_fell_back_says_so(
+    checkpoints: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--device cpu --engine auto`` with qwentts.cpp available, and a Base checkpoint it
+    cannot run (the tiny one, narrower than the release): the model loads on the reference
+    engine, and the start-up's engine line, said once the models are loaded, says every
+    model fell back to it (it said, before loading, that qwentts.cpp ran "each model it can
+    run", which was none)."""
+    import logging
+
+    from wyoming_qwen3tts.__main__ import build_parser
+    from wyoming_qwen3tts.engine.cpu.ggml import native_support
+    from wyoming_qwen3tts.metrics import Metrics
+    from wyoming_qwen3tts.startup import load_engines
+    from wyoming_qwen3tts.voices import ModelKind
+
+    supported, why = native_support()
+    if not supported:
+        pytest.skip(f"GGML engine unavailable: {why}")
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    sf.write(voices / "clone.wav", (0.2 * np.sin(2 * np.pi * 180 * np.arange(24000 * 2) / 24000)).astype(np.float32), 24000)
+    argv = [
+        "--data-dir", str(tmp_path), "--voices-dir", str(voices), "--local-files-only", "--clone-model",
+        str(checkpoints / "base"), "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu",
+        "--engine", "auto",
+    ]
+    args = build_parser().parse_args(argv)
+    args.given = {a for a in argv if a.startswith("--")}
+    with caplog.at_level(logging.INFO, logger="wyoming_qwen3tts"):
+        engines = await load_engines(args, Metrics())
+    assert list(engines) == [ModelKind.BASE] and "GGML" not in engines[ModelKind.BASE].backend
+    said = [r.getMessage() for r in caplog.records]
+    assert [m for m in said if "running on the CPU" in m] == [
+        "--device cpu: running on the CPU; every model fell back to the reference engine (qwen_tts, slower), as "
+        "qwentts.cpp cannot run its checkpoint (each said above, with why)"
+    ], said
+    assert not [m for m in said if "qwentts.cpp (GGML" in m or "each model it can run" in m], said
+    why_line = next(i for i, m in enumerate(said) if m.startswith("The base model runs on the reference engine (slower), not on GGML: "))
+    assert why_line < next(i for i, m in enumerate(said) if "running on the CPU" in m)  # "said above"

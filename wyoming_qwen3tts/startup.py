@@ -57,7 +57,7 @@ def _device(choice: str, engine: str) -> str:
 
         available = torch.cuda.is_available()
         problem = None if available else check_driver()
-    why = "--device cpu" if choice == "cpu" else "No CUDA GPU"
+    why = cpu_reason(choice)
     if choice == "auto":
         choice = "cuda" if available else "cpu"
         if problem:
@@ -68,9 +68,7 @@ def _device(choice: str, engine: str) -> str:
         engine = pick_engine(engine, choice)
     except ValueError as err:
         raise SystemExit(f"--engine: {err}") from None
-    if choice == "cpu" and engine == "ggml":
-        _LOGGER.info("%s: running on the CPU with qwentts.cpp (GGML, quantized weights) for each model it can run", why)
-    elif choice == "cpu":
+    if choice == "cpu" and engine != "ggml":  # GGML: said once the models are loaded (``cpu_engines_line``)
         how = (
             "the batched engine runs eagerly, frame by frame"
             if engine == "batched"
@@ -82,6 +80,38 @@ def _device(choice: str, engine: str) -> str:
             why, how,
         )
     return choice
+
+
+def cpu_reason(device: str) -> str:
+    """Why the server runs on the CPU, in the log's words, given ``--device`` (``cpu``, or
+    ``auto`` that found no usable CUDA GPU)."""
+    return "--device cpu" if device == "cpu" else "No CUDA GPU"
+
+
+def cpu_engines_line(why: str, on_ggml: list[ModelKind], fell_back: list[ModelKind]) -> str:
+    """The one log line of a CPU start on the GGML engine, once its models are loaded: which
+    run on qwentts.cpp and which fell back to the reference engine (a checkpoint narrower than
+    the release, each said in its own line before).
+
+    Args:
+        why: ``cpu_reason``.
+        on_ggml: the models loaded on the GGML engine; fell_back: those on the reference engine.
+    """
+    ggml = "qwentts.cpp (GGML, quantized weights)"
+    reference = "the reference engine (qwen_tts, slower)"
+    if not fell_back:
+        return f"{why}: running on the CPU, every model on {ggml}"
+    if not on_ggml:
+        return (f"{why}: running on the CPU; every model fell back to {reference}, as qwentts.cpp cannot "
+                "run its checkpoint (each said above, with why)")
+    return (f"{why}: running on the CPU, {_models(on_ggml)} on {ggml}; {_models(fell_back)} fell back to "
+            f"{reference} (said above, with why)")
+
+
+def _models(kinds: list[ModelKind]) -> str:
+    """``the base model``, ``the base and custom_voice models``."""
+    names = [kind.value for kind in kinds]
+    return f"the {names[0]} model" if len(names) == 1 else f"the {', '.join(names[:-1])} and {names[-1]} models"
 
 
 def _warm_segment(kind: ModelKind, engine: Engine) -> Segment:
@@ -444,6 +474,7 @@ async def _load_ggml_engines(
         SystemExit: no model enabled, or a model failed to load or warm up.
     """
     engines: dict[ModelKind, Engine] = {}
+    fell_back: list[ModelKind] = []  # on the reference engine instead
     for kind, source in sources.items():
         if not source or source.lower() == "none":
             continue
@@ -456,6 +487,7 @@ async def _load_ggml_engines(
                     if args.engine != "auto":
                         raise
                     engines[kind] = await _load_reference_instead(args, kind, source, models_dir, metrics, err)
+                    fell_back.append(kind)
                     continue
             pair = await asyncio.to_thread(resolve_gguf, source, models_dir, args.gguf_quant, args.local_files_only)
             _LOGGER.info("Loading %s model from %s and %s (GGML, CPU)", kind.value, *pair)
@@ -469,6 +501,7 @@ async def _load_ggml_engines(
                 if args.engine != "auto":
                     raise
                 engines[kind] = await _load_reference_instead(args, kind, source, models_dir, metrics, err)
+                fell_back.append(kind)
                 continue
         except SystemExit:
             raise
@@ -477,6 +510,7 @@ async def _load_ggml_engines(
         engines[kind] = await _warmed(kind, engine)
     if not engines:
         raise SystemExit("No model enabled: set at least one of --clone-model, --design-model, --custom-voice-model")
+    _LOGGER.info("%s", cpu_engines_line(cpu_reason(args.device), [k for k in engines if k not in fell_back], fell_back))
     return engines
 
 
