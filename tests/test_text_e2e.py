@@ -5,18 +5,21 @@ server process on tiny checkpoints."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from wyoming.audio import AudioChunk
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
-from wyoming.event import Event
+from wyoming.event import Event, async_read_event
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
+from wyoming_qwen3tts import ws_events
 from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
 from wyoming_qwen3tts.languages import ALL_CODES
 from wyoming_qwen3tts.text import Segmenter
@@ -167,3 +170,54 @@ async def test_a_sentence_before_a_think_block_is_spoken_while_the_thoughts_stre
     assert segmenter.add("".join(head + tail)) + segmenter.finish() == expected  # the whole text's speech
     assert spoken_segments(debug_server)[-2:] == [(s, "english", "aria", FRAMES) for s in expected]
     assert [e.type for e in empty] == ["audio-start", "audio-stop"]
+
+
+#: Text with a lone surrogate, as JSON's "\ud800" decodes: a browser's ``JSON.stringify`` sends
+#: one escaped so (the ``openai`` SDK and the ``wyoming`` package refuse to encode it).
+LONE_SURROGATE_TEXT = "Lone \ud800surrogate, gone \udfffnow."
+
+
+async def _speak_on(door: str, server: Server, text: str) -> list[str]:
+    """Speak ``text`` (voice aria) through one door; the types of what came back, errors
+    included (a refusal ends the exchange)."""
+    escaped = json.dumps(text)  # ASCII: the surrogate as "\ud800", as JSON.stringify writes it
+    if door == "wyoming":  # the wyoming package writes UTF-8 only: the event line by hand
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(f'{{"type": "synthesize", "data": {{"text": {escaped}, "voice": {{"name": "aria"}}}}}}\n'.encode())
+        types: list[str] = []
+        while not types or types[-1] not in ("audio-stop", "error"):
+            event = await asyncio.wait_for(async_read_event(reader), _GUARD_S)
+            assert event is not None, types
+            types.append(event.type)
+        writer.close()
+        return types
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_GUARD_S)) as http:
+        if door == "http":
+            body = {"model": "tts-1", "input": text, "voice": "aria", "response_format": "pcm"}
+            async with http.post(f"{server.http_url}/v1/audio/speech", json=body) as response:
+                data = await response.read()
+                return ["audio"] if response.status == 200 and data else [str(response.status), data.decode()]
+        async with http.ws_connect(f"{server.http_url}{ws_events.PATH}", protocols=(ws_events.PROTOCOL,)) as ws:
+            await ws.send_json({"type": "request.start", "voice": "aria", "response_format": "pcm"})
+            await ws.send_str(f'{{"type": "input_text.append", "sequence": 0, "text": {escaped}}}')
+            await ws.send_json({"type": "input_text.end", "sequence": 1})
+            types = []
+            async for message in ws:
+                types.append(json.loads(message.data)["type"] if message.type is aiohttp.WSMsgType.TEXT else "audio")
+                if types[-1] in ("response.done", "error"):
+                    return types
+            return types
+
+
+@pytest.mark.parametrize("door", ["wyoming", "http", "websocket"])
+async def test_a_lone_surrogate_is_dropped_and_the_rest_spoken_on_every_door(debug_server: Server, door: str) -> None:
+    """JSON's "\\ud800" in the text decodes to a lone surrogate, no text: every door drops it
+    as it drops other characters that are no text and speaks the rest (the HTTP door
+    answered 400 invalid-json, the Wyoming door an error malformed-event)."""
+    types = await _speak_on(door, debug_server, LONE_SURROGATE_TEXT)
+    assert "error" not in types and ("audio" in types or "audio-chunk" in types), types
+    segmenter = Segmenter(streamed=door == "websocket")  # (its text is streamed: a first clause)
+    expected = segmenter.add(LONE_SURROGATE_TEXT) + segmenter.finish()
+    assert " ".join(expected) == "Lone surrogate, gone now."
+    assert spoken_segments(debug_server)[-len(expected) :] == [(s, "english", "aria", FRAMES) for s in expected]
+    assert "Logging error" not in debug_server.output() and "UnicodeEncodeError" not in debug_server.output()

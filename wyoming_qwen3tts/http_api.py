@@ -111,7 +111,7 @@ def _as_api_error(err: RequestError) -> ApiError:
 async def speech(request: web.Request) -> web.StreamResponse:
     """``POST /v1/audio/speech``: validate, open a stream, send audio as it is generated."""
     service = request.app[_SERVICE_KEY]
-    body = await read_json(request)
+    body = await read_json(request, replace_lone_surrogates=True)  # (speech text drops them)
     arrived = time.perf_counter()  # the request's timeline starts with its body parsed
     params = parse_speech(body, service.max_chars, request.app[_NAMES_KEY])
     if not service.is_ready():

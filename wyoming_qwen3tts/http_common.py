@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import StreamReader, web
 
+from . import writing
 from .service import EmptyTextError, LanguageError, RequestError, TextTooLongError, VoiceNotFoundError
 from .voices import ModelKind, Voice
 
@@ -89,16 +90,24 @@ def voice_json(voice: Voice) -> dict[str, Any]:
     }
 
 
-async def read_json(request: web.Request) -> Any:
+async def read_json(request: web.Request, replace_lone_surrogates: bool = False) -> Any:
     """The body as JSON whose strings are all valid Unicode.
+
+    Args:
+        replace_lone_surrogates: JSON's "\\ud800" (a lone surrogate, which no reply or
+            tokenizer could encode) becomes U+FFFD (``writing.replace_lone_surrogates``;
+            speech text then drops it, as the other doors do); else it is refused.
 
     Raises:
         ApiError: 400 invalid-json (not JSON, too deeply nested, an integer of over 4300
-            digits, or lone surrogates, which no reply or tokenizer could encode).
+            digits, or, unless replaced, lone surrogates).
     """
     try:
         body = json.loads(await request.read())
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
+        if replace_lone_surrogates:
+            body = writing.replace_lone_surrogates(body)
+        else:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
     except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeError, int digits
         reason = "has invalid Unicode" if isinstance(err, UnicodeError) else "is not valid JSON"
         detail = (

@@ -24,6 +24,7 @@ from typing import Any
 from wyoming.event import Event
 
 from .service import RequestError
+from .writing import replace_lone_surrogates
 
 #: Largest data or payload part a client may announce, in bytes. A TTS request is text:
 #: 10,000 characters of JSON stay far below this.
@@ -45,15 +46,15 @@ class MalformedEventError(RequestError):
 
 
 def _json_object(raw: bytes, what: str) -> dict[str, Any]:
-    """Parse ``raw`` as a JSON object whose strings are all valid Unicode.
+    """Parse ``raw`` as a JSON object whose strings are all valid Unicode: lone surrogates
+    ("\\ud800", which parse but no reply, log or tokenizer can encode) become U+FFFD
+    (``writing.replace_lone_surrogates``), which speech text drops, as the other doors do.
 
     Raises:
-        MalformedEventError: (resync True) not JSON, not an object, or lone surrogates.
+        MalformedEventError: (resync True) not JSON (or not UTF-8), or not an object.
     """
     try:
-        value = json.loads(raw)
-        # Lone surrogates ("\\ud800") parse but cannot be encoded back into a reply.
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        value = replace_lone_surrogates(json.loads(raw))
     except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeError, int digits
         reason = (
             "invalid Unicode" if isinstance(err, UnicodeError)

@@ -8,13 +8,16 @@ speech text's whitespace is tidied, and the characters that are no text at all (
 ``SPACES``: controls, invisible format characters, U+FFFD, non-characters), which the
 reader drops from its input and from decoded entities alike (``markup.INPUT_TEXT``,
 ``markup.ENTITY_TEXT``), with the terminal escape sequences they may begin
-(``drop_escapes``). What is spoken and where text is cut stay with ``text.py``; what
+(``drop_escapes``); the request doors make lone surrogates U+FFFD in what they decode
+(``replace_lone_surrogates``). What is spoken and where text is cut stay with ``text.py``; what
 markdown and markup are read as stays with ``markdown.py`` and ``markup.py``.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 #: CJK characters and full-width forms, as a character range (a bare URL stops at one).
 CJK = "\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef"
@@ -97,6 +100,25 @@ def drop_escapes(text: str, final: bool) -> tuple[str, str]:
             held = match["held"]
     kept.append(text[last:])
     return "".join(kept), held
+
+
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def replace_lone_surrogates(value: Any) -> Any:
+    """A parsed JSON value (``json.loads``) with every surrogate code point in its strings
+    and keys replaced by U+FFFD, as a decoder replaces bytes that are no text: JSON's
+    "\\ud800" parses to a lone surrogate, which no reply, log or tokenizer can encode. In
+    speech text U+FFFD is then dropped (``SILENT``); a voice name keeps it, and is unknown.
+    ``value`` itself when it holds none.
+
+    Raises:
+        RecursionError: ``value`` is nested too deeply to encode again.
+    """
+    dumped = json.dumps(value, ensure_ascii=False)
+    if not _SURROGATE_RE.search(dumped):
+        return value
+    return json.loads(_SURROGATE_RE.sub("\ufffd", dumped))
 
 
 def tidy(text: str) -> str:

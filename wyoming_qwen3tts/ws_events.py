@@ -36,6 +36,7 @@ from typing import Any
 from .audio import SAMPLE_RATE
 from .http_common import error_body
 from .service import RequestError
+from .writing import replace_lone_surrogates
 
 #: The WebSocket subprotocol a client must offer (``Sec-WebSocket-Protocol``).
 PROTOCOL = "nari.speech.v1"
@@ -113,7 +114,8 @@ class ClientEvent:
 
 
 def parse_client_event(message: str) -> ClientEvent:
-    """A text message as a client event.
+    """A text message as a client event; a lone surrogate in its strings (JSON's "\\ud800")
+    is U+FFFD, which speech text drops, as on the other doors (``writing.replace_lone_surrogates``).
 
     Raises:
         ProtocolError: ``invalid-json`` (not JSON, or not an object), ``unknown-event``
@@ -122,7 +124,7 @@ def parse_client_event(message: str) -> ClientEvent:
             text in ``input_text.end``, which carries none).
     """
     try:
-        data = json.loads(message)
+        data = replace_lone_surrogates(json.loads(message))
     except (ValueError, RecursionError) as err:
         raise ProtocolError("invalid-json", f"The message is not valid JSON: {str(err)[:200]}") from None
     if not isinstance(data, dict):
