@@ -103,6 +103,7 @@ def test_replies_become_sentences_however_they_are_split(language: str, text: st
         ("setext heading underline", "Title\n=====\nText", "Title Text"),
         ("a spaced asterisk is no markup", "5 * 3 = 15, *not* 16, x * y", "5 × 3 = 15, not 16, x * y"),
         ("a product is no emphasis", "2*3*4 = 24, (1+2)*3 and 2 ** 8, *x*", "2×3×4 = 24, (1+2)×3 and 2 ** 8, x"),
+        ("a power is no emphasis", "2**8 = 256, **bold**2", "2**8 = 256, bold2"),
         ("link read as its text", "See [the docs](https://example.com/x \"Docs\") now", "See the docs now"),
         ("image read as its alt text", "![a red car](car.png) drove by", "a red car drove by"),
         ("bare URL read as its domain", "Visit https://www.example.com/a/b?c=d. Then", "Visit example.com. Then"),

@@ -399,8 +399,8 @@ def _inline_sub(match: re.Match[str]) -> str:
         return marker  # snake_case and a_b@c.de keep their underscores
     if marker[0] == "*" and before.isspace() and after.isspace():
         return marker  # "5 * 3", "2 ** 8": no emphasis opens or closes at spaces on both sides
-    if marker == "*" and (before.isdigit() or before == ")") and (after.isdigit() or after == "("):
-        return marker  # "2*3", "(1+2)*3": a product (CommonMark would let "2*3*4" be emphasis)
+    if marker[0] == "*" and (before.isdigit() or before == ")") and (after.isdigit() or after == "("):
+        return marker  # "2*3", "(1+2)*3", "2**8": arithmetic (CommonMark would let "2*3*4" be emphasis)
     return ""
 
 
