@@ -303,12 +303,13 @@ def test_the_codebook_table_decodes_as_the_quantizer(checkpoints: Path, device: 
                 book.cluster_usage.copy_(torch.rand(book.cluster_usage.shape, generator=gen) * 2)
                 book.cluster_usage[:4] = 0.0  # clamped at epsilon
     quantizer = quantizer.to(device=device, dtype=dtype)
-    table = projected_table(quantizer)
+    with _no_tf32():  # as the loader sets for float32 on CUDA (TF32 missed by 46 in 4e4 on the H200)
+        table = projected_table(quantizer)
     assert table.dtype == dtype and table.is_contiguous() and table.shape[0] == 16 * 2048
     for n in (1, 3):
         codes = torch.randint(0, 2048, (3, n, 16), generator=gen).transpose(1, 2).to(device)  # strided
         codes[0, :, 0] = torch.arange(16)  # usage clamped
-        with torch.no_grad():
+        with torch.no_grad(), _no_tf32():
             exact = copy.deepcopy(quantizer).float().decode(codes)  # float32 throughout
         got = codebook_sum(table, codes)
         assert got.shape == exact.shape == (3, table.shape[1], n) and got.is_contiguous() and got.dtype == dtype

@@ -575,3 +575,49 @@ def test_the_talker_rotary_table_is_what_rotary_emb_gives(checkpoints: Path) -> 
     assert cos.shape == sin.shape == ref_cos.shape == (3, 1, step.talker_layers[0].head_dim)
     torch.testing.assert_close(cos, ref_cos, atol=0, rtol=0)
     torch.testing.assert_close(sin, ref_sin, atol=0, rtol=0)
+
+
+def test_wide_tiles_pick_only_the_swept_residual_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``weight.wide_tiles``: off by default; with ``QWEN3TTS_WIDE_TILES=1`` a tile for the
+    predictor's residual products (2-byte activations, <= 1,024 outputs, >= 2,048 inputs) at
+    5-32 rows only, 16 rows a tile up to 16 rows, 32 above."""
+    from wyoming_qwen3tts.engine.batched.kernels.weight import wide_tiles
+
+    monkeypatch.delenv("QWEN3TTS_WIDE_TILES", raising=False)
+    assert wide_tiles(32, 1024, 2048, 2, True) is None
+    monkeypatch.setenv("QWEN3TTS_WIDE_TILES", "1")
+    assert wide_tiles(8, 1024, 2048, 2, True) == (16, 16, 512)
+    assert wide_tiles(16, 1024, 3072, 2, True) == (16, 16, 512)
+    assert wide_tiles(32, 1024, 3072, 2, True) == (32, 16, 512)
+    for m, n, k, element, residual in [(4, 1024, 2048, 2, True), (33, 1024, 2048, 2, True), (32, 2048, 2048, 2, True),
+                                       (32, 1024, 1024, 2, True), (32, 1024, 2048, 4, True), (32, 1024, 2048, 2, False)]:
+        assert wide_tiles(m, n, k, element, residual) is None, (m, n, k, element, residual)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [2048, 3072])
+def test_wide_tiles_products_are_the_eager_composition(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fused_linear`` with ``wide_tiles``'s tiles (bfloat16, residual add, plain and int8
+    weights) equals its eager form at 5-32 rows, partial row tiles included."""
+    from wyoming_qwen3tts.engine.batched.kernels.weight import wide_tiles
+
+    monkeypatch.setenv("QWEN3TTS_WIDE_TILES", "1")
+    gen = torch.Generator().manual_seed(13)
+    n, dtype = 1024, torch.bfloat16
+    for m in (5, 8, 16, 20, 32):
+        tile = wide_tiles(m, n, k, 2, True)
+        assert tile is not None
+        for int8 in (False, True):
+            x = rand(m, k, device="cuda", dtype=dtype, gen=gen)
+            w = torch.randn(n, k, generator=gen) / k**0.5
+            if int8:
+                q, scale = quantize_rows(w)
+                weight = linear.Weight(q.cuda(), scale.cuda(), None)
+            else:
+                weight = linear.Weight(w.to(device="cuda", dtype=dtype), None, None)
+            r = rand(m, n, device="cuda", dtype=dtype, gen=gen)
+            y = linear.fused_linear(x, weight, residual=r, tiles=linear.Tiles(*tile, dot=True))
+            ref = linear.fused_linear_eager(x.float(), linear.Weight(weight.dense(torch.float32), None, None),
+                                            residual=r.float())
+            assert y.shape == (m, n) and y.dtype == dtype
+            torch.testing.assert_close(y.float(), ref, atol=0.12, rtol=3e-2)

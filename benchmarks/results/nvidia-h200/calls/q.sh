@@ -19,6 +19,12 @@
 #   5: the linear sweep, predictor shapes, rows 8, 16 and 32, every tile
 # Stop 44: call 6 is call 1 with the PDL profile (timed in stop 41) replaced by call 5's sweep
 # in the time left.
+#   7: (after call 6 found the im2col kernel's past update refused by Triton's compiler and the
+#      codebook test's reference in TF32) the codec and kernel GPU tests; the frame profile at
+#      batch 1, 8 and 32, then at 8 and 32 with QWEN3TTS_WIDE_TILES=1 (call 6's sweep: the
+#      predictor's residual products fused at 5-32 rows) and the fused step's codes with it;
+#      then the rest of `pytest -m gpu` but test_memory_gpu.py in the time left
+#   8: test_memory_gpu.py alone (its full-size checkpoints built by call 7)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -76,4 +82,25 @@ case "${1:-1}" in
      timeout $(( 585 - ($(date +%s) - s) )) python3 -m benchmarks.linear_sweep --out "$OUT/linear" --rows 8,16,32 \
        --tiles --tile-rows 8,16,32 --shapes predictor > "$OUT/linear/sweep.log" 2>&1; echo "sweep rc $? at $(since)"
      tail -20 "$OUT/linear/sweep.log" ;;
+  7) CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
+     mkdir -p "$OUT/tests" "$OUT/rest"
+     OUT="$OUT/tests" TESTS_S=200 TESTS="tests/test_codec_kernels.py tests/test_kernels.py -n 4 -rf" \
+       bash benchmarks/gpu.sh tests | tail -8
+     echo "tests at $(since)"
+     profile "$OUT/profile" 200 1,8,32
+     QWEN3TTS_WIDE_TILES=1 profile "$OUT/profile-wide" 120 8,32
+     QWEN3TTS_WIDE_TILES=1 timeout 100 python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_kernels.py \
+       -k "fused_step or wide" 2>&1 | tail -4; echo "wide step tests at $(since)"
+     timeout $(( 585 - ($(date +%s) - s) )) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -n 4 -rfs \
+       --ignore tests/test_memory_gpu.py --ignore tests/test_codec_kernels.py --ignore tests/test_kernels.py \
+       2>&1 | tee "$OUT/rest/gpu-tests.log" | tail -16
+     echo "rest at $(since)" ;;
+  8) mkdir -p "$OUT/memory"
+     for kind in voice_design base; do
+       python3 -m wyoming_qwen3tts.testing.checkpoint ".ckpt/full/$kind" --type "$kind" --size full > /dev/null
+     done
+     echo "checkpoints at $(since)"
+     timeout $(( 585 - ($(date +%s) - s) )) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -rf \
+       tests/test_memory_gpu.py 2>&1 | tee "$OUT/memory/gpu-tests.log" | tail -12
+     echo "memory tests at $(since)" ;;
 esac

@@ -100,11 +100,12 @@ def _im2col_kernel(
         if tl.program_id(1) == 0:
             i = tl.arange(0, CONTEXT)[None, :]
             keep = (bc < rows) & (i < context)
-            src = length + i - context  # (past ++ x)[length + i], as an index into x
-            xv = tl.load(x_row + src, mask=keep & (src >= 0), other=0.0)
-            pv = tl.load(past_row + length + i, mask=keep & (src < 0), other=0.0)
+            # New names: Triton refuses a name redefined with another shape inside a runtime if.
+            at = length + i - context  # (past ++ x)[length + i], as an index into x
+            new_x = tl.load(x_row + at, mask=keep & (at >= 0), other=0.0)
+            new_past = tl.load(past_row + length + i, mask=keep & (at < 0), other=0.0)
             tl.debug_barrier()
-            tl.store(past_row + i, tl.where(src >= 0, xv, pv), mask=keep)
+            tl.store(past_row + i, tl.where(at >= 0, new_x, new_past), mask=keep)
 
 
 #: Elements per program and tap (a tile of ``TILE // BLOCK_T`` rows, each with all its taps).
