@@ -523,6 +523,7 @@ def test_your_override_of_the_default_voice_can_be_deleted_from_the_page(
     assert status == 201, body
     page.reload()
     expect(row(page, "aria")).to_contain_text("default")
+    expect(row(page, "aria").locator(".override-mark")).to_have_text("overrides the shipped preset")
     remove = row(page, "aria").get_by_role("button", name="Delete")
     expect(remove).to_have_attribute("title", re.compile("the shipped preset aria comes back"))
     shot = tmp_path / "override.png"
@@ -591,3 +592,158 @@ def test_an_automatic_default_clone_can_be_deleted_from_the_page_a_pinned_one_ca
     finally:
         context.close()
         stop_server(srv)
+
+
+#: The widths the new hint and marks are looked at in (a desktop window, a phone).
+WIDTHS = (1280, 390)
+
+
+def fits(page: Page) -> bool:
+    """Whether the page is no wider than its window."""
+    return bool(page.evaluate("document.documentElement.scrollWidth <= innerWidth"))
+
+
+def test_a_clone_only_server_with_no_voice_says_how_to_add_one_and_offers_no_design(
+    browser: Browser, checkpoints: Path, tmp_path: Path
+) -> None:
+    """The clone model alone and no clip: the page showed an empty table and a 'Design a
+    voice' form whose requests the server refuses. Now the table's place says how to add the
+    first voice, as the server's start-up warning does (upload it here, or copy a clip and
+    its transcript into the voices folder, named), and the design section says it is not
+    available and why, learnt from ``GET /v1/models``; the first upload replaces the hint
+    with the voice, the default."""
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    srv = start_server(
+        checkpoints, voices, tmp_path / "server.log",
+        extra=["--no-zeroconf", "--design-model", "none", "--custom-voice-model", "none"],
+    )
+    clip = tmp_path / "First.wav"
+    sf.write(clip, tone(2.0), 24000)
+    try:
+        warning = next(line for line in srv.output().splitlines() if "No voice yet" in line)
+        for width in WIDTHS:
+            context = browser.new_context(viewport={"width": width, "height": 900})
+            try:
+                page = context.new_page()
+                page.set_default_timeout(STEP_MS)
+                page.goto(srv.http_url + "/")
+                hint = page.locator("#voices-empty")
+                expect(hint).to_be_visible()
+                expect(hint).to_contain_text("No voice yet.")
+                expect(hint).to_contain_text("Upload one under Clone a voice on this page, or copy <id>.wav and its "
+                                             f"transcript <id>.txt into the voices folder {voices.resolve()}")
+                # the wording of the server's WARNING
+                expect(hint).to_contain_text("it is spoken at once, without a restart, and becomes the default voice")
+                assert "it is spoken at once, without a restart, and becomes the default voice" in warning
+                expect(page.locator("#voices")).to_be_hidden()  # no empty table
+                expect(page.locator("#design-off")).to_contain_text("no VoiceDesign model loaded")
+                expect(page.locator("#design-run")).to_be_hidden()
+                expect(page.locator("#design-description")).to_be_hidden()
+                expect(page.locator("#clone-create")).to_be_visible()
+                expect(page.locator("#clone-off")).to_be_hidden()
+                assert fits(page)
+                page.screenshot(path=str(tmp_path / f"no-voice-{width}.png"), full_page=True)
+            finally:
+                context.close()
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        try:
+            page = context.new_page()
+            page.set_default_timeout(STEP_MS)
+            page.goto(srv.http_url + "/")
+            page.set_input_files("#clone-file", str(clip))
+            page.click("#clone-create")
+            expect(row(page, "First")).to_contain_text("default")
+            expect(page.locator("#voices-empty")).to_be_hidden()
+        finally:
+            context.close()
+    finally:
+        stop_server(srv)
+
+
+def test_voices_in_the_place_of_others_are_marked_and_a_pinned_default_one_can_be_deleted(
+    browser: Browser, checkpoints: Path, tmp_path: Path
+) -> None:
+    """A server started with ``--voice lena`` whose voices folder has a clip ``lena.wav``:
+    the clone is spoken in place of the shipped preset ``lena``, and ``ryan.wav`` in place of
+    the built-in speaker. The page marks both ('overrides the shipped preset', 'overrides
+    the built-in speaker'; it said nothing), and offers Delete for the default ``lena``: the
+    name stays (the shipped preset serves it), so the server allows it (it refused with
+    ``default-voice``, and the page hid Delete). After the delete the shipped ``lena`` is
+    the default again, without Delete; ``solo``, over nothing, has no mark."""
+    import json
+
+    from .test_studio import call
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    for name in ("lena", "ryan", "solo"):
+        sf.write(voices / f"{name}.wav", tone(1.5), 24000)
+        (voices / f"{name}.txt").write_text(CLONE_TRANSCRIPT)
+    srv = start_server(
+        checkpoints, voices, tmp_path / "server.log",
+        extra=["--no-zeroconf", "--anchors", "off", "--voice", "lena"],
+    )
+    try:
+        for width in WIDTHS:
+            context = browser.new_context(viewport={"width": width, "height": 900})
+            try:
+                page = context.new_page()
+                page.set_default_timeout(STEP_MS)
+                page.goto(srv.http_url + "/")
+                expect(row(page, "lena")).to_contain_text("default")
+                expect(row(page, "lena").locator(".override-mark")).to_have_text("overrides the shipped preset")
+                expect(row(page, "ryan").locator(".override-mark")).to_have_text("overrides the built-in speaker")
+                expect(row(page, "solo")).to_contain_text("Clone")
+                expect(row(page, "solo").locator(".override-mark")).to_have_count(0)
+                expect(row(page, "lena").get_by_role("button", name="Delete")).to_be_visible()
+                expect(page.locator("#design-run")).to_be_visible()  # the VoiceDesign model is loaded
+                problems = page.evaluate(LAYOUT_PROBLEMS, ["lena", "ryan", "solo"])
+                assert not problems, problems
+                row(page, "lena").scroll_into_view_if_needed()  # the table scrolls: lena and ryan in view
+                page.locator(".table-wrap").screenshot(path=str(tmp_path / f"overrides-{width}.png"))
+                row(page, "ryan").scroll_into_view_if_needed()
+                row(page, "ryan").screenshot(path=str(tmp_path / f"overrides-speaker-{width}.png"))
+            finally:
+                context.close()
+
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        try:
+            page = context.new_page()
+            page.set_default_timeout(STEP_MS)
+            page.goto(srv.http_url + "/")
+            asked: list[str] = []
+            page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
+            row(page, "lena").get_by_role("button", name="Delete").click()
+            expect(page.locator("#message")).to_contain_text("Deleted your lena: the shipped preset lena is back.")
+            assert asked and "the shipped preset lena comes back in its place, as the default voice" in asked[0], asked
+            expect(row(page, "lena")).to_contain_text("Preset")
+            expect(row(page, "lena")).to_contain_text("default")
+            expect(row(page, "lena").get_by_role("button", name="Delete")).to_have_count(0)
+            expect(row(page, "lena").locator(".override-mark")).to_have_count(0)
+        finally:
+            context.close()
+        listing = json.loads(run_async(call(srv, "GET", "/v1/audio/voices", auth=False))[1])
+        lena = next(v for v in listing["voices"] if v["name"] == "lena")
+        assert listing["default"] == "lena" and listing["default_pinned"] is True and lena["source"] == "shipped"
+        assert not (voices / "lena.wav").exists() and not (voices / "lena.txt").exists()
+        assert "clone voice lena deleted; the shipped preset lena is back" in srv.output()
+    finally:
+        stop_server(srv)
+
+
+def test_the_clone_section_says_so_when_the_server_lists_no_clone_model(page: Page) -> None:
+    """The page reads what it may offer from ``GET /v1/models``: with the clone model's name
+    left out of that list (a server started with ``--clone-model none``), the clone section
+    says it is not available and why, instead of a form whose uploads are refused."""
+
+    def no_clone(route: Any) -> None:  # the list of a server whose clone model is off
+        body = route.fetch().json()
+        route.fulfill(json={**body, "data": [m for m in body["data"] if m["id"] not in ("qwen3-tts-clone", "qwen3-tts-base")]})
+
+    expect(page.locator("#clone-create")).to_be_visible()
+    page.route("**/v1/models", no_clone)
+    page.reload()
+    expect(page.locator("#clone-off")).to_contain_text("no clone (Base) model loaded")
+    expect(page.locator("#clone-create")).to_be_hidden()
+    expect(page.locator("#design-run")).to_be_visible()

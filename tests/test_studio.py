@@ -637,7 +637,8 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
 
         # HTTP: empty listings, probes as usual, and OpenAI's error shape from the SDK.
         status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
-        assert status == 200 and json.loads(body) == {"default": None, "default_pinned": False, "voices": []}
+        empty = {"default": None, "default_pinned": False, "voices": [], "voices_folder": str(voices.resolve())}
+        assert status == 200 and json.loads(body) == empty  # the folder: the studio's hint names it
         status, described = await call(srv, "GET", "/openapi.json", auth=False)
         document = json.loads(described)
         listing = {**document["components"]["schemas"]["VoiceList"], "components": document["components"]}
@@ -686,7 +687,7 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
         status, body = await call(srv, "DELETE", "/v1/audio/voices/First", auth=False)
         assert status == 200, body
         status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
-        assert status == 200 and json.loads(body) == {"default": None, "default_pinned": False, "voices": []}
+        assert status == 200 and json.loads(body) == empty
         async with AsyncTcpClient("127.0.0.1", srv.port) as client:
             refused = await _wyoming_exchange(client, Synthesize(text="Hello there."), until="audio-stop")
             assert Error.from_event(refused[0]).code == "no-voices" and "First" not in Error.from_event(refused[0]).text
@@ -774,8 +775,10 @@ async def test_an_override_of_the_default_voice_can_be_deleted_and_the_shipped_p
         assert status == 201, body
     listed = await voices_of(studio)
     assert listed["aria"]["source"] == "user" and listed["aria"]["overrides"] is True
+    assert listed["aria"]["shadows"] == "shipped"
     assert {"alloy", "shimmer", "coral"} <= set(listed["aria"]["aliases"])
     assert "overrides" not in listed["clone"] and "overrides" not in listed["james"]
+    assert listed["clone"]["shadows"] is None and "shadows" not in listed["james"]
 
     status, body = await call(studio, "DELETE", "/v1/audio/voices/aria")
     assert status == 200 and json.loads(body) == {"deleted": "aria"}, body
@@ -783,6 +786,7 @@ async def test_an_override_of_the_default_voice_can_be_deleted_and_the_shipped_p
     listing = json.loads(body)
     aria = next(v for v in listing["voices"] if v["name"] == "aria")
     assert listing["default"] == "aria" and aria["source"] == "shipped" and "overrides" not in aria
+    assert "shadows" not in aria
     assert {"alloy", "shimmer", "coral"} <= set(aria["aliases"])
     assert "aria" not in {k.casefold() for k in tomllib.loads(presets.read_text())}
     assert "voice aria deleted; the shipped preset aria is back" in studio.output()
@@ -800,7 +804,8 @@ async def test_an_override_of_the_default_voice_can_be_deleted_and_the_shipped_p
     assert status == 200 and json.loads(body)["name"] == "robot", body
     listed = await voices_of(studio)
     assert listed["aria"]["source"] == "shipped" and listed["robot"]["source"] == "user"
-    assert listed["robot"]["overrides"] is False and listed["robot"]["languages"] == ["de"]
+    assert listed["robot"]["overrides"] is False and listed["robot"]["shadows"] is None
+    assert listed["robot"]["languages"] == ["de"]
     status, _ = await call(studio, "DELETE", "/v1/audio/voices/robot")
     assert status == 200
 
@@ -968,3 +973,65 @@ async def test_a_clip_named_with_spaces_or_decomposed_accents_is_listed_spoken_r
     status, body = await call(studio, "DELETE", "/v1/audio/voices/trail%20moved")
     assert status == 200, body
     assert not {"trail", "trail moved", nfc} & set(await voices_of(studio))
+
+
+# --- voices in the place of another of their name ---------------------------------------------
+
+
+def test_a_pinned_default_may_go_exactly_when_a_voice_of_its_name_lies_beneath_it(tmp_path: Path) -> None:
+    """The listing's ``shadows`` names what a voice of the user's is spoken in place of: a
+    clone over a shipped preset (``lena``), a built-in speaker (``ryan``) or the user's
+    preset (``camille``, itself over the shipped one), a user preset over a shipped one
+    (``mateo``). Deleting or renaming such a voice leaves the name served, so a default voice
+    chosen with ``--voice`` may go then; a clone over nothing (``solo``) stays protected.
+    A default clone ``lena`` over the shipped preset was refused with ``default-voice``
+    (the page hid Delete), though a user preset in its place could go."""
+    from wyoming_qwen3tts.library import VoiceEditError, VoiceLibrary
+    from wyoming_qwen3tts.metrics import Metrics
+    from wyoming_qwen3tts.service import TtsService
+    from wyoming_qwen3tts.studio import listed_voice
+    from wyoming_qwen3tts.voices import ModelKind, VoiceCatalog, VoiceSource
+
+    for name in ("lena", "ryan", "camille", "solo"):
+        sf.write(tmp_path / f"{name}.wav", tone(1.0), 24000)
+    (tmp_path / "presets.toml").write_text(
+        '[mateo]\nlanguage = "es"\ninstruct = "A robot voice."\n\n[camille]\nlanguage = "fr"\ninstruct = "A calm voice."\n'
+    )
+    kinds = {ModelKind.BASE, ModelKind.VOICE_DESIGN, ModelKind.CUSTOM_VOICE}
+    catalog = VoiceCatalog(tmp_path, kinds, custom_speakers=["ryan"])
+    service = TtsService(catalog, {}, "lena", Metrics(), default_explicit=True)
+    listed = {v.name: listed_voice(service, v) for v in catalog.voices()}
+    shadows = {name: listed[name].get("shadows", "absent") for name in ("lena", "ryan", "camille", "mateo", "solo", "aria")}
+    assert shadows == {"lena": "shipped", "ryan": "builtin", "camille": "user", "mateo": "shipped", "solo": None, "aria": "absent"}
+    assert "overrides" not in listed["lena"] and listed["mateo"]["overrides"] is True
+
+    library = VoiceLibrary(catalog, lambda: service.pinned_default)
+    assert library.delete("lena").source is VoiceSource.CLONE  # refused with default-voice before
+    assert catalog.get("lena").source is VoiceSource.SHIPPED and service.default_voice == "lena"
+    with pytest.raises(VoiceEditError) as refused:  # the shipped preset itself stays
+        library.delete("lena")
+    assert refused.value.code == "shipped-preset"
+
+    for default, edit in [("ryan", lambda: library.rename("ryan", "ryan two")), ("camille", lambda: library.delete("camille"))]:
+        service = TtsService(catalog, {}, default, Metrics(), default_explicit=True)
+        library = VoiceLibrary(catalog, lambda: service.pinned_default)
+        edit()
+        assert catalog.get(default).source is not VoiceSource.CLONE and service.default_voice == default
+    assert catalog.get("ryan").source is VoiceSource.BUILTIN and catalog.get("camille").source is VoiceSource.USER
+
+    service = TtsService(catalog, {}, "solo", Metrics(), default_explicit=True)
+    library = VoiceLibrary(catalog, lambda: service.pinned_default)
+    for edit in (lambda: library.delete("solo"), lambda: library.rename("solo", "duo")):
+        with pytest.raises(VoiceEditError) as refused:
+            edit()
+        assert (refused.value.status, refused.value.code) == (409, "default-voice")
+
+    # Without the VoiceDesign model no preset is served: a clone lena takes no name, and
+    # as the --voice default it stays.
+    sf.write(tmp_path / "lena.wav", tone(1.0), 24000)
+    clones_only = VoiceCatalog(tmp_path, {ModelKind.BASE})
+    service = TtsService(clones_only, {}, "lena", Metrics(), default_explicit=True)
+    assert listed_voice(service, clones_only.get("lena"))["shadows"] is None
+    with pytest.raises(VoiceEditError) as refused:
+        VoiceLibrary(clones_only, lambda: service.pinned_default).delete("lena")
+    assert refused.value.code == "default-voice"

@@ -334,17 +334,21 @@ async def voices(request: web.Request) -> web.Response:
 
     Each voice: ``id`` and ``name`` (the same), ``kind``, ``model`` (the model name that
     selects its kind), ``summary``, ``languages`` (BCP-47), ``aliases``, and the studio's
-    ``source``, ``served``, ``anchor`` and ``overrides`` (``studio.listed_voice``). A server with no
-    voice yet (the clone model alone, no clip) answers ``{"default": null, ..., "voices": []}``.
+    ``source``, ``served``, ``anchor``, ``shadows`` and ``overrides`` (``studio.listed_voice``). A
+    server with no voice yet (the clone model alone, no clip) answers ``{"default": null, ...,
+    "voices": []}``. ``voices_folder``: the voices folder's absolute path on the server (null:
+    none), where clips and their transcripts may be copied (the studio's hint names it).
     """
     service = request.app[_SERVICE_KEY]
     await service.catalog.refresh_async()
     listed = sorted(service.catalog.voices(), key=lambda v: v.name)
+    folder = service.catalog.voices_dir
     return web.json_response(
         {
             "default": service.default_voice,
             "default_pinned": service.pinned_default is not None,  # --voice: the studio keeps it
             "voices": [listed_voice(service, v) for v in listed],  # with the studio's fields
+            "voices_folder": str(folder.resolve()) if folder is not None else None,
         }
     )
 

@@ -254,7 +254,8 @@ class VoiceLibrary:
     Args:
         catalog: the server's catalogue; its ``voices_dir`` is written.
         default_voice: the server's explicit default voice (``--voice``), which cannot be
-            renamed or deleted: its name, or a function that says it at each edit
+            renamed or deleted unless another voice of its name lies beneath it
+            (``editable``): its name, or a function that says it at each edit
             (``TtsService.pinned_default``); None: none is protected (an automatic default
             may go: the next request picks another, ``TtsService.default_voice``).
     """
@@ -378,9 +379,10 @@ class VoiceLibrary:
             self._reserved.discard(name.casefold())
 
     def editable(self, name: str) -> Voice:
-        """The voice ``name`` (or alias), if the studio may rename or delete it. The default
-        voice may not go, unless it is a user preset overriding a shipped one: the name
-        stays, spoken by the shipped preset again.
+        """The voice ``name`` (or alias), if the studio may rename or delete it. An explicit
+        default voice (``--voice``) may not go, unless it takes the name of another voice
+        (``VoiceCatalog.beneath``: a user preset's shipped preset; a clone's preset or
+        speaker): the name stays, spoken by that voice again.
 
         Raises:
             VoiceEditError: 404 ``unknown-voice`` or 403 ``shipped-preset`` (409
@@ -406,8 +408,8 @@ class VoiceLibrary:
             message = f"{voice.name!r} is a built-in speaker of the CustomVoice model"
             raise VoiceEditError(403, "builtin-speaker", message, "voice")
         default = self.default_voice
-        # An override of a shipped preset may go: the shipped one comes back under its name.
-        if default is not None and voice.name.casefold() == default.casefold() and not overrides_shipped(self.catalog, voice):
+        # A voice over another of its name may go: the one beneath serves the name again.
+        if default is not None and voice.name.casefold() == default.casefold() and self.catalog.beneath(voice) is None:
             message = (
                 f"{voice.name!r} is the server's default voice (--voice), spoken when a request names "
                 "none: choose another first (--voice, the add-on's voice option) and restart"

@@ -80,18 +80,35 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "boolean",
                 "description": "User presets only: it overrides a shipped preset of its name, which deleting it brings back.",
             },
+            "shadows": {
+                "type": ["string", "null"],
+                "enum": ["shipped", "user", "builtin", None],
+                "description": (
+                    "User presets and clones only: the source of the voice of its name that it takes the place of "
+                    "(a user preset over a shipped one; a clone over a preset or speaker), which deleting or renaming "
+                    "it brings back; null: none, the name goes with it. The default voice may be deleted or renamed, "
+                    "also when chosen with --voice, exactly when this is not null."
+                ),
+            },
         },
     },
     "VoiceList": {
         "type": "object",
-        "required": ["default", "default_pinned", "voices"],
+        "required": ["default", "default_pinned", "voices", "voices_folder"],
         "properties": {
             "default": {"type": ["string", "null"], "description": "null while no voice exists yet"},
             "default_pinned": {
                 "type": "boolean",
-                "description": "The default was chosen with --voice: the studio cannot delete or rename it",
+                "description": (
+                    "The default was chosen with --voice: the studio cannot delete or rename it, unless it takes "
+                    "the name of another voice (its shadows), which then serves the name"
+                ),
             },
             "voices": {"type": "array", "items": {"$ref": "#/components/schemas/Voice"}},
+            "voices_folder": {
+                "type": ["string", "null"],
+                "description": "The voices folder's absolute path on the server, for clips and transcripts copied in; null: none",
+            },
         },
     },
     "Model": {

@@ -79,6 +79,11 @@ _CANDIDATES_KEY = web.AppKey("studio_candidates", OrderedDict)
 _SERVICE_KEY = web.AppKey("studio_service", TtsService)
 #: One studio edit at a time on this server (``_edit``).
 _EDITS_KEY = web.AppKey("studio_edits", asyncio.Lock)
+#: How the log names a voice of each source.
+_WHAT = {
+    VoiceSource.SHIPPED: "shipped preset", VoiceSource.USER: "preset",
+    VoiceSource.BUILTIN: "CustomVoice speaker", VoiceSource.CLONE: "clone voice",
+}
 
 
 @dataclass(frozen=True)
@@ -176,14 +181,21 @@ def _string(body: dict[str, Any], name: str, required: bool = False) -> str | No
 
 def listed_voice(service: TtsService, voice: Voice) -> dict[str, Any]:
     """A voice as ``GET /v1/audio/voices`` lists it: ``http_common.voice_json``, how it is
-    served (``TtsService.voice_info``) and, for a user preset, ``overrides``: whether it
-    overrides a shipped preset of its name, which deleting it brings back (the default
-    voice's name included)."""
+    served (``TtsService.voice_info``) and, for the user's voices (a user preset or a clone):
+
+    * ``shadows``: the source ("shipped", "user", "builtin") of the voice of its name that
+      it takes the place of (``VoiceCatalog.beneath``), which deleting or renaming it brings
+      back; None when there is none. The studio may delete or rename an explicit default
+      voice (``--voice``) exactly when this is not None: the name stays served.
+    * ``overrides`` (user presets only): whether it overrides a shipped preset of its name.
+    """
     listed = {**_listed_json(voice), **service.voice_info(voice)}
+    if voice.source in (VoiceSource.USER, VoiceSource.CLONE):
+        under = service.catalog.beneath(voice)
+        listed["shadows"] = under.source.value if under is not None else None
     if voice.source is VoiceSource.USER:
         listed["overrides"] = overrides_shipped(service.catalog, voice)
     return listed
-
 
 
 def _wav_response(audio: np.ndarray, sample_rate: int, name: str) -> web.Response:
@@ -301,14 +313,15 @@ async def rename(request: web.Request) -> web.Response:
 
 @_edits
 async def delete(request: web.Request) -> web.Response:
-    """``DELETE /v1/audio/voices/{id}``: ``{"deleted": name}``. Deleting a user preset that
-    overrides a shipped one (the default voice's too) brings the shipped one back."""
+    """``DELETE /v1/audio/voices/{id}``: ``{"deleted": name}``. Deleting a voice that took
+    another's name (a user preset over a shipped one, a clone over a preset or speaker: the
+    listing's ``shadows``; the default voice's too) brings that one back."""
     service, library = request.app[_SERVICE_KEY], request.app[_LIBRARY_KEY]
     voice = await _edit(request, library.delete, request.match_info["voice"])
-    back = service.catalog.find(voice.name) if voice.source is VoiceSource.USER else None
-    if back is not None and service.anchors is not None:
-        service.anchors.changed()  # the shipped preset's anchor, if it has none yet
-    restored = f"; the {back.source.value} preset {back.name} is back" if back is not None else ""
+    back = service.catalog.find(voice.name)  # the voice it took the name of, if any
+    if back is not None and back.kind is ModelKind.VOICE_DESIGN and service.anchors is not None:
+        service.anchors.changed()  # the preset's anchor, if it has none yet
+    restored = f"; the {_WHAT[back.source]} {back.name} is back" if back is not None else ""
     _LOGGER.info("Voice studio: %s voice %s deleted%s", voice.source.value, voice.name, restored)
     return web.json_response({"deleted": voice.name})
 

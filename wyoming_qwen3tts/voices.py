@@ -658,12 +658,8 @@ class VoiceCatalog:
         another's alias (a clone ``nova`` is ``nova``, and ``aria`` loses that alias); the
         server logs each such shadow once, at WARNING."""
         merged: dict[str, Voice] = {}
-        sources: list[Mapping[str, Voice]] = []
-        if ModelKind.VOICE_DESIGN in self.kinds:
-            sources += [self.shipped, self._user_presets]
-        sources += [self._speakers, self._clones]
         shadows: list[tuple[Voice, Voice]] = []
-        for source in sources:
+        for _, source in self._layers():
             for voice in source.values():
                 key = name_key(voice.name)
                 earlier = merged.get(key)
@@ -696,6 +692,28 @@ class VoiceCatalog:
                                     owner.name, alias, _WHAT[new.source])
             self._shadows_said = said
         return list(merged.values())
+
+    def _layers(self) -> list[tuple[VoiceSource, Mapping[str, Voice]]]:
+        """The voices by source, lowest first: a later layer's voice takes the name of an
+        earlier one's (shipped presets, the user's presets, speakers, clones)."""
+        layers: list[tuple[VoiceSource, Mapping[str, Voice]]] = []
+        if ModelKind.VOICE_DESIGN in self.kinds:
+            layers += [(VoiceSource.SHIPPED, self.shipped), (VoiceSource.USER, self._user_presets)]
+        return layers + [(VoiceSource.BUILTIN, self._speakers), (VoiceSource.CLONE, self._clones)]
+
+    def beneath(self, voice: Voice) -> Voice | None:
+        """The voice that ``voice`` takes the name of (``name_key``), which serves that name
+        again once ``voice`` is deleted or renamed: a user preset's shipped preset; a clone's
+        speaker, user preset or shipped preset (the topmost of them, as ``voices`` layers
+        them). None when there is none (the name goes with ``voice``), and for a voice of
+        no layer (a shipped preset while the VoiceDesign model is off)."""
+        key = name_key(voice.name)
+        found: Voice | None = None
+        for source, layer in self._layers():
+            if source is voice.source:
+                return found
+            found = next((v for v in layer.values() if name_key(v.name) == key), found)
+        return None
 
     def find(self, name: str) -> Voice | None:
         """The voice of this name or alias (compared by ``name_key``: in any case, composed or

@@ -14,7 +14,15 @@ const GREETINGS = {
 };
 
 const $ = (id) => document.getElementById(id);
-const state = {voices: [], defaultVoice: null, defaultPinned: false, playingButton: null, tryAbort: null, recorded: null};
+const state = {voices: [], defaultVoice: null, defaultPinned: false, voicesFolder: null,
+    models: null, playingButton: null, tryAbort: null, recorded: null};
+// What a voice of the user's takes the place of (the listing's "shadows"), as the page names it.
+const BENEATH = {shipped: "shipped preset", user: "preset", builtin: "built-in speaker"};
+const OVERRIDE_MARKS = {shipped: "overrides the shipped preset", user: "overrides your preset",
+    builtin: "overrides the built-in speaker"};
+// GET /v1/models lists these names exactly when the server has the model loaded.
+const DESIGN_MODEL = "qwen3-tts-voice-design";
+const CLONE_MODEL = "qwen3-tts-clone";
 // Read by the browser tests: what the streaming player received and scheduled.
 window.studioStats = {streamBytes: 0, streamChunks: 0, streamDone: false, samplesEnded: 0};
 
@@ -130,6 +138,10 @@ function servedCell(voice) {
     return el("span", {textContent: voice.served});
 }
 
+// Voice names compare as the server compares them: in any case, composed or not, spaces aside.
+const nameKey = (name) => (name || "").normalize("NFC").trim().toLowerCase();
+const sameName = (a, b) => a != null && b != null && nameKey(a) === nameKey(b);
+
 function languagesText(codes) {
     return codes.length >= 10 ? "all ten" : codes.join(" ");
 }
@@ -146,7 +158,56 @@ async function loadVoices() {
     state.voices = listing.voices.slice().sort((a, b) => a.name.localeCompare(b.name, undefined, {sensitivity: "base"}));
     state.defaultVoice = listing.default;
     state.defaultPinned = listing.default_pinned === true;
+    state.voicesFolder = listing.voices_folder || null;
+    try {
+        const models = await (await api("v1/models")).json();
+        state.models = models.data.map((model) => model.id);
+    } catch (error) {
+        if (error.status !== 401) fail(error);  // what it can do stays unknown: all is offered
+    }
+    renderModels();
     renderVoices();
+}
+
+// A section whose model is off says so instead of offering what the server refuses.
+function renderModels() {
+    const known = state.models !== null;
+    const canDesign = !known || state.models.includes(DESIGN_MODEL);
+    const canClone = !known || state.models.includes(CLONE_MODEL);
+    $("design-body").hidden = !canDesign;
+    $("design-off").hidden = canDesign;
+    $("design-off").textContent = canDesign ? "" : "Not available: this server has no VoiceDesign model loaded, " +
+        "so it cannot design voices (or speak presets). Enable it (--design-model; the add-on's design_model " +
+        "option) and restart the server to design voices here.";
+    $("clone-body").hidden = !canClone;
+    $("clone-off").hidden = canClone;
+    $("clone-off").textContent = canClone ? "" : "Not available: this server has no clone (Base) model loaded, " +
+        "so it cannot clone voices. Enable it (--clone-model) and restart the server to clone voices here.";
+}
+
+// No voice yet (the clone model alone, no clip): how to add the first one, as the server's
+// start-up warning says it.
+function renderEmptyHint() {
+    const hint = $("voices-empty");
+    const empty = state.voices.length === 0;
+    hint.hidden = !empty;
+    $("voices").closest(".table-wrap").hidden = empty;
+    if (!empty) return;
+    const folder = state.voicesFolder
+        ? [document.createTextNode("the voices folder "), el("code", {className: "folder", textContent: state.voicesFolder})]
+        : [document.createTextNode("the server's voices folder")];
+    const upload = $("clone-body").hidden ? [] : [
+        document.createTextNode("Upload one under "), el("a", {href: "#clone-section", textContent: "Clone a voice"}),
+        document.createTextNode(" on this page, or copy "),
+    ];
+    hint.replaceChildren(
+        el("strong", {textContent: "No voice yet. "}),
+        ...(upload.length ? upload : [document.createTextNode("Copy ")]),
+        el("code", {textContent: "<id>.wav"}), document.createTextNode(" and its transcript "),
+        el("code", {textContent: "<id>.txt"}), document.createTextNode(" into "), ...folder,
+        document.createTextNode(" (then Reload this list): it is spoken at once, without a restart, " +
+            "and becomes the default voice."),
+    );
 }
 
 function renderVoices() {
@@ -154,14 +215,22 @@ function renderVoices() {
     body.replaceChildren();
     for (const voice of state.voices) {
         const [kindText, kindClass] = KINDS[voice.kind] || [voice.kind, ""];
+        const isDefault = sameName(voice.name, state.defaultVoice);
         const nameCell = el("td", {className: "name"}, [el("span", {className: "voice-name", textContent: voice.name})]);
-        if (voice.name === state.defaultVoice) nameCell.append(el("span", {className: "default-mark", textContent: "default"}));
+        if (isDefault) nameCell.append(el("span", {className: "default-mark", textContent: "default"}));
+        const beneath = BENEATH[voice.shadows];
+        if (beneath) {
+            nameCell.append(el("span", {className: "override-mark", textContent: OVERRIDE_MARKS[voice.shadows],
+                title: `Your ${voice.source === "user" ? "preset" : "clone"} ${voice.name} is spoken in place of the ` +
+                    `${beneath} ${voice.name}; deleting or renaming it brings that one back`}));
+        }
         if (voice.aliases.length) nameCell.append(el("span", {className: "aliases", textContent: voice.aliases.join(", ")}));
-        // A default chosen with --voice stays, unless it is your override of a shipped preset:
-        // deleting or renaming that leaves the name to the shipped preset. An automatic default
-        // may go: the server picks the next (the server allows exactly these).
+        // The server's rule (library.VoiceLibrary.editable): your voices (presets and clones)
+        // may be renamed or deleted; a default voice chosen with --voice (default_pinned) only
+        // when it takes the place of another voice of its name (shadows), which then serves
+        // the name; a default the server chose may go (it picks the next).
         const editable = (voice.source === "user" || voice.source === "clone")
-            && (voice.name !== state.defaultVoice || voice.overrides === true || !state.defaultPinned);
+            && (!isDefault || !state.defaultPinned || Boolean(beneath));
         const actions = el("td", {className: "actions"}, [
             button("▶ Play", (event) => playSample(voice, event.currentTarget)),
             button("Try", () => { chooseTryVoice(voice.name); $("try-text").focus(); }),
@@ -169,7 +238,7 @@ function renderVoices() {
         if (editable) {
             actions.append(button("Rename", () => startRename(voice, nameCell)));
             const remove = button("Delete", () => deleteVoice(voice), "danger");
-            if (voice.overrides) remove.title = `Delete your preset: the shipped preset ${voice.name} comes back`;
+            if (beneath) remove.title = `Delete your ${voice.source === "user" ? "preset" : "voice"}: the ${beneath} ${voice.name} comes back`;
             actions.append(remove);
         }
         const row = el("tr", {}, [
@@ -184,6 +253,7 @@ function renderVoices() {
         body.append(row);
     }
     $("voice-count").textContent = state.voices.length + (state.voices.length === 1 ? " voice" : " voices");
+    renderEmptyHint();
     const select = $("try-voice");
     const chosen = select.value || state.defaultVoice;
     select.replaceChildren(...state.voices.map((v) => el("option", {value: v.name, textContent: v.name})));
@@ -217,22 +287,25 @@ function startRename(voice, cell) {
 }
 
 function deleteQuestion(voice) {
-    if (voice.overrides) {
-        return `Delete your preset ${voice.name}? It is removed from presets.toml, and the shipped preset ` +
-            `${voice.name} comes back in its place` +
-            (voice.name === state.defaultVoice ? ", as the default voice." : ".");
+    const isDefault = sameName(voice.name, state.defaultVoice);
+    const removed = voice.source === "user" ? "It is removed from presets.toml"
+        : "Its clip and transcript are removed from the voices folder (with any other file of that name)";
+    const beneath = BENEATH[voice.shadows];
+    if (beneath) {
+        return `Delete your ${voice.source === "user" ? "preset" : "voice"} ${voice.name}? ${removed}, and the ` +
+            `${beneath} ${voice.name} comes back in its place` + (isDefault ? ", as the default voice." : ".");
     }
-    if (voice.source === "user") return `Delete the preset ${voice.name}? It is removed from presets.toml.`;
-    return `Delete the voice ${voice.name}? Its clip and transcript are removed from the voices folder ` +
-        "(with any other file of that name)" +
-        (voice.name === state.defaultVoice ? "; the server then picks another default voice." : ".");
+    if (voice.source === "user") return `Delete the preset ${voice.name}? ${removed}.`;
+    return `Delete the voice ${voice.name}? ${removed}` +
+        (isDefault ? "; the server then picks another default voice." : ".");
 }
 
 async function deleteVoice(voice) {
     if (!confirm(deleteQuestion(voice))) return;
     try {
         await api(voiceUrl(voice.name), {method: "DELETE"});
-        say(voice.overrides ? `Deleted your ${voice.name}: the shipped preset ${voice.name} is back.` : `Deleted ${voice.name}.`, "ok");
+        const beneath = BENEATH[voice.shadows];
+        say(beneath ? `Deleted your ${voice.name}: the ${beneath} ${voice.name} is back.` : `Deleted ${voice.name}.`, "ok");
         await loadVoices();
     } catch (error) { fail(error); }
 }
