@@ -644,3 +644,179 @@ def test_the_codec_streamed_frame_by_frame_equals_the_reference_decoder(
     assert streamed.shape == whole.shape
     scale = float(np.abs(whole).max())
     assert scale > 0 and float(np.abs(streamed - whole).max()) < 0.02 * scale, float(np.abs(streamed - whole).max()) / scale
+
+
+class _Queue:
+    """Work handed out as it is put, until ``close`` (a test double of the scheduler)."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self._queue: queue.Queue = queue.Queue()
+        self._closed = threading.Event()
+
+    def put(self, work: object) -> None:
+        self._queue.put(work)
+
+    def take(self, wait: float | None):
+        import queue
+
+        try:
+            return self._queue.get(timeout=wait)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+
+def test_a_clip_handed_over_while_serving_is_prepared_between_requests_on_every_context(
+    gguf: dict[str, tuple[Path, Path]],
+) -> None:
+    """``prime_later`` (a default voice chosen after start) on an ICL engine of two contexts
+    that serves: it returns at once; the idle context prepares the clip (one generation with
+    the clip's codes, which makes it decode the clip) while the other's request is in
+    progress; that context does it only after its request ended; then the clip is prepared
+    (the future says True, a second call has nothing to do). A clip replaced before it was
+    prepared says False; an x-vector clip is extracted once, by one context."""
+    from wyoming_qwen3tts.engine import Work
+
+    engine = GgmlEngine(ModelKind.BASE, *gguf["base"], chunk_frames=1, contexts=2, threads=1, icl=True)
+    index = {id(c): i for i, c in enumerate(engine._contexts)}
+    events: list[tuple[str, int, str]] = []  # (start/end, context, clip: "held", "new" or other)
+    clips = {"held": _reference(None), "new": _reference("A default voice chosen while serving.")}
+
+    def label(kw: dict) -> str:
+        if "ref_codes" in kw:
+            return "new" if kw.get("ref_text") == clips["new"].transcript else "other"
+        return "held" if "ref_spk_emb" in kw else "other"
+
+    for context in engine._contexts:
+        real = context.stream
+
+        def recording(real=real, context=context, **kw):  # type: ignore[no-untyped-def]
+            events.append(("start", index[id(context)], label(kw)))
+            try:
+                yield from real(**kw)
+            finally:
+                events.append(("end", index[id(context)], label(kw)))
+
+        context.stream = recording
+    source = _Queue()
+    held = threading.Event()
+
+    class HeldSink(_Sink):
+        def audio(self, chunk: np.ndarray) -> None:
+            super().audio(chunk)
+            held.wait(120)  # the request stays in progress until released
+
+    sink = HeldSink()
+    try:
+        engine.start(source)
+        source.put(Work(Segment("Hello there.", "english", 6, seed=1, reference=clips["held"]), sink))
+        deadline = time.monotonic() + 120
+        while sink.first is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sink.first is not None
+        busy = next(i for kind, i, what in events if kind == "start" and what == "held")
+        future = engine.prime_later(clips["new"])
+        assert future is not None
+        while ("end", 1 - busy, "new") not in events and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ("end", 1 - busy, "new") in events  # the idle context prepared it meanwhile
+        assert not future.done() and ("start", busy, "new") not in events  # not the busy one
+        held.set()
+        assert future.result(timeout=120) is True and sink.finished.wait(120) and sink.error is None
+        while ("end", busy, "new") not in events and time.monotonic() < deadline + 120:
+            time.sleep(0.05)  # ready at its first audio: its last frame may still be on its way
+        mine = [(kind, what) for kind, i, what in events if i == busy]
+        assert mine == [("start", "held"), ("end", "held"), ("start", "new"), ("end", "new")], events
+        assert engine.prime_later(clips["new"]) is None  # prepared: nothing to do
+        # A clip replaced before it was prepared: False; the one that replaced it: True.
+        replaced = engine.prime_later(_reference("Replaced before it was prepared."))
+        xvector = _reference(None)  # x-vector only: one extraction serves every context
+        xvector = Reference.from_audio(xvector.audio[::-1].copy(), xvector.sample_rate, None)
+        latest = engine.prime_later(xvector)
+        assert replaced is not None and latest is not None
+        assert replaced.result(timeout=120) is False and latest.result(timeout=120) is True
+        assert engine.prime_later(xvector) is None
+    finally:
+        held.set()
+        source.close()
+        engine.join(120)
+        engine.close()
+
+
+def test_a_default_voice_chosen_while_serving_is_prepared_before_its_first_request(
+    ggml_checkpoints: Path, gguf: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """The server as started with ``--ggml-icl``, the clone model alone and an empty voices
+    folder (its studio takes the first clip): the first clip copied in becomes the default
+    voice and is prepared between requests, before anyone asks for it (the log says so, as
+    for a default at start), so a request naming no voice extracts nothing more (no new
+    ``[SpkExtract]`` line of the library). Once that clip is removed the next default is
+    picked and prepared the same way. Without this only a default at start was prepared."""
+    import soundfile as sf
+    from wyoming.audio import AudioChunk, AudioStop
+    from wyoming.client import AsyncTcpClient
+    from wyoming.error import Error
+    from wyoming.tts import Synthesize
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    server = start_server(
+        ggml_checkpoints, voices, tmp_path / "server.log", engine="ggml",
+        extra=[
+            "--no-zeroconf", "--anchors", "off", "--design-model", "none", "--custom-voice-model", "none",
+            "--clone-model", str(gguf["base"][0].parent), "--ggml-icl", "--ggml-streams", "2",
+        ],
+    )
+
+    def copy_in(name: str, freq: float) -> None:
+        t = np.arange(int(1.2 * 24000)) / 24000
+        sf.write(voices / f".{name}.wav", (0.2 * np.sin(2 * np.pi * freq * t)).astype(np.float32), 24000, format="WAV")
+        (voices / f"{name}.txt").write_text(f"Hello, this is {name}.")
+        os.replace(voices / f".{name}.wav", voices / f"{name}.wav")
+
+    def wait_for(line: str) -> str:
+        deadline = time.monotonic() + 180
+        while line not in server.output() and server.alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        output = server.output()
+        assert line in output, output[-3000:]
+        return output
+
+    async def speak_default() -> int:
+        async with AsyncTcpClient("127.0.0.1", server.port) as client:
+            await client.write_event(Synthesize(text="Hello.").event())
+            samples = 0
+            while True:
+                event = await asyncio.wait_for(client.read_event(), 300)
+                assert event is not None and not Error.is_type(event.type), event
+                if AudioChunk.is_type(event.type):
+                    samples += len(AudioChunk.from_event(event).audio)
+                if AudioStop.is_type(event.type):
+                    return samples
+
+    try:
+        assert "No voice yet" in server.output()
+        copy_in("kim", 190.0)
+        log = wait_for("Default voice kim: its clip prepared in")
+        assert log.index("Default voice: kim, the first voice added") < log.index("Default voice kim: its clip prepared")
+        extracted = log.count("[SpkExtract]")
+        assert extracted == 1 + log[: log.index("Ready: Wyoming")].count("[SpkExtract]")  # kim's, while serving
+        assert asyncio.run(speak_default()) > 0
+        assert server.output().count("[SpkExtract]") == extracted  # kim's clip was ready
+
+        copy_in("lee", 260.0)  # not the default: the first voice stays it
+        os.remove(voices / "kim.wav")  # gone: the next one is picked, and prepared
+        log = wait_for("Default voice lee: its clip prepared in")
+        assert "Default voice: lee, as kim is gone" in log
+        extracted = log.count("[SpkExtract]")
+        assert asyncio.run(speak_default()) > 0
+        assert server.output().count("[SpkExtract]") == extracted
+    finally:
+        stop_server(server)

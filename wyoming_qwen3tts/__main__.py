@@ -21,7 +21,7 @@ from wyoming.server import AsyncServer, AsyncTcpServer
 
 from . import __version__
 from .anchors import AnchorMode, Anchors, AnchorStore
-from .clips import ClipPreparer
+from .clips import ClipPreparer, follow_default_voice
 from .discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, resolve_checkpoint
 from .engine.on_demand import DEFAULT_IDLE_S
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--design-model-idle", type=float, default=DEFAULT_IDLE_S, metavar="SECONDS", help="--design-model-memory on-demand: seconds without work before the VoiceDesign model leaves GPU memory")
     parser.add_argument("--ggml-streams", type=int, default=0, help="GGML engine: streams generated at once per model, each a native context with its own copy of the weights (0: chosen from the machine: one per 2 cores, at least 2 so a second client is heard at once, at most 4, as many as free memory holds; the log says why)")
     parser.add_argument("--ggml-threads", type=int, default=0, help="GGML engine: CPU threads per stream, half of them decoding audio (0: 2, one generating and one decoding, or 1 on one core); 3 on 2 cores starts speaking sooner but generates slower")
-    parser.add_argument("--ggml-icl", action="store_true", help="GGML engine: clone voices with a transcript are cloned in context (closer likeness), but the first request of each clip on each stream waits about 2 s per second of reference clip (2 cores) before its first audio (the default voice pays it at start); default: by x-vector, starting at once")
+    parser.add_argument("--ggml-icl", action="store_true", help="GGML engine: clone voices with a transcript are cloned in context (closer likeness), but the first request of each clip on each stream waits about 2 s per second of reference clip (2 cores) before its first audio (the default voice pays it ahead: at start, or between requests for a default picked while serving); default: by x-vector, starting at once")
     parser.add_argument("--gguf-quant", type=str.upper, choices=GGUF_QUANTS, default=DEFAULT_GGUF_QUANT, help="GGML engine: weights fetched or converted at this quantization (Q4_0: 4-bit generation weights, converted from a checkpoint folder only; Q4_K_M: downloaded only)")
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="Weights: auto is bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="Longest text per request")
@@ -311,6 +311,7 @@ async def main(argv: list[str] | None = None) -> None:
     if anchors is not None:  # a VoiceDesign model that can never load renders none: stored ones still serve
         await anchors.begin(service.render_design, rendering=getattr(engines.get(ModelKind.VOICE_DESIGN), "unservable", None) is None)
     await _prepare_clips(engines, catalog, anchors)
+    follow_default_voice(service, engines)  # GGML: a default chosen from now on, prepared between requests
     _LOGGER.info("%d voice(s); default %s", len(names), default_voice or "none yet: the first voice added")
     # The models and libraries loaded so far live as long as the process: keep them out of
     # every garbage collection (no pauses scanning them while serving, and no 10 s final

@@ -9,8 +9,11 @@ request starts like any other. An engine that loads on demand prepares them agai
 load (``engine.on_demand.OnDemandEngine.prime``).
 
 Only engines whose ``prime`` is safe while they serve (``prime_any_time``: the batched CUDA
-engine, on-demand models) are watched; the GGML engine primes its default voice at start
-(``__main__``).
+engine, on-demand models) are watched. The GGML engine prepares its default voice's clip
+only (on a small CPU a clip costs seconds on every stream): at start (``__main__``), and
+``DefaultVoicePreparer`` hands it each default voice chosen while serving (the first clip
+added to a server that had none, the next one once the default is deleted, a default whose
+clip was replaced), which the engine prepares between requests (``GgmlEngine.prime_later``).
 """
 
 from __future__ import annotations
@@ -20,9 +23,14 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from .engine import Engine
-from .voices import Reference
+from .voices import ModelKind, Reference
+
+if TYPE_CHECKING:
+    from .engine.cpu.ggml import GgmlEngine
+    from .service import TtsService
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -125,3 +133,101 @@ class ClipPreparer:
                 continue
             if count:
                 _LOGGER.info("%d new clone clip(s) prepared before their first request", count)
+
+
+class DefaultVoicePreparer:
+    """Keeps the default voice's clone clip prepared on the GGML engine while it serves (call
+    from the event loop).
+
+    The server's default voice may change after start: an automatic default is picked again
+    when its voice is gone, and a server that started with no voice takes the first clip
+    added (``TtsService.default_voice``); a clip may also be replaced under its name. Every
+    ``POLL_S`` this re-reads the voices folder (``refresh``, off the loop), reads the default
+    (which picks a new one by the service's rule, logged there), and hands a clip not
+    prepared yet to ``GgmlEngine.prime_later``, which prepares it between requests; the log
+    says when it is done, as at start.
+
+    Args:
+        engine: the Base model's GGML engine.
+        default: the default voice's name and clip now, or None (no default, or one that is
+            no clone: a preset, a speaker).
+        refresh: re-reads the clone library (``VoiceCatalog.refresh_async``).
+
+    The clip prepared at start (``GgmlEngine.prime``) is not prepared again: the engine knows
+    it (``prime_later`` returns None), and so is any clip prepared by its own requests.
+    """
+
+    def __init__(
+        self,
+        engine: GgmlEngine,
+        default: Callable[[], tuple[str, Reference] | None],
+        refresh: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.engine = engine
+        self.default = default
+        self.refresh = refresh
+        self._digest: str | None = None  # the clip last handed to the engine
+        self._task: asyncio.Task[None] | None = None
+        self._said: asyncio.Task[None] | None = None
+
+    async def look(self) -> bool:
+        """Hand the default voice's clip to the engine if it is not the one last handed;
+        True if it was handed (and is being prepared)."""
+        await self.refresh()
+        found = self.default()
+        if found is None or found[1].digest == self._digest:
+            return False
+        name, reference = found
+        self._digest = reference.digest
+        future = self.engine.prime_later(reference)
+        if future is None:  # prepared already (an earlier default's clip, or by its requests)
+            return False
+        self._said = asyncio.create_task(self._say(name, asyncio.wrap_future(future), time.monotonic()))
+        return True
+
+    async def _say(self, name: str, done: Awaitable[bool], started: float) -> None:
+        if await done:
+            _LOGGER.info("Default voice %s: its clip prepared in %.1f s", name, time.monotonic() - started)
+
+    def start(self) -> None:
+        """Keep looking every ``POLL_S`` (a task of the running event loop)."""
+        self._task = asyncio.create_task(self._run(), name="default voice preparer")
+
+    async def stop(self) -> None:
+        """Stop looking."""
+        for task in (self._task, self._said):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_S)
+            try:
+                await self.look()
+            except Exception:  # noqa: BLE001 - keep looking; a broken folder is logged by the catalogue
+                _LOGGER.exception("Looking for a new default voice failed")
+
+
+def follow_default_voice(service: TtsService, engines: dict[ModelKind, Engine]) -> DefaultVoicePreparer | None:
+    """Start a ``DefaultVoicePreparer`` for ``service`` where the Base model runs on the GGML
+    engine (the others prepare every clip: ``ClipPreparer``); None elsewhere."""
+    from .engine.cpu.ggml import GgmlEngine
+
+    engine = engines.get(ModelKind.BASE)
+    if not isinstance(engine, GgmlEngine):
+        return None
+
+    def default() -> tuple[str, Reference] | None:
+        name = service.default_voice
+        voice = service.catalog.find(name) if name is not None else None
+        if voice is None or voice.kind is not ModelKind.BASE or voice.reference is None:
+            return None
+        return voice.name, voice.reference
+
+    preparer = DefaultVoicePreparer(engine, default, service.catalog.refresh_async)
+    preparer.start()
+    return preparer

@@ -23,6 +23,7 @@ import platform
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -207,7 +208,8 @@ class GgmlEngine(Engine):
             context meets a clip, qwentts.cpp runs its codec over the whole reference before
             the first audio (it keeps the result), about 2 s per second of clip on 2 cores
             (``benchmarks/results/cpu-2core/clone_onset.md``), and a client that leaves
-            meanwhile cannot stop it; ``prime`` pays it at start for the default voice.
+            meanwhile cannot stop it; ``prime`` pays it at start for the default voice, and
+            ``prime_later`` for a default chosen while serving.
             False (the default): every clone by its x-vector alone, starting as a speaker does.
 
     Raises:
@@ -260,6 +262,15 @@ class GgmlEngine(Engine):
         self._speakers = [name.lower() for name in self._contexts[0].speaker_names()]
         self._refs: OrderedDict[str, Any] = OrderedDict()
         self._refs_lock = threading.Lock()
+        #: Digests of the clips each context has decoded in context (ICL): its first use of a
+        #: clip pays that (``prime``, ``prime_later``, or the clip's first request there).
+        self._decoded: list[set[str]] = [set() for _ in self._contexts]
+        self._index = {id(c): i for i, c in enumerate(self._contexts)}
+        #: The clip ``prime_later`` asked for, and its future; None once done or replaced.
+        self._wanted: tuple[Reference, Future[bool]] | None = None
+        self._wanted_lock = threading.Lock()
+        #: Held by the context preparing a clip while serving: one at a time.
+        self._preparing = threading.Lock()
         self.backend = (
             f"qwentts.cpp GGML on the CPU ({quant or 'GGUF'}, {contexts} stream(s) x {self.threads} threads"
             + ("" if kind is not ModelKind.BASE else ", clones in context (ICL)" if icl else ", clones by x-vector")
@@ -294,27 +305,99 @@ class GgmlEngine(Engine):
         clip's first request would otherwise wait for (1.0 s for a 2.5 s clip on this
         project's 2-core machine); with ``icl`` and a transcript, also one frame of speech
         on every context, so that each pays its first-time decode of the clip now (about
-        2 s per second of clip there). Call before ``start``. The library's lines go to our
-        log at DEBUG."""
+        2 s per second of clip there). Call before ``start`` (while serving: ``prime_later``).
+        The library's lines go to our log at DEBUG."""
         if self.kind is not ModelKind.BASE:
             return False
-        segment = Segment(text="Hello.", language="auto", max_new_tokens=2, seed=0, reference=reference)
         with native_output(_LOGGER):
-            self._voice_ref(reference, self._contexts[0])
-            if self.icl and reference.transcript:
-                for context in self._contexts:
-                    for _chunk in self.stream(segment, context=context):
-                        pass
+            for index in range(len(self._contexts) if self._per_context(reference) else 1):
+                self._prepare(reference, index)
         return True
+
+    def prime_later(self, reference: Reference) -> Future[bool] | None:
+        """``prime`` for an engine that serves already (a default voice chosen after start):
+        returns at once, and each context prepares the clip at its next idle moment, when no
+        work waits for it (a segment in progress is never held up), one context at a time, so
+        that work arriving meanwhile finds the other contexts free (a single context takes it
+        once the clip is prepared: at most what the clip's first request would pay). A later
+        call replaces a clip not yet prepared everywhere. The library's lines go to the
+        console as while serving (``native_output`` is for start-up only).
+
+        Returns:
+            None when the clip is prepared already (or this model clones nothing); else a
+            future: True once it is prepared on every context that needs it
+            (``_per_context``), False if a later call replaced it first or the library
+            refused it (logged; its request says why).
+        """
+        if self.kind is not ModelKind.BASE or self._ready(reference):
+            return None
+        future: Future[bool] = Future()
+        with self._wanted_lock:
+            if self._wanted is not None:
+                self._wanted[1].set_result(False)
+            self._wanted = (reference, future)
+        return future
+
+    def _per_context(self, reference: Reference) -> bool:
+        """Whether every context prepares ``reference`` itself: an in-context clone, whose
+        first-time decode each context pays; an x-vector is extracted once for all."""
+        return self.icl and bool(reference.transcript)
+
+    def _ready(self, reference: Reference) -> bool:
+        """Whether ``reference`` is prepared where it needs to be: its x-vector and codes in
+        the prompt cache, and for an in-context clone decoded once on every context."""
+        with self._refs_lock:
+            if reference.digest not in self._refs:
+                return False
+        return not self._per_context(reference) or all(reference.digest in d for d in self._decoded)
+
+    def _prepare(self, reference: Reference, index: int) -> None:
+        """Prepare ``reference`` on context ``index`` (on its thread, or before serving): its
+        x-vector and codes (once for all contexts), and for an in-context clone one frame of
+        speech, which makes the context decode the clip (``stream`` records it)."""
+        context = self._contexts[index]
+        self._voice_ref(reference, context)
+        if self._per_context(reference) and reference.digest not in self._decoded[index]:
+            segment = Segment(text="Hello.", language="auto", max_new_tokens=2, seed=0, reference=reference)
+            for _chunk in self.stream(segment, context=context):
+                pass
+            self._decoded[index].add(reference.digest)
+
+    def _prepare_wanted(self, index: int) -> None:
+        """On context ``index``'s thread while it is idle: prepare the clip ``prime_later``
+        asked for, if this context has a part in it and no other context is preparing."""
+        wanted = self._wanted
+        if wanted is None:
+            return
+        reference, future = wanted
+        done: bool | None = None
+        my_part = not self._per_context(reference) or reference.digest not in self._decoded[index]
+        if self._ready(reference):
+            done = True
+        elif my_part and self._preparing.acquire(blocking=False):
+            try:
+                self._prepare(reference, index)
+                done = True if self._ready(reference) else None
+            except Exception as err:  # noqa: BLE001 - the clip's request fails with the reason later
+                _LOGGER.warning("A clone clip could not be prepared (%s); its first request will say why", err)
+                done = False
+            finally:
+                self._preparing.release()
+        if done is None:
+            return
+        with self._wanted_lock:
+            if self._wanted is not None and self._wanted[1] is future:
+                future.set_result(done)
+                self._wanted = None
 
     def serve(self, source: WorkSource) -> None:
         helpers = [
-            threading.Thread(target=self._worker, args=(source, c), name=f"ggml-{self.kind.value}-{i}", daemon=True)
-            for i, c in enumerate(self._contexts[1:], start=1)
+            threading.Thread(target=self._worker, args=(source, i), name=f"ggml-{self.kind.value}-{i}", daemon=True)
+            for i in range(1, len(self._contexts))
         ]
         for helper in helpers:
             helper.start()
-        self._worker(source, self._contexts[0])
+        self._worker(source, 0)
         for helper in helpers:
             helper.join()
 
@@ -325,11 +408,14 @@ class GgmlEngine(Engine):
 
     # --- one context's loop ---------------------------------------------------------
 
-    def _worker(self, source: WorkSource, context: Any) -> None:
+    def _worker(self, source: WorkSource, index: int) -> None:
+        context = self._contexts[index]
         while not source.closed():
             work = source.take(wait=0.5)
             if work is not None:
                 self._run(work, context)
+            elif self._wanted is not None:  # idle: no work waits for this context
+                self._prepare_wanted(index)
 
     def _run(self, work: Work, context: Any) -> None:
         sink = work.sink
@@ -383,8 +469,12 @@ class GgmlEngine(Engine):
             kwargs["speaker"] = segment.speaker.lower() if segment.speaker else None
             kwargs["instruct"] = segment.instruct or None
         generator = context.stream(**kwargs)
+        decoded = self._decoded[self._index[id(context)]] if "ref_codes" in kwargs else None
         try:
             for chunk, _rate in generator:
+                if decoded is not None:  # audio: the context has decoded the clip
+                    decoded.add(segment.reference.digest)  # type: ignore[union-attr]
+                    decoded = None
                 yield np.asarray(chunk, dtype=np.float32).reshape(-1)
         finally:
             cancel.stop = True
