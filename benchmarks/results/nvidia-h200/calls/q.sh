@@ -23,7 +23,8 @@
 #      codebook test's reference in TF32) the codec and kernel GPU tests; the frame profile at
 #      batch 1, 8 and 32, then at 8 and 32 with QWEN3TTS_WIDE_TILES=1 (call 6's sweep: the
 #      predictor's residual products fused at 5-32 rows) and the fused step's codes with it;
-#      then the rest of `pytest -m gpu` but test_memory_gpu.py in the time left
+#      then the rest of `pytest -m gpu` but test_memory_gpu.py in the time left (WALL s in all,
+#      585 unless set: a session short of device time sets less)
 #   8: test_memory_gpu.py alone (its full-size checkpoints built by call 7)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -91,7 +92,7 @@ case "${1:-1}" in
      QWEN3TTS_WIDE_TILES=1 profile "$OUT/profile-wide" 120 8,32
      QWEN3TTS_WIDE_TILES=1 timeout 100 python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_kernels.py \
        -k "fused_step or wide" 2>&1 | tail -4; echo "wide step tests at $(since)"
-     timeout $(( 585 - ($(date +%s) - s) )) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -n 4 -rfs \
+     timeout $(( ${WALL:-585} - ($(date +%s) - s) )) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -n 4 -rfs \
        --ignore tests/test_memory_gpu.py --ignore tests/test_codec_kernels.py --ignore tests/test_kernels.py \
        2>&1 | tee "$OUT/rest/gpu-tests.log" | tail -16
      echo "rest at $(since)" ;;
