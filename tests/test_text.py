@@ -527,6 +527,9 @@ def every_split(text: str) -> list[list[str]]:
         ("Done.\x1b[3", "Done."),  # cut off by the end of the text
         ("Done.\x1b]0;tit", "Done."),
         ("Done.\x1b", "Done."),
+        ("Bare ESC \x1b alone stays?", "Bare ESC alone stays?"),  # a stray ESC, then a word
+        ("Bare\x1b  alone \x1b\x1b two", "Bare alone two"),
+        ("\x1b(0x\x1b(B ok \x1b#8 done", "x ok done"),  # nF sequences still go whole
     ],
 )
 def test_terminal_escape_sequences_are_never_spoken(raw: str, clean: str) -> None:

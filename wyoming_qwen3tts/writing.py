@@ -63,13 +63,14 @@ _AT_MOST = f"{{0,{MAX_ESCAPE_CHARS}}}"
 #: LLM's or a tool's output): a control sequence (CSI: ESC "[" or U+009B, parameter bytes
 #: 0x30-0x3F, intermediate bytes 0x20-0x2F); a control string (OSC ESC "]", and DCS, SOS, PM,
 #: APC: ESC "P", "X", "^", "_"; any characters but its end); any other escape sequence (ESC,
-#: intermediate bytes). Only CSI has its 8-bit form here: U+009D and the other 8-bit string
+#: intermediate bytes, the first of them not a space: ESC SP F, S7C1T and its kin, are rare,
+#: while a stray ESC before a word is not, and "\x1b alone" would lose its "a"). Only CSI has its 8-bit form here: U+009D and the other 8-bit string
 #: openers turn up in text decoded in the wrong code page ("â\x80\x9d" for "”"), and would
 #: hide the text after them up to a terminator that never comes.
 _ESCAPE_STARTS = (
     rf"(?:\x1b\[|\x9b)[\x30-\x3f]{_AT_MOST}[\x20-\x2f]{_AT_MOST}",
     rf"\x1b[\]PX^_][^\x07\x1b\x9c]{_AT_MOST}",
-    rf"\x1b[\x20-\x2f]{_AT_MOST}",
+    rf"\x1b(?:[\x21-\x2f][\x20-\x2f]{_AT_MOST})?",
 )
 #: A whole terminal escape sequence (each start above and its end: a CSI's final byte
 #: 0x40-0x7E; a control string's BEL, ST ESC "\\" or U+009C; another sequence's final byte
