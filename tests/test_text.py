@@ -579,6 +579,7 @@ def test_character_references_without_semicolon_are_read_as_a_browser_does(raw: 
         ("It is 2*3*4. *Really*, **yes**.", ["It is 2×3×4.", "Really, yes."]),
         ("Take x * y and 2 ** 8.\n* 7 * 6 = 42", ["Take x * y and 2 ** 8.", "7 × 6 = 42."]),
         ("*Note:* a * b", ["Note: a * b"]),
+        ("-5 * -3 and $5 * 3, -5*-3 or 2*$3.", ["-5 × -3 and $5 × 3, -5×-3 or 2×$3."]),  # signed, amounts
     ],
 )
 def test_products_say_their_operator_and_emphasis_does_not(raw: str, expected: list[str]) -> None:
@@ -589,6 +590,27 @@ def test_products_say_their_operator_and_emphasis_does_not(raw: str, expected: l
     for deltas in every_split(raw):
         assert segments(*deltas) == expected, deltas
         assert " ".join(segments(*deltas, streamed=True)) == " ".join(expected), deltas
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [
+        ("Rated 5* by users", "Rated 5* by users"),  # a "*" that can only close, and nothing open
+        ("Rated 5*", "Rated 5*"),
+        ("**Rated 5* by users**", "Rated 5* by users"),  # open, but not a run of its length
+        ("A*B and a*b", "AB and ab"),  # CommonMark: "A", italic "B and a", "b"
+        ("***a** b*, *a **b***", "a b, a b"),
+        ("*Note:* 4.5* stars", "Note: 4.5* stars"),
+    ],
+)
+def test_a_star_that_closes_nothing_is_kept(raw: str, clean: str) -> None:
+    """A "*" after a word with none open before it on its line is no emphasis (CommonMark's
+    reading); every "*" that followed a word was dropped, so "Rated 5* by users" lost its
+    star. Whole and streamed, cut anywhere."""
+    assert clean_text(raw) == clean
+    for deltas in every_split(raw):
+        assert " ".join(segments(*deltas)) == clean, deltas
+        assert " ".join(segments(*deltas, streamed=True)) == clean, deltas
 
 
 #: Pieces of LLM-style markdown in several scripts, for random texts below.

@@ -8,8 +8,15 @@ only when it is short (a name or a value); tables are read row by row, cells joi
 commas; links are read as their text and bare URLs as their domain; emoji and pictographs
 are dropped, and so are terminal escape sequences (colour codes in a tool's output), whole,
 even cut across deltas (``writing.drop_escapes``). Symbols that carry meaning (°, %,
-currency signs, @, &, a "*" that is no emphasis: "5 * 3", "2*3") and all numbers, dates and
-times are left to the model, which reads them in context.
+currency signs, @, &, a "*" that is no emphasis: "5 * 3", "2*3", "Rated 5* by users") and all
+numbers, dates and times are left to the model, which reads them in context.
+
+A "*" run is emphasis as CommonMark's flanking rules say (``_star_run``): it may open when a
+word follows it, close when a word precedes it; one that can only close is emphasis only when
+an opener of its length is open on its line ("Rated 5*", "5* by users" keep their star, as
+CommonMark keeps them), and "A*B and a*b" is "A" + italic "B and a" + "b", as the spec reads
+it. One that can only open is dropped at once (the reader does not hold the rest of the line
+back to see whether it closes: "a *b" is read "a b", where CommonMark keeps the star).
 
 A line's start is read first (``_line_kind``: fence, rule, heading, item, quote, table or
 plain), then its inline tokens (``_INLINE_RE``: code, links, URLs, markup, emphasis
@@ -115,6 +122,7 @@ class MarkdownReader:
         self._hidden: re.Pattern[str] | None = None  # the end of a hidden element or comment
         self._comma = False  # a table cell ended: a comma before the next words
         self._escape = ""  # raw text of a terminal escape sequence that may still go on
+        self._stars: list[int] = []  # lengths of the "*" runs open as emphasis on this line
 
     def feed(self, delta: str) -> str:
         """Add a delta; return the speech text it completed (possibly "")."""
@@ -136,6 +144,7 @@ class MarkdownReader:
         out = self._lines(final=True)[0]
         out += self._line(self._buf, complete=True)[0] if self._buf or self._kind else ""
         self._buf, self._fence, self._hidden = "", None, None
+        self._stars.clear()
         return out + self._end_block(period=False)
 
     def _lines(self, final: bool) -> tuple[str, bool]:
@@ -213,7 +222,7 @@ class MarkdownReader:
                     pos = len(text) if complete else hidden_upto(text, pos)
                     return out, pos
                 pos, self._hidden, self._left = end.end(), None, text[end.end() - 1]
-            speech, used, self._hidden = _inline_prefix(text[pos:], complete, self._left)
+            speech, used, self._hidden = _inline_prefix(text[pos:], complete, self._left, self._stars)
             out += speech
             self._left = text[pos + used - 1] if used else self._left
             pos += used
@@ -224,6 +233,7 @@ class MarkdownReader:
         """At a newline: structural lines end as sentences; a plain line that ends with
         sentence or clause punctuation does too; other line breaks are spaces."""
         kind, self._kind, self._left = self._kind, None, " "
+        self._stars.clear()
         if kind in _STRUCTURAL:
             return self._end_block(period=True)
         core = self._tail.rstrip(CLOSERS)
@@ -298,11 +308,14 @@ def _table_row(line: str) -> str:
     return ", ".join(p for p in parts if p)
 
 
-def _inline_prefix(text: str, complete: bool, left: str) -> tuple[str, int, re.Pattern[str] | None]:
+def _inline_prefix(
+    text: str, complete: bool, left: str, stars: list[int]
+) -> tuple[str, int, re.Pattern[str] | None]:
     """Speech text of the longest decided prefix of (the rest of) a line, its length, and
     the end to look for when it ends with the start of a comment or hidden element.
 
-    ``left`` is the raw character before ``text`` on its line (" " at the line start).
+    ``left`` is the raw character before ``text`` on its line (" " at the line start);
+    ``stars``, the "*" runs open as emphasis on the line before it (``_star_run``; updated).
     Undecided, and held back: a link or code span not closed yet, a last word that is or
     may become a URL, markup characters at the end (``**`` may continue), and a ``<`` or
     ``&`` that may still become a tag or an entity.
@@ -310,8 +323,8 @@ def _inline_prefix(text: str, complete: bool, left: str) -> tuple[str, int, re.P
     if complete:
         for token in _INLINE_RE.finditer(left + text, 1):  # (as _inline reads it)
             if hidden := hides(token):
-                return _inline(text[: token.end() - 1], left), token.end() - 1, hidden
-        return _inline(text, left), len(text), None
+                return _inline(text[: token.end() - 1], left, stars), token.end() - 1, hidden
+        return _inline(text, left, stars), len(text), None
     cut = word = floor = i = 0  # floor: the end of the last entity, never cut inside
     while i < len(text):
         if i and _splits(text[i - 1]):
@@ -324,7 +337,7 @@ def _inline_prefix(text: str, complete: bool, left: str) -> tuple[str, int, re.P
                 break  # a reference without ';' may go on ("&amp" -> "&ampx", "&#6" -> "&#65")
             if match and match["url"] is None:  # a tag, comment, mail address or entity
                 if hidden := hides(match):
-                    return _inline(text[: match.end()], left), match.end(), hidden
+                    return _inline(text[: match.end()], left, stars), match.end(), hidden
                 i = cut = floor = match.end()  # (an entity may be part of a URL: the word goes on)
                 word = word if match["entity"] else i
                 continue
@@ -350,7 +363,7 @@ def _inline_prefix(text: str, complete: bool, left: str) -> tuple[str, int, re.P
             while cut > max(word, floor) and not (text[cut - 1].isalnum() or _splits(text[cut - 1])):
                 cut -= 1  # markup before it is decided with what follows
             break
-    return _inline(text[:cut], left), cut, None
+    return _inline(text[:cut], left, stars), cut, None
 
 
 def _splits(char: str) -> bool:
@@ -358,22 +371,24 @@ def _splits(char: str) -> bool:
     return char.isspace() or bool(CJK_RE.match(char)) or char in "。！？，、：；"
 
 
-def _inline(text: str, left: str = " ") -> str:
+def _inline(text: str, left: str = " ", stars: list[int] | None = None) -> str:
     """Inline markdown of decided text -> speech text (see the module docstring); ``left``
     is the raw character before ``text``, which the patterns' lookbehinds see as they
-    would in the whole line ("2" + "http://": no URL, as in "2http://")."""
+    would in the whole line ("2" + "http://": no URL, as in "2http://"); ``stars``, the
+    lengths of the "*" runs open as emphasis before it on its line (updated; none if None)."""
+    stars = [] if stars is None else stars
     line, last = left + text, 1
     out: list[str] = []
     for match in _INLINE_RE.finditer(line, 1):
-        out += (line[last : match.start()], _inline_sub(match))
+        out += (line[last : match.start()], _inline_sub(match, stars))
         last = match.end()
     out.append(line[last:])
     return _EMOJI_RE.sub(" ", "".join(out))
 
 
-def _inline_sub(match: re.Match[str]) -> str:
+def _inline_sub(match: re.Match[str], stars: list[int]) -> str:
     """What one token of ``_INLINE_RE`` is read as; ``match.string`` starts with the raw
-    character before the text."""
+    character before the text; ``stars``: the "*" runs open as emphasis (updated)."""
     if match["code"]:
         code = match["code_text"].strip()
         return code if len(code) <= MAX_SPOKEN_CODE_CHARS else " "
@@ -401,7 +416,44 @@ def _inline_sub(match: re.Match[str]) -> str:
         return marker  # "5 * 3", "2 ** 8": no emphasis opens or closes at spaces on both sides
     if marker[0] == "*" and (before.isdigit() or before == ")") and (after.isdigit() or after == "("):
         return marker  # "2*3", "(1+2)*3", "2**8": arithmetic (CommonMark would let "2*3*4" be emphasis)
+    if marker[0] == "*" and _OPERAND_RE.match(text, match.end()) and (before.isdigit() or before == ")"):
+        return marker  # "-5*-3", "2*$3": a signed number or an amount after it is arithmetic too
+    if marker[0] == "*":
+        return _star_run(marker, before, after, stars)
     return ""
+
+
+#: What may follow a "*" between numbers: a sign or currency sign, then a digit.
+_OPERAND_RE = re.compile(r"[-+−]?[$€£¥₹]?\d")
+
+
+def _star_run(marker: str, before: str, after: str, stars: list[int]) -> str:
+    """A run of "*" (not arithmetic) read by CommonMark's flanking rules: "" when it opens
+    or closes emphasis, else itself, as text. It may open when ``after`` (the raw character
+    after it; " " at the line's end) is no space, and is a letter or digit or ``before`` is a
+    space or punctuation; it may close in the mirror case. One that may only close closes the
+    innermost open run of its length, or takes its length off an open run of 3 or more
+    ("***a** b*"), or, of 3 or more, closes the innermost runs its length adds up to ("*a
+    **b***"); with none it is text ("Rated 5* by users"). One that may open is pushed
+    onto ``stars`` (the lengths of the open runs, innermost last) unless it closes one."""
+    opens = not after.isspace() and (after.isalnum() or before.isspace() or not before.isalnum())
+    closes = not before.isspace() and (before.isalnum() or after.isspace() or not after.isalnum())
+    size = len(marker)
+    if closes:
+        for index in range(len(stars) - 1, -1, -1):
+            if stars[index] == size or stars[index] >= 3 > size:
+                rest = stars[index] - size
+                del stars[index:]
+                stars.extend([rest] if rest else [])
+                return ""
+        inner = [sum(stars[index:]) for index in range(len(stars))]
+        if size >= 3 and size in inner:  # "*a **b***": closes the two
+            del stars[inner.index(size) :]
+            return ""
+    if opens:
+        stars.append(size)
+        return ""
+    return marker
 
 
 def _tag(name: str | None, attributes: str, closing: bool) -> str:

@@ -118,8 +118,10 @@ _RUN_ON_CLAUSE_RE = re.compile(
 
 # --- operators --------------------------------------------------------------------------------
 #: A "*" that the reader left in the speech text (no emphasis: "5 * 3", "2*3") between numbers
-#: or brackets, spaced alike on both sides: a product, spoken as "×".
-_PRODUCT_RE = re.compile(r"(?<=[\d)])\*(?=[\d(])|(?<=[\d)] )\*(?= [\d(])")
+#: or brackets, spaced alike on both sides: a product, spoken as "×". The number after it may
+#: have a sign or be an amount ("-5 * -3", "5 * $3"), as the one before it may ("$5 * 3").
+_OPERAND = r"[-+−]?[$€£¥₹]?[\d(]"
+_PRODUCT_RE = re.compile(rf"(?<=[\d)])\*(?={_OPERAND})|(?<=[\d)] )\*(?= {_OPERAND})")
 #: The segmenter's speech text while sentence-stream holds it: "*" as ``markup.ASTERISK``
 #: (sentence-stream drops asterisks around words, and at a line's start), and back.
 _HIDE_ASTERISKS = str.maketrans("*", ASTERISK)
@@ -129,10 +131,10 @@ _SHOW_ASTERISKS = str.maketrans(ASTERISK, "*")
 def _spoken_operators(speech: str) -> str:
     """Speech text with its products spoken: a "*" between numbers (or a bracket and a
     number), with a space on both sides or on neither, becomes the multiplication sign
-    ("5 * 3 * 4" -> "5 × 3 × 4", "2*3" -> "2×3", "(1+2)*3" -> "(1+2)×3"), which the model
-    reads as "times" in the sentence's own language ("mal", "fois", "乘"); an asterisk is
-    no word, and a model trained on transcripts of speech may skip it. Other asterisks
-    the reader kept ("x * y", a footnote's "*") are left for the model to read in context."""
+    ("5 * 3 * 4" -> "5 × 3 × 4", "2*3" -> "2×3", "(1+2)*3" -> "(1+2)×3", "-5 * -3" -> "-5 × -3"),
+    which the model reads as "times" in the sentence's own language ("mal", "fois", "乘");
+    an asterisk is no word, and a model trained on transcripts of speech may skip it. Other
+    asterisks the reader kept ("x * y", a footnote's "*", "5* by users") are left for the model to read in context."""
     return _PRODUCT_RE.sub("×", speech)
 
 
