@@ -48,6 +48,28 @@ def test_bad_settings_exit_with_a_reason(tmp_path: Path, voices_dir: Path, args:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("engine", "message"),
+    [
+        (["--engine", "ggml"], "No published GGUF for 'tiny/base' (known: "),
+        (["--engine", "reference", "--local-files-only"], "Cannot get model 'tiny/base' (--local-files-only is set"),
+    ],
+)
+def test_a_model_option_that_may_be_a_folder_says_no_such_folder_exists(
+    tmp_path: Path, voices_dir: Path, engine: list[str], message: str
+) -> None:
+    """``--clone-model tiny/base`` (a relative folder, mistyped or not made yet, without "./")
+    is also a hub id's form: start-up said only that no such model is published, so the
+    missing folder was not obvious. Now the reason names the folder it looked for."""
+    result = run_cli("--data-dir", str(tmp_path), "--voices-dir", str(voices_dir), "--clone-model", "tiny/base",
+                     "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu", *engine, cwd=tmp_path)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert message in last, result.stderr[-2000:]
+    assert last.endswith(f"; no folder {tmp_path / 'tiny' / 'base'} exists either"), last
+    assert "Traceback" not in result.stderr
+
+
 def test_port_in_use_fails_before_loading(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

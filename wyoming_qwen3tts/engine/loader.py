@@ -13,7 +13,7 @@ from ..voices import ModelKind
 from .base import Engine
 from .cuda_env import cuda_bf16_supported, pick_dtype
 from .gpu_memory import is_out_of_memory
-from .cpu.gguf_files import hub_error
+from .cpu.gguf_files import hub_error, with_folder_note
 from .sizing import MIN_STREAMS, after_out_of_memory, memory_budget, plan_streams, steady_streams
 
 _LOGGER = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def resolve_checkpoint(source: str, models_dir: Path, local_files_only: bool) ->
         )
     except Exception as err:  # noqa: BLE001 - hub errors are many types; all mean "no model"
         hint = " (--local-files-only is set: start once without it to download, or give a folder)" if local_files_only else ""
-        raise FileNotFoundError(f"Cannot get model {source!r}{hint}: {hub_error(err)}") from err
+        raise FileNotFoundError(with_folder_note(f"Cannot get model {source!r}{hint}: {hub_error(err)}", source)) from err
 
 
 #: Why ``auto`` picked the GGML engine on the CPU, until the first GGML engine has loaded

@@ -30,6 +30,18 @@ def hub_error(err: BaseException) -> str:
     cut = text.find("To enable hf.co look-ups")
     return (text[:cut].rstrip(" .") + ".") if cut > 0 else text
 
+
+def with_folder_note(message: str, source: str) -> str:
+    """``message`` (that ``source`` is no model the server can get), with
+    "; no folder <absolute path> exists either" after it when ``source`` may be a relative
+    folder path (it holds "/" and no ":"): a model option takes a folder or a hub id, and
+    "tiny/base" may be either, so a mistyped folder without "./" was reported only as an
+    unknown id. The path is resolved against the working folder."""
+    if "/" not in source or ":" in source:
+        return message
+    return f"{message.rstrip('. ')}; no folder {Path(source).expanduser().absolute()} exists either"
+
+
 #: The published GGUF conversions (the repository realtimetts-qwen-native-cpu 0.4.2 names).
 GGUF_REPO = "Serveurperso/Qwen3-TTS-GGUF"
 #: Quantizations: the published files' (BF16, Q8_0, Q4_K_M; the converter makes all but
@@ -134,14 +146,14 @@ def _download(model_id: str, models_dir: Path, quant: str, local_files_only: boo
     stem = _TALKER_STEMS.get(model_id)
     if quant in CONVERTED_ONLY:
         raise FileNotFoundError(
-            f"{quant} is not published for {model_id!r}: it is made from a checkpoint folder "
-            "(give one), or use the published 4-bit Q4_K_M"
+            with_folder_note(f"{quant} is not published for {model_id!r}: it is made from a checkpoint "
+                             "folder (give one), or use the published 4-bit Q4_K_M", model_id)
         )
     if stem is None:
-        raise FileNotFoundError(
+        raise FileNotFoundError(with_folder_note(
             f"No published GGUF for {model_id!r} (known: {', '.join(sorted(_TALKER_STEMS))}); "
-            "give a checkpoint folder to convert, or a folder of GGUF files"
-        )
+            "give a checkpoint folder to convert, or a folder of GGUF files", model_id
+        ))
     from huggingface_hub import hf_hub_download
 
     names = (f"{stem}-{quant}.gguf", f"qwen-tokenizer-12hz-{quant}.gguf")
@@ -154,7 +166,9 @@ def _download(model_id: str, models_dir: Path, quant: str, local_files_only: boo
         )
     except Exception as err:  # noqa: BLE001 - hub errors are many types; all mean "no weights"
         hint = " (--local-files-only is set: start once without it to download, or give a folder)" if local_files_only else ""
-        raise FileNotFoundError(f"Cannot get the GGUF files of {model_id!r}{hint}: {hub_error(err)}") from err
+        raise FileNotFoundError(
+            with_folder_note(f"Cannot get the GGUF files of {model_id!r}{hint}: {hub_error(err)}", model_id)
+        ) from err
     return talker, codec
 
 
