@@ -750,6 +750,66 @@ def test_a_clip_handed_over_while_serving_is_prepared_between_requests_on_every_
         engine.close()
 
 
+def _waiting_in(function: str) -> bool:
+    """Whether some thread waits (a future's result, a condition) inside ``function``."""
+    import sys
+
+    for frame in sys._current_frames().values():
+        names = []
+        while frame is not None:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        if function in names and "wait" in names[: names.index(function)]:
+            return True
+    return False
+
+
+def test_a_request_racing_the_preparer_on_one_clip_shares_one_extraction(
+    gguf: dict[str, tuple[Path, Path]],
+) -> None:
+    """A default clip replaced by hand and a request for it that reaches the server before
+    the preparer's poll: the request's context and ``prime_later``'s idle context both
+    found the clip missing and both extracted it at once (two "[SpkExtract]" lines; the
+    request's first audio waited for both on two cores). Now the second waits for the first
+    one's extraction: the clip is extracted once, the request speaks, the future says True."""
+    from wyoming_qwen3tts.engine import Work
+
+    engine = GgmlEngine(ModelKind.BASE, *gguf["base"], chunk_frames=1, contexts=2, threads=1)
+    clip = _reference(None)
+    clip = Reference.from_audio((clip.audio * 0.5).copy(), clip.sample_rate, None)  # a digest of its own
+    gate, calls = threading.Event(), []
+    for context in engine._contexts:
+        real = context.extract_voice_ref
+
+        def gated_extract(audio, real=real):  # type: ignore[no-untyped-def]
+            calls.append(threading.get_ident())
+            gate.wait(120)  # the first extraction stays in progress until the other caller came
+            return real(audio)
+
+        context.extract_voice_ref = gated_extract
+    source, sink = _Queue(), _Sink()
+    try:
+        engine.start(source)
+        source.put(Work(Segment("Hello there.", "english", 6, seed=1, reference=clip), sink))
+        deadline = time.monotonic() + 120
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.02)
+        future = engine.prime_later(clip)  # the preparer on the idle context, while it extracts
+        assert future is not None
+        while len(calls) < 2 and not _waiting_in("_voice_ref") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        gate.set()
+        assert future.result(timeout=120) is True
+        assert sink.finished.wait(120) and sink.error is None and sink.samples > 0
+        assert len(calls) == 1, calls  # one extraction for both
+        assert engine.prime_later(clip) is None
+    finally:
+        gate.set()
+        source.close()
+        engine.join(120)
+        engine.close()
+
+
 def test_a_default_voice_chosen_while_serving_is_prepared_before_its_first_request(
     ggml_checkpoints: Path, gguf: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:

@@ -262,6 +262,9 @@ class GgmlEngine(Engine):
         self._speakers = [name.lower() for name in self._contexts[0].speaker_names()]
         self._refs: OrderedDict[str, Any] = OrderedDict()
         self._refs_lock = threading.Lock()
+        #: Clips being extracted now, by digest: a second caller (a request and ``prime_later``'s
+        #: preparer on another context) waits for the first one's result, never extracts too.
+        self._extracting: dict[str, Future[Any]] = {}
         #: Digests of the clips each context has decoded in context (ICL): its first use of a
         #: clip pays that (``prime``, ``prime_later``, or the clip's first request there).
         self._decoded: list[set[str]] = [set() for _ in self._contexts]
@@ -481,20 +484,40 @@ class GgmlEngine(Engine):
             generator.close()
 
     def _voice_ref(self, reference: Reference, context: Any) -> Any:
-        """The clip's native x-vector and codec codes (``VoiceRef``), extracted once per digest."""
+        """The clip's native x-vector and codec codes (``VoiceRef``), extracted once per digest:
+        a caller that finds the clip being extracted by another context waits for that
+        result (a request racing ``prime_later``'s preparer on one clip shares one extraction).
+
+        Raises:
+            qwentts_cpp_cpu.QwenTTSError: the library refused the clip (every waiter gets it).
+        """
         with self._refs_lock:
             cached = self._refs.get(reference.digest)
             if cached is not None:
                 self._refs.move_to_end(reference.digest)
                 return cached
-        audio = _at_native_rate(reference.audio, reference.sample_rate)
-        if reference.transcript and self.icl:  # end the ICL prompt on silence, as the other engines do
-            audio = np.concatenate([audio, np.zeros(int(REFERENCE_TAIL_SECONDS * NATIVE_RATE), np.float32)])
-        ref = context.extract_voice_ref(audio)
+            pending = self._extracting.get(reference.digest)
+            if pending is None:
+                mine: Future[Any] = Future()
+                self._extracting[reference.digest] = mine
+        if pending is not None:
+            return pending.result()
+        try:
+            audio = _at_native_rate(reference.audio, reference.sample_rate)
+            if reference.transcript and self.icl:  # end the ICL prompt on silence, as the other engines do
+                audio = np.concatenate([audio, np.zeros(int(REFERENCE_TAIL_SECONDS * NATIVE_RATE), np.float32)])
+            ref = context.extract_voice_ref(audio)
+        except BaseException as err:
+            with self._refs_lock:
+                del self._extracting[reference.digest]
+            mine.set_exception(err)
+            raise
         with self._refs_lock:
             self._refs[reference.digest] = ref
             if len(self._refs) > PROMPT_CACHE_SIZE:
                 self._refs.popitem(last=False)
+            del self._extracting[reference.digest]
+        mine.set_result(ref)
         return ref
 
 
