@@ -747,3 +747,68 @@ def test_the_clone_section_says_so_when_the_server_lists_no_clone_model(page: Pa
     expect(page.locator("#clone-off")).to_contain_text("no clone (Base) model loaded")
     expect(page.locator("#clone-create")).to_be_hidden()
     expect(page.locator("#design-run")).to_be_visible()
+
+
+def test_skipped_files_are_listed_deleted_and_replaced_from_the_page_and_speak_waits_for_a_voice(
+    browser: Browser, checkpoints: Path, tmp_path: Path
+) -> None:
+    """Clips the server skips (too short) blocked their names, and the page never said so:
+    an add-on user without a shell was stuck. Now the "No voice yet" hint comes with a
+    Skipped files list (file and reason, a Delete button), Speak is disabled with the
+    reason while there is no voice, the no-voices error is said in the page's words (not
+    "in the voice studio (http://...)"), Delete removes a skipped clip and its transcript,
+    and an upload of a skipped clip's name replaces it."""
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    sf.write(voices / "tiny.wav", tone(0.8), 24000)
+    sf.write(voices / "short.wav", tone(0.5), 24000)
+    (voices / "short.txt").write_text("Too short.")
+    srv = start_server(
+        checkpoints, voices, tmp_path / "server.log",
+        extra=["--no-zeroconf", "--design-model", "none", "--custom-voice-model", "none"],
+    )
+    clip = tmp_path / "tiny.wav"
+    sf.write(clip, tone(2.0), 24000)
+    try:
+        for width in WIDTHS:
+            context = browser.new_context(viewport={"width": width, "height": 900})
+            try:
+                page = context.new_page()
+                page.set_default_timeout(STEP_MS)
+                page.goto(srv.http_url + "/")
+                expect(page.locator("#voices-empty")).to_contain_text("No voice yet.")
+                skipped = page.locator("#voices-skipped")
+                expect(skipped).to_be_visible()
+                expect(skipped).to_contain_text("Skipped files.")
+                expect(skipped.locator("li[data-skipped='tiny']")).to_contain_text("tiny.wav: the clip is 0.80 s long")
+                expect(skipped.locator("li[data-skipped='short'] button")).to_have_text("Delete")
+                expect(page.locator("#try-speak")).to_be_disabled()
+                expect(page.locator("#try-status")).to_have_text("No voice to speak with yet: add one first.")
+                page.evaluate("fail(new ApiError(404, {error: {code: 'no-voices', message: 'upload a clip in the "
+                              "voice studio (http://x/)'}}))")
+                expect(page.locator("#message")).to_contain_text("upload a clip under Clone a voice below")
+                expect(page.locator("#message")).not_to_contain_text("http://")
+                assert fits(page)
+                page.screenshot(path=str(tmp_path / f"skipped-{width}.png"), full_page=True)
+            finally:
+                context.close()
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        try:
+            page = context.new_page()
+            page.set_default_timeout(STEP_MS)
+            page.on("dialog", lambda dialog: dialog.accept())
+            page.goto(srv.http_url + "/")
+            page.locator("#voices-skipped li[data-skipped='short'] button").click()
+            expect(page.locator("#voices-skipped li[data-skipped='short']")).to_have_count(0)
+            expect(page.locator("#message")).to_contain_text("Deleted the skipped file short.wav.")
+            assert sorted(p.name for p in voices.iterdir() if not p.name.startswith(".")) == ["tiny.wav"]
+            page.set_input_files("#clone-file", str(clip))  # named tiny after the file
+            page.click("#clone-create")
+            expect(row(page, "tiny")).to_contain_text("default")
+            expect(page.locator("#voices-skipped")).to_be_hidden()
+            expect(page.locator("#try-speak")).to_be_enabled()
+            page.screenshot(path=str(tmp_path / "skipped-replaced.png"), full_page=True)
+        finally:
+            context.close()
+    finally:
+        stop_server(srv)

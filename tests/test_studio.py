@@ -431,6 +431,10 @@ async def test_design_candidates_keep_one_and_override_a_shipped_preset(studio: 
 
     status, body = await call(studio, "POST", f"/v1/audio/designs/{kept['id']}/keep", json={"name": "james"})
     assert status == 409 and json.loads(body)["error"]["code"] == "name-taken"
+    assert '"replace": true' in json.loads(body)["error"]["message"], body  # how to override it is said
+    status, body = await call(studio, "POST", f"/v1/audio/designs/{kept['id']}/keep", json={"name": "captain"})
+    message = json.loads(body)["error"]["message"]  # your own preset: replace does not apply
+    assert status == 409 and "replace" not in message and "choose another name" in message, body
     status, body = await call(studio, "POST", f"/v1/audio/designs/{kept['id']}/keep", json={"name": "james", "replace": True})
     assert status == 201, body
     james = (await voices_of(studio))["james"]
@@ -637,8 +641,11 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
 
         # HTTP: empty listings, probes as usual, and OpenAI's error shape from the SDK.
         status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
-        empty = {"default": None, "default_pinned": False, "voices": [], "voices_folder": str(voices.resolve())}
-        assert status == 200 and json.loads(body) == empty  # the folder: the studio's hint names it
+        empty = {"default": None, "default_pinned": False, "voices": [], "voices_folder": str(voices.resolve()),
+                 "default_served": True}
+        skipped = json.loads(body).pop("skipped")
+        assert status == 200 and {k: v for k, v in json.loads(body).items() if k != "skipped"} == empty  # the folder: the studio's hint names it
+        assert [(c["name"], c["file"]) for c in skipped] == [("broken", "broken.wav"), ("hush", "hush.wav")], skipped
         status, described = await call(srv, "GET", "/openapi.json", auth=False)
         document = json.loads(described)
         listing = {**document["components"]["schemas"]["VoiceList"], "components": document["components"]}
@@ -687,7 +694,7 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
         status, body = await call(srv, "DELETE", "/v1/audio/voices/First", auth=False)
         assert status == 200, body
         status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
-        assert status == 200 and json.loads(body) == empty
+        assert status == 200 and json.loads(body) == {**empty, "skipped": skipped}
         async with AsyncTcpClient("127.0.0.1", srv.port) as client:
             refused = await _wyoming_exchange(client, Synthesize(text="Hello there."), until="audio-stop")
             assert Error.from_event(refused[0]).code == "no-voices" and "First" not in Error.from_event(refused[0]).text
@@ -1035,3 +1042,90 @@ def test_a_pinned_default_may_go_exactly_when_a_voice_of_its_name_lies_beneath_i
     with pytest.raises(VoiceEditError) as refused:
         VoiceLibrary(clones_only, lambda: service.pinned_default).delete("lena")
     assert refused.value.code == "default-voice"
+
+
+async def test_a_skipped_clip_is_listed_replaced_by_an_upload_and_deleted_and_a_pinned_default_gone_says_so(
+    checkpoints: Path, tmp_path: Path
+) -> None:
+    """A clip the server skips (0.8 s, under MIN_CLIP_SECONDS) blocked its name: DELETE said
+    there was no such voice, an upload of the name said only that the file exists. Now the
+    listing names it with the reason, an upload of its name replaces it (its stale transcript
+    goes), DELETE on a skipped clip's name removes its files, and a rename onto one says it
+    is skipped and how to replace it. Then the --voice default's clip is removed by hand:
+    a request naming no voice gets default-voice-gone (not 'Unknown voice') on both doors,
+    with how to fix it, the listing says default_served false, and the log warns once when
+    it goes and once when it comes back."""
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    sf.write(voices / "bob.wav", tone(2.0), 24000)
+    sf.write(voices / "tiny.wav", tone(0.8), 24000)
+    (voices / "tiny.txt").write_text("Too short.")
+    srv = start_server(
+        checkpoints, voices, tmp_path / "server.log",
+        extra=["--no-zeroconf", "--design-model", "none", "--custom-voice-model", "none", "--voice", "bob"],
+    )
+    try:
+        status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
+        listing = json.loads(body)
+        assert [(c["name"], c["file"]) for c in listing["skipped"]] == [("tiny", "tiny.wav")], listing
+        assert "0.80 s long, under the 1 s" in listing["skipped"][0]["reason"] and listing["default_served"] is True
+        status, described = await call(srv, "GET", "/openapi.json", auth=False)
+        document = json.loads(described)
+        jsonschema.validate(listing, {**document["components"]["schemas"]["VoiceList"], "components": document["components"]})
+
+        # A rename onto the skipped clip's name: refused, saying why and how to replace it.
+        sf.write(voices / "kim.wav", tone(2.0), 24000)
+        status, body = await call(srv, "PATCH", "/v1/audio/voices/kim", auth=False, json={"name": "tiny"})
+        error = json.loads(body)["error"]
+        assert status == 409 and error["code"] == "name-taken", body
+        assert "skipped" in error["message"] and "0.80 s" in error["message"] and "to replace it" in error["message"]
+
+        # An upload of its name replaces it (the old transcript goes with it), spoken at once.
+        status, body = await call(srv, "POST", "/v1/audio/voices", auth=False, data=upload("tiny", encoded(tone(2.0), "wav")))
+        assert status == 201, body
+        assert sorted(p.name for p in voices.iterdir() if not p.name.startswith(".")) == ["bob.wav", "kim.wav", "tiny.wav"]
+        status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
+        assert json.loads(body)["skipped"] == [] and "tiny" in {v["name"] for v in json.loads(body)["voices"]}
+        assert frames_ok(await wyoming_samples(srv, "tiny"))
+
+        # DELETE on a skipped clip's name removes the clip and its transcripts.
+        sf.write(voices / "Short.wav", tone(0.5), 24000)
+        (voices / "short.txt").write_text("Too short.")
+        (voices / "SHORT.TXT").write_text("Too short.")
+        status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
+        assert [c["file"] for c in json.loads(body)["skipped"]] == ["Short.wav"]
+        status, body = await call(srv, "DELETE", "/v1/audio/voices/short", auth=False)
+        assert status == 200 and json.loads(body) == {"deleted": "Short", "skipped": "Short.wav"}, body
+        assert not any(p.stem.lower() == "short" for p in voices.iterdir())
+        status, body = await call(srv, "DELETE", "/v1/audio/voices/short", auth=False)
+        assert status == 404 and json.loads(body)["error"]["code"] == "unknown-voice"
+
+        # The pinned default's clip removed by hand.
+        (voices / "bob.wav").unlink()
+        sdk = openai.AsyncOpenAI(base_url=f"{srv.http_url}/v1", api_key="unused", max_retries=0, timeout=300)
+        for _ in range(2):
+            status, body = await call(srv, "POST", "/v1/audio/speech", auth=False, json={"input": "Hi"})
+            error = json.loads(body)["error"]
+            assert status == 404 and error["code"] == "default-voice-gone", body
+        message = error["message"]
+        assert "names no voice" in message and "'bob'" in message and "--voice bob" in message, message
+        assert "put its clip back" in message and "choose another default voice" in message and "kim" in message
+        assert "Unknown voice" not in message
+        async with AsyncTcpClient("127.0.0.1", srv.port) as client:
+            refused = await _wyoming_exchange(client, Synthesize(text="Hello there."), until="audio-stop")
+            assert Error.from_event(refused[0]).code == "default-voice-gone", refused
+        assert len(await speech(srv, "kim")) > 0  # a voice named is served
+        status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
+        assert json.loads(body)["default"] == "bob" and json.loads(body)["default_served"] is False
+        warned = [line for line in srv.output().splitlines() if "is no longer served" in line]
+        assert len(warned) == 1 and " WARNING " in warned[0] and "put its clip back (bob.wav" in warned[0], warned
+
+        # Put back: spoken again, said once.
+        sf.write(voices / "bob.wav", tone(2.0), 24000)
+        audio = await sdk.audio.speech.create(model="tts-1", voice="", input="Hi", response_format="pcm")
+        assert len(audio.content) > 0
+        await sdk.audio.speech.create(model="tts-1", voice="", input="Hi", response_format="pcm")
+        back = [line for line in srv.output().splitlines() if "is served again" in line]
+        assert len(back) == 1 and " WARNING " in back[0], back
+    finally:
+        stop_server(srv)

@@ -822,7 +822,9 @@ def test_an_automatic_default_is_picked_again_when_its_voice_goes_an_explicit_on
             assert pinned.default_voice == "bea"
             with pytest.raises(VoiceNotFoundError) as unknown:
                 pinned.resolve_voice(None)
-            assert not isinstance(unknown.value, NoVoicesError) and "Unknown voice 'bea'" in str(unknown.value)
+            # Not "Unknown voice 'bea'": the request named none; the server's --voice default is gone.
+            assert not isinstance(unknown.value, NoVoicesError) and unknown.value.code == "default-voice-gone"
+            assert "default voice 'bea' (--voice bea" in str(unknown.value) and "Unknown voice" not in str(unknown.value)
             assert taken_logs(caplog, logging.INFO, "Default voice") == []
     finally:
         auto.stop(5)

@@ -52,7 +52,7 @@ from . import http_ws, openapi
 from .ws_events import KEY_PROTOCOL_PREFIX, PATH as WS_PATH, PROTOCOL, offered_subprotocols
 from .http_common import ApiError, BodyStalledError, error_body, error_param, read_json, watch_body
 from .http_request import GENERIC_MODELS, HUB_MODEL, KIND_MODELS, SpeechParams, model_kind, parse_speech, pick_voice
-from .studio import add_routes, from_ingress, is_page, listed_voice  # the page is open, ingress is authenticated
+from .studio import add_routes, from_ingress, is_page, listed_skipped, listed_voice  # the page is open, ingress is authenticated
 from .service import (
     DESIGNED_VOICE,
     EmptyTextError,
@@ -338,6 +338,8 @@ async def voices(request: web.Request) -> web.Response:
     server with no voice yet (the clone model alone, no clip) answers ``{"default": null, ...,
     "voices": []}``. ``voices_folder``: the voices folder's absolute path on the server (null:
     none), where clips and their transcripts may be copied (the studio's hint names it).
+    ``skipped``: the clips of that folder that are no voice (``studio.listed_skipped``: name,
+    file, reason). ``default_served``: false while the ``--voice`` default is no longer served.
     """
     service = request.app[_SERVICE_KEY]
     await service.catalog.refresh_async()
@@ -349,6 +351,8 @@ async def voices(request: web.Request) -> web.Response:
             "default_pinned": service.pinned_default is not None,  # --voice: the studio keeps it
             "voices": [listed_voice(service, v) for v in listed],  # with the studio's fields
             "voices_folder": str(folder.resolve()) if folder is not None else None,
+            "skipped": listed_skipped(service),  # clips that are no voice, and why
+            "default_served": service.default_served,  # False: the --voice default's clip is gone
         }
     )
 

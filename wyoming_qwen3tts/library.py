@@ -27,6 +27,7 @@ import tomllib
 import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import av
 import filelock
@@ -41,6 +42,7 @@ from .voices import (
     MIN_CLIP_SECONDS,
     SILENCE_PEAK,
     ModelKind,
+    SkippedClip,
     Voice,
     VoiceCatalog,
     VoiceSource,
@@ -283,12 +285,16 @@ class VoiceLibrary:
 
     # --- checks -----------------------------------------------------------------------
 
-    def check_free(self, name: object, replace_shipped: bool = False, renaming: Voice | None = None) -> str:
+    def check_free(
+        self, name: object, replace_shipped: bool = False, renaming: Voice | None = None, replace_skipped: bool = False
+    ) -> str:
         """A valid name that no voice, alias, file or running upload uses yet.
 
         Args:
             replace_shipped: allow the name of a shipped preset that has no user override
                 yet (the new preset overrides it).
+            replace_skipped: allow the name of a clip the catalogue skips (too short, silent,
+                unreadable: ``VoiceCatalog.skipped``): an upload replaces it, and no voice is lost.
             renaming: the voice being renamed: its own name and files do not count (a
                 change of case only is allowed).
 
@@ -301,10 +307,12 @@ class VoiceLibrary:
         if key in self._reserved:
             message = f"Another change to a voice named {name!r} is in progress; try again"
             raise VoiceEditError(409, "name-busy", message, "name")
-        self._check_taken(name, replace_shipped, renaming)
+        self._check_taken(name, replace_shipped, renaming, replace_skipped)
         return name
 
-    def _check_taken(self, name: str, replace_shipped: bool, renaming: Voice | None = None) -> None:
+    def _check_taken(
+        self, name: str, replace_shipped: bool, renaming: Voice | None = None, replace_skipped: bool = False
+    ) -> None:
         """``check_free`` without the in-process reservations (raises 409 ``name-taken``)."""
         key = name.casefold()
         taken = self.catalog.find(name)
@@ -320,9 +328,18 @@ class VoiceLibrary:
             if not overridable:
                 what = "an alias of" if taken.name.casefold() != key else "the name of"
                 message = f"{name!r} is already {what} the {taken.source.value} voice {taken.name!r}"
+                if taken.source is VoiceSource.SHIPPED and taken.name.casefold() == key:
+                    message += (
+                        '; to override it with your preset, keep it again with "replace": true (deleting '
+                        "yours brings the shipped one back), or choose another name"
+                    )
+                elif taken.source in (VoiceSource.USER, VoiceSource.CLONE):
+                    message += "; choose another name, or delete or rename that voice first"
+                else:
+                    message += "; choose another name"
                 raise VoiceEditError(409, "name-taken", message, "name")
         elif key in shipped and not replace_shipped:
-            message = f"{name!r} is the name of a shipped preset; set replace to override it"
+            message = f'{name!r} is the name of a shipped preset; set "replace": true to override it'
             raise VoiceEditError(409, "name-taken", message, "name")
         if ModelKind.VOICE_DESIGN in self.catalog.kinds:
             # The user's presets.toml as written, not as served: a table the catalogue skips
@@ -339,7 +356,18 @@ class VoiceLibrary:
                 if renaming is not None and name_key(path.stem) == name_key(renaming.name):
                     continue
                 if name_key(path.stem) == name_key(name) and path.suffix.lower() in AUDIO_SUFFIXES:
-                    message = f"A file {path.name!r} already exists in the voices folder"
+                    skipped = self.catalog.skipped_clip(name)
+                    if skipped is None:
+                        message = f"A file {path.name!r} already exists in the voices folder"
+                        raise VoiceEditError(409, "name-taken", message, "name")
+                    if replace_skipped:
+                        continue  # an upload replaces it: it serves no voice
+                    message = (
+                        f"A file {skipped.file!r} of the voices folder has that name, but it is no voice: it is "
+                        f"skipped ({skipped.reason}). Upload a good clip named {skipped.name!r} under 'Clone a "
+                        f"voice' to replace it, or delete it first (DELETE /v1/audio/voices/"
+                        f"{quote(skipped.name, safe='')}; the studio's Skipped files list)"
+                    )
                     raise VoiceEditError(409, "name-taken", message, "name")
 
     @contextlib.contextmanager
@@ -368,10 +396,10 @@ class VoiceLibrary:
             raise VoiceEditError(500, "write-failed", f"Cannot lock the voices folder: {err}") from None
 
     @contextlib.contextmanager
-    def reserve(self, name: object, replace_shipped: bool = False) -> Iterator[str]:
+    def reserve(self, name: object, replace_shipped: bool = False, replace_skipped: bool = False) -> Iterator[str]:
         """Hold a free name (see ``check_free``) for the duration of the block, so that two
         changes to one name at once cannot both pass their checks."""
-        name = self.check_free(name, replace_shipped)
+        name = self.check_free(name, replace_shipped, replace_skipped=replace_skipped)
         self._reserved.add(name.casefold())
         try:
             yield name
@@ -423,7 +451,9 @@ class VoiceLibrary:
     # --- changes ----------------------------------------------------------------------
 
     def add_clone(self, name: str, audio: np.ndarray, transcript: str | None) -> Voice:
-        """Write ``<name>.wav`` (and ``<name>.txt`` when there is a transcript).
+        """Write ``<name>.wav`` (and ``<name>.txt`` when there is a transcript). A clip of that
+        name the catalogue skips (``VoiceCatalog.skipped``: too short, silent, unreadable) is
+        replaced: its files (the clip, in any case or format, and its transcripts) go.
 
         Args:
             name: a name from ``reserve`` (checked again here).
@@ -440,13 +470,19 @@ class VoiceLibrary:
         folder = self.folder
         wav, txt = folder / f"{name}.wav", folder / f"{name}.txt"
         with self.locked():
-            self._check_taken(name, replace_shipped=False)  # another server may have taken it
+            # another server may have taken it; a skipped clip of the name is replaced
+            self._check_taken(name, replace_shipped=False, replace_skipped=True)
+            skipped = self.catalog.skipped_clip(name)
             try:
                 # Orphan transcripts of the name (in any case or form: the catalogue reads them
                 # so) go first: without a transcript one would turn this into ICL, with one they
-                # would stay beside it, stale (no clip of the name is here: _check_taken).
-                orphans = [p for p in _named_files(folder, name) if not (transcript and p == txt)]
-                if orphans:
+                # would stay beside it, stale. So do the files of a skipped clip of the name
+                # (no other clip of the name is here: _check_taken); <name>.wav is overwritten.
+                orphans = [p for p in _named_files(folder, name) if p != wav and not (transcript and p == txt)]
+                if skipped is not None:
+                    _LOGGER.info("Clone voice %s: replacing the skipped clip %s (%s)", name, skipped.file,
+                                 skipped.reason)
+                elif orphans:
                     _LOGGER.info("Clone voice %s: removing the transcripts %s left without a clip", name,
                                  ", ".join(repr(p.name) for p in orphans))
                 for orphan in orphans:
@@ -562,20 +598,46 @@ class VoiceLibrary:
             self._write_presets(document)
         return self._reloaded(new_name)
 
-    def delete(self, name: str) -> Voice:
+    def delete(self, name: str, skipped: bool = False) -> Voice | SkippedClip:
         """Delete a clone voice's files or a user preset's table (a shipped preset it
         overrode comes back). Requests already speaking with it finish: they hold the voice.
         A clone voice's files are every file that names it (``_named_files``): the clip spoken,
         clips of the same voice name the catalogue ignores, and every transcript of the name.
 
+        A name that is no voice but a skipped clip's (``VoiceCatalog.skipped``: too short,
+        silent, unreadable) deletes that clip's files (the clip and its transcripts), so that
+        a user without access to the folder can clear it. ``skipped``: delete the skipped
+        clip of the name even where the name is a voice (a preset or speaker of that name is
+        served): the voice is kept.
+
         Returns:
-            the deleted voice.
+            the deleted voice, or the deleted skipped clip.
 
         Raises:
-            VoiceEditError: as ``editable``; as ``locked``; 500 ``write-failed``.
+            VoiceEditError: as ``editable``; as ``locked``; 500 ``write-failed``; 404
+                ``unknown-voice`` when ``skipped`` and no skipped clip has that name.
         """
         with self.locked():
+            clip = self.catalog.skipped_clip(name)
+            if clip is not None and (skipped or self.catalog.find(name) is None):
+                return self._delete_skipped(clip)
+            if skipped:
+                message = f"There is no skipped clip {name!r} in the voices folder"
+                raise VoiceEditError(404, "unknown-voice", message, "voice")
             return self._delete(name)
+
+    def _delete_skipped(self, clip: SkippedClip) -> SkippedClip:
+        """Remove every file of a skipped clip's name (``_named_files``), audio first, under the lock."""
+        files = _named_files(self.folder, clip.name)
+        try:
+            for path in sorted(files, key=lambda p: p.suffix.lower() == ".txt"):
+                path.unlink(missing_ok=True)
+        except OSError as err:
+            raise VoiceEditError(500, "write-failed", f"Cannot delete {clip.file!r}: {err}") from None
+        _LOGGER.info("Voice studio: skipped clip %s deleted (it was skipped: %s); files removed: %s", clip.file,
+                     clip.reason, ", ".join(p.name for p in files) or "none")
+        self.catalog.refresh(force=True)
+        return clip
 
     def _delete(self, name: str) -> Voice:
         """``delete`` under the lock."""

@@ -94,7 +94,7 @@ _SCHEMAS: dict[str, Any] = {
     },
     "VoiceList": {
         "type": "object",
-        "required": ["default", "default_pinned", "voices", "voices_folder"],
+        "required": ["default", "default_pinned", "voices", "voices_folder", "skipped", "default_served"],
         "properties": {
             "default": {"type": ["string", "null"], "description": "null while no voice exists yet"},
             "default_pinned": {
@@ -108,6 +108,30 @@ _SCHEMAS: dict[str, Any] = {
             "voices_folder": {
                 "type": ["string", "null"],
                 "description": "The voices folder's absolute path on the server, for clips and transcripts copied in; null: none",
+            },
+            "skipped": {
+                "type": "array",
+                "description": (
+                    "Clips of the voices folder that are no voice (shorter than the minimum, silent, unreadable). "
+                    "DELETE /v1/audio/voices/{name} removes one (its clip and transcripts); an upload of its name "
+                    "replaces it."
+                ),
+                "items": {
+                    "type": "object",
+                    "required": ["name", "file", "reason"],
+                    "properties": {
+                        "name": {"type": "string", "description": "The voice name it would give."},
+                        "file": {"type": "string", "description": "Its file name in the voices folder."},
+                        "reason": {"type": "string", "description": "Why it is skipped."},
+                    },
+                },
+            },
+            "default_served": {
+                "type": "boolean",
+                "description": (
+                    "False while the --voice default is no longer served (its clip was removed or broken by hand): "
+                    "requests naming no voice are refused with code default-voice-gone"
+                ),
             },
         },
     },
@@ -254,7 +278,10 @@ def _speech_operation() -> dict[str, Any]:
                 "content": content,
             },
             "400": _error("Malformed body, wrong type or value, nothing speakable."),
-            "404": _error("Unknown voice, reference voice or model."),
+            "404": _error(
+                "Unknown voice (code unknown-voice), reference voice or model; no voice at all yet (no-voices); "
+                "a request naming no voice while the --voice default is no longer served (default-voice-gone)."
+            ),
             "413": _error("Input over the server's limit, or a body over its size limit."),
             "429": _error("Too many requests open: retry after Retry-After seconds.", retry=True),
             "500": _error("The model failed before any audio."),
@@ -313,7 +340,8 @@ def _studio_paths() -> dict[str, Any]:
         "403": _error("A shipped preset or built-in speaker cannot be changed."),
         "404": _error("No such voice."),
         "409": _error(
-            "Name taken or busy, the default voice, other files of the voice's name (duplicate-files), "
+            "Name taken or busy (name-taken says how: \"replace\": true for a shipped preset's name, or the "
+            "skipped clip of that name), the default voice, other files of the voice's name (duplicate-files), "
             "presets.toml unreadable, no voices folder, or the model is off."
         ),
         "500": _error("The voices folder could not be written."),
@@ -326,7 +354,7 @@ def _studio_paths() -> dict[str, Any]:
         "/v1/audio/voices": {
             "post": {
                 "operationId": "createCloneVoice",
-                "summary": "A clone voice from an uploaded clip (the first 20 s are used)",
+                "summary": "A clone voice from an uploaded clip (the first 20 s are used); it replaces a clip of that name the server skips",
                 "requestBody": {
                     "required": True,
                     "content": {
@@ -374,12 +402,34 @@ def _studio_paths() -> dict[str, Any]:
             },
             "delete": {
                 "operationId": "deleteVoice",
-                "summary": "Delete a clone voice (every file of its name) or user preset (a shipped one it overrode comes back)",
-                "parameters": [{"name": "voice", **name}],
+                "summary": (
+                    "Delete a clone voice (every file of its name) or user preset (a shipped one it overrode comes "
+                    "back), or a skipped clip (the listing's skipped: its clip and transcripts)"
+                ),
+                "parameters": [
+                    {"name": "voice", **name},
+                    {
+                        "name": "skipped",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "boolean"},
+                        "description": (
+                            "Delete the skipped clip of this name even where a preset or speaker serves the name "
+                            "(the voice stays); without it, a name that is no voice deletes its skipped clip."
+                        ),
+                    },
+                ],
                 "responses": {
                     "200": _json(
-                        {"type": "object", "required": ["deleted"], "properties": {"deleted": {"type": "string"}}},
-                        "The deleted voice's name.",
+                        {
+                            "type": "object",
+                            "required": ["deleted"],
+                            "properties": {
+                                "deleted": {"type": "string"},
+                                "skipped": {"type": "string", "description": "The skipped clip's file, when one was deleted."},
+                            },
+                        },
+                        "The deleted voice's name (and file, for a skipped clip).",
                     ),
                     **edits,
                 },

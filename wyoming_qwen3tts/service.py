@@ -86,6 +86,15 @@ class NoVoicesError(VoiceNotFoundError):
     code = "no-voices"
 
 
+class DefaultVoiceGoneError(VoiceNotFoundError):
+    """A request named no voice, and the server's explicit default voice (``--voice``) is
+    no longer served (its clip was removed or broken by hand): what to do about it. A
+    ``VoiceNotFoundError``, so every door answers it where it answers an unknown voice
+    (HTTP 404, param ``voice``), with its own code."""
+
+    code = "default-voice-gone"
+
+
 class LanguageError(RequestError):
     """The language is not one Qwen3-TTS speaks."""
 
@@ -139,6 +148,7 @@ class SpeechRequest:
 __all__ = [
     "DEFAULT_MAX_CHARS",
     "DESIGNED_VOICE",
+    "DefaultVoiceGoneError",
     "EmptyTextError",
     "GenerationError",
     "LanguageError",
@@ -201,6 +211,7 @@ class TtsService:
             engine.start(self._schedulers[kind])
         self._default_voice = default_voice
         self._default_explicit = default_explicit and default_voice is not None
+        self._pinned_gone = False  # the explicit default is no longer served (logged once)
         self.studio = studio
         self.metrics = metrics
         self.max_chars = max_chars
@@ -226,6 +237,7 @@ class TtsService:
         the voices folder (the doors refresh the catalogue); it costs one pass over the
         catalogue's voices."""
         if self._default_explicit:
+            self._check_pinned()
             return self._default_voice
         voices = self.catalog.voices()
         current = self._default_voice
@@ -241,6 +253,50 @@ class TtsService:
             else:
                 _LOGGER.info("Default voice: %s, as %s is gone (--voice chooses one to keep)", chosen, current)
         return chosen
+
+    def _check_pinned(self) -> bool:
+        """Whether the explicit default voice is served now; logs a WARNING once when it
+        stops being served, and once when it is back."""
+        assert self._default_voice is not None
+        served = self.catalog.find(self._default_voice) is not None
+        if served == self._pinned_gone:  # it changed
+            self._pinned_gone = not served
+            if served:
+                _LOGGER.warning("The default voice %s (--voice) is served again: requests that name no voice "
+                                "are spoken with it", self._default_voice)
+            else:
+                _LOGGER.warning("%s", self._default_gone_message(log=True))
+        return served
+
+    @property
+    def default_served(self) -> bool:
+        """False while the explicit default voice (``--voice``) is no longer served (its clip
+        was removed or broken by hand): requests naming no voice are refused with
+        ``DefaultVoiceGoneError``. True otherwise (an automatic default is always served)."""
+        return not self._default_explicit or self._check_pinned()
+
+    def _default_gone_message(self, log: bool = False) -> str:
+        """Why the explicit default voice is not served, and how to fix it (the log's wording
+        when ``log``, else a refused request's)."""
+        name = self._default_voice
+        clip = self.catalog.skipped_clip(name) if name is not None else None
+        if clip is not None:
+            why = f"its clip {clip.file} is skipped ({clip.reason})"
+        else:
+            why = "no clip or preset of that name is in the voices folder any more"
+        names = sorted(v.name for v in self.catalog.voices())
+        shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
+        fix = (
+            f"put its clip back ({name}.wav and its transcript {name}.txt in the voices folder"
+            + (", or upload one in the voice studio" if self.studio else "")
+            + "), or choose another default voice (--voice, the add-on's voice option) and restart"
+        )
+        if log:
+            return (f"The default voice {name} (--voice {name}) is no longer served: {why}. Requests that name no "
+                    f"voice are refused until you {fix}")
+        named = f"; requests that name a voice are served (available: {shown})" if names else "; no voice is left"
+        return (f"This request names no voice, and the server's default voice {name!r} (--voice {name}, the "
+                f"add-on's voice option) is gone: {why}. To fix it, {fix}{named}")
 
     @property
     def pinned_default(self) -> str | None:
@@ -329,6 +385,10 @@ class TtsService:
         wanted = name or self.default_voice
         if wanted is None:
             raise self.no_voices()
+        if not name and self._default_explicit and self._pinned_gone:
+            # Refused, not spoken by another voice: the user chose this one (a clone in
+            # their language); Home Assistant shows the error's text in its pipeline.
+            raise DefaultVoiceGoneError(self._default_gone_message())
         try:
             return self.catalog.get(wanted)
         except UnknownVoiceError as err:

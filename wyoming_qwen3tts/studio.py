@@ -9,7 +9,9 @@ Routes (``/v1/*`` under the HTTP door's API-key rules; every error is OpenAI's J
   used) and an optional ``transcript``.
 * ``PATCH /v1/audio/voices/{id}`` ``{"name": new}``: rename a clone voice or user preset.
 * ``DELETE /v1/audio/voices/{id}``: delete one (shipped presets and built-in speakers
-  cannot be deleted; the default voice neither).
+  cannot be deleted; the default voice neither), or the files of a clip the server skips
+  (too short, silent, unreadable: the listing's ``skipped``). An upload of a skipped
+  clip's name replaces it.
 * ``POST /v1/audio/designs`` ``{"description", "language", "text"?, "count"?, "seed"?}``:
   VoiceDesign candidates, each with its own seed, rendered exactly as an anchor would be.
   ``GET /v1/audio/designs/{id}/sample`` plays one; ``POST /v1/audio/designs/{id}/keep``
@@ -35,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import numpy as np
@@ -58,9 +60,10 @@ from .library import (
 )
 from .service import GenerationError, TtsService, VoiceNotFoundError
 from .text import clean_text, estimated_seconds
-from .voices import MAX_PRESET_SEED, ModelKind, Voice, VoiceSource
+from .voices import MAX_PRESET_SEED, ModelKind, SkippedClip, Voice, VoiceSource
 
 _LOGGER = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: The page's files, served from the package.
 WEB_DIR = Path(__file__).parent / "web"
@@ -147,7 +150,7 @@ def _edits(handler: Handler) -> Handler:
     return wrapped
 
 
-async def _edit(request: web.Request, change: Callable[..., Voice], *args: Any, **kwargs: Any) -> Voice:
+async def _edit(request: web.Request, change: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     """``change(*args, **kwargs)``, a ``VoiceLibrary`` edit, on a worker thread, one at a time.
 
     An edit holds the voices folder's lock, which another server on the folder may keep for
@@ -196,6 +199,14 @@ def listed_voice(service: TtsService, voice: Voice) -> dict[str, Any]:
     if voice.source is VoiceSource.USER:
         listed["overrides"] = overrides_shipped(service.catalog, voice)
     return listed
+
+
+def listed_skipped(service: TtsService) -> list[dict[str, str]]:
+    """The clips of the voices folder that are no voice (``VoiceCatalog.skipped``), as
+    ``GET /v1/audio/voices`` lists them under ``skipped``: ``{"name", "file", "reason"}``
+    each, by file name. ``DELETE /v1/audio/voices/{name}`` removes one; an upload of
+    its name replaces it."""
+    return [{"name": c.name, "file": c.file, "reason": c.reason} for c in service.catalog.skipped()]
 
 
 def _wav_response(audio: np.ndarray, sample_rate: int, name: str) -> web.Response:
@@ -266,7 +277,8 @@ async def create_clone(request: web.Request) -> web.Response:
                 if not isinstance(part, BodyPartReader):
                     continue
                 if part.name == "name":
-                    name = held.enter_context(library.reserve(await part.text()))
+                    # a skipped clip of the name (too short, silent, unreadable) is replaced
+                    name = held.enter_context(library.reserve(await part.text(), replace_skipped=True))
                 elif part.name == "transcript":
                     transcript = check_transcript(await part.text())
                 elif part.name == "file":
@@ -315,9 +327,17 @@ async def rename(request: web.Request) -> web.Response:
 async def delete(request: web.Request) -> web.Response:
     """``DELETE /v1/audio/voices/{id}``: ``{"deleted": name}``. Deleting a voice that took
     another's name (a user preset over a shipped one, a clone over a preset or speaker: the
-    listing's ``shadows``; the default voice's too) brings that one back."""
+    listing's ``shadows``; the default voice's too) brings that one back.
+
+    A name that is no voice but a skipped clip's (the listing's ``skipped``) deletes that
+    clip and its transcripts: ``{"deleted": name, "skipped": file}``. ``?skipped=true``
+    deletes the skipped clip of a name a preset or speaker serves (the voice stays)."""
     service, library = request.app[_SERVICE_KEY], request.app[_LIBRARY_KEY]
-    voice = await _edit(request, library.delete, request.match_info["voice"])
+    only_skipped = request.query.get("skipped", "").lower() in ("1", "true", "yes")
+    gone = await _edit(request, library.delete, request.match_info["voice"], only_skipped)
+    if isinstance(gone, SkippedClip):
+        return web.json_response({"deleted": gone.name, "skipped": gone.file})
+    voice = gone
     back = service.catalog.find(voice.name)  # the voice it took the name of, if any
     if back is not None and back.kind is ModelKind.VOICE_DESIGN and service.anchors is not None:
         service.anchors.changed()  # the preset's anchor, if it has none yet

@@ -377,6 +377,21 @@ class _Skip:
     level: int
 
 
+@dataclass(frozen=True)
+class SkippedClip:
+    """A clip of the clone library that is no voice because it cannot be used.
+
+    Attributes:
+        name: the voice name it would give (``clone_name`` of its file's stem).
+        file: its file name in the voices folder (no folders).
+        reason: why it is skipped, in words (too short, silent, unreadable).
+    """
+
+    name: str
+    file: str
+    reason: str
+
+
 class VoiceCatalog:
     """All voices the loaded models can speak, looked up by name or alias.
 
@@ -415,6 +430,7 @@ class VoiceCatalog:
         self._presets_said: tuple[tuple[int, int, int] | None, tuple[str, ...]] | None = None
         self._clones: dict[str, Voice] = {}
         self._clone_problems: dict[str, str] = {}  # name key (``name_key``): why its clip was skipped
+        self._skipped: dict[str, SkippedClip] = {}  # name key: the same, as the studio lists it
         self._orphans: dict[str, str] = {}  # name key: a transcript's file name, no clip beside it
         self._signature: tuple[tuple[str, int, int, int], ...] | None = None
         #: The broken clips already logged at ERROR, as (name, mtime ns, size, inode): a rescan
@@ -533,6 +549,7 @@ class VoiceCatalog:
             return
         clones: dict[str, Voice] = {}
         problems: dict[str, str] = {}
+        skipped: dict[str, SkippedClip] = {}
         reported: set[tuple[str, int, int, int]] = set()
         transcripts_said: set[tuple[tuple[str, int, int, int], ...]] = set()
         by_name = dict(zip((p.name for p in files), signature_items, strict=True))
@@ -594,7 +611,9 @@ class VoiceCatalog:
                 _LOGGER.log(level, "Skipping clone voice %s: %s", path, clip.why)
                 reported.add(item)
                 # for clients: the file's name, not the server's folders (soundfile names the path)
-                problems[key] = f"{path.name}: " + clip.why.replace(str(path), path.name)
+                reason = clip.why.replace(str(path), path.name)
+                problems[key] = f"{path.name}: {reason}"
+                skipped[key] = SkippedClip(name, path.name, reason)
                 continue
             reference = clip
             mode = "reference transcript" if reference.transcript else "x-vector only, no transcript"
@@ -612,6 +631,7 @@ class VoiceCatalog:
         self._read = read
         served = {name_key(c) for c in clones}
         self._clone_problems = {key: why for key, why in problems.items() if key not in served}
+        self._skipped = {key: clip for key, clip in skipped.items() if key not in served}
         self._orphans = {key: name for key, name in orphans.items() if key not in served}
         # Last: while the clips are read, ``stale`` still says so, and a door's
         # ``refresh_async`` waits for these reads instead of looking up the old catalogue.
@@ -648,6 +668,16 @@ class VoiceCatalog:
         be used (unreadable, too short, silent), each as ``<file>: why``, by file name; not
         those skipped for their name (control characters, a name another clip has)."""
         return sorted(self._clone_problems.values())
+
+    def skipped(self) -> list[SkippedClip]:
+        """``skipped_clips`` as records (name, file, reason), by file name: the clips no
+        clone voice speaks because they cannot be used. The studio lists them, deletes them
+        (``DELETE`` on the name) and replaces them (an upload of the name)."""
+        return sorted(self._skipped.values(), key=lambda clip: clip.file)
+
+    def skipped_clip(self, name: str) -> SkippedClip | None:
+        """The skipped clip that would give the voice ``name`` (compared by ``name_key``), or None."""
+        return self._skipped.get(name_key(name))
 
     def voices(self) -> list[Voice]:
         """Every available voice. Names are case-insensitive (``name_key``): a user preset overrides the

@@ -14,7 +14,7 @@ const GREETINGS = {
 };
 
 const $ = (id) => document.getElementById(id);
-const state = {voices: [], defaultVoice: null, defaultPinned: false, voicesFolder: null,
+const state = {voices: [], defaultVoice: null, defaultPinned: false, defaultServed: true, voicesFolder: null, skipped: [],
     models: null, playingButton: null, tryAbort: null, recorded: null};
 // What a voice of the user's takes the place of (the listing's "shadows"), as the page names it.
 const BENEATH = {shipped: "shipped preset", user: "preset", builtin: "built-in speaker"};
@@ -77,9 +77,15 @@ function say(text, kind) {
     box.hidden = !text;
 }
 
+// The server's words for some codes name this page by its address: the page says them its own way.
+const OWN_WORDS = {
+    "no-voices": "This server has no voice yet: upload a clip under Clone a voice below (or copy one into the " +
+        "voices folder), then try again.",
+};
+
 function fail(error) {
     if (error && (error.name === "AbortError" || error.status === 401)) return;  // 401: the key form says it
-    say(error && error.message ? error.message : String(error), "error");
+    say(error && OWN_WORDS[error.code] ? OWN_WORDS[error.code] : error && error.message ? error.message : String(error), "error");
 }
 
 function askForKey(rejected) {
@@ -159,6 +165,8 @@ async function loadVoices() {
     state.defaultVoice = listing.default;
     state.defaultPinned = listing.default_pinned === true;
     state.voicesFolder = listing.voices_folder || null;
+    state.skipped = listing.skipped || [];
+    state.defaultServed = listing.default_served !== false;
     try {
         const models = await (await api("v1/models")).json();
         state.models = models.data.map((model) => model.id);
@@ -210,6 +218,36 @@ function renderEmptyHint() {
     );
 }
 
+// Clips of the voices folder that are no voice (too short, silent, unreadable): why, and Delete.
+function renderSkipped() {
+    const box = $("voices-skipped");
+    box.hidden = state.skipped.length === 0;
+    const list = el("ul", {className: "skipped-list"});
+    for (const clip of state.skipped) {
+        const item = el("li", {}, [
+            el("code", {className: "skipped-file", textContent: clip.file}), document.createTextNode(": " + clip.reason + " "),
+            button("Delete", () => deleteSkipped(clip), "danger"),
+        ]);
+        item.dataset.skipped = clip.name;
+        list.append(item);
+    }
+    box.replaceChildren(
+        el("strong", {textContent: "Skipped files. "}),
+        document.createTextNode("These clips of the voices folder are no voice. Delete one here, or upload a good " +
+            "clip under its name under Clone a voice to replace it."),
+        list,
+    );
+}
+
+async function deleteSkipped(clip) {
+    if (!confirm(`Delete ${clip.file} (and its transcript) from the voices folder? It is no voice: ${clip.reason}.`)) return;
+    try {
+        await api(voiceUrl(clip.name) + "?skipped=true", {method: "DELETE"});
+        say(`Deleted the skipped file ${clip.file}.`, "ok");
+        await loadVoices();
+    } catch (error) { fail(error); }
+}
+
 function renderVoices() {
     const body = $("voices").querySelector("tbody");
     body.replaceChildren();
@@ -254,6 +292,18 @@ function renderVoices() {
     }
     $("voice-count").textContent = state.voices.length + (state.voices.length === 1 ? " voice" : " voices");
     renderEmptyHint();
+    renderSkipped();
+    if (!state.defaultServed && state.defaultVoice) {
+        say(`The server's default voice ${state.defaultVoice} (--voice) is gone: requests that name no voice ` +
+            `(Home Assistant's, without a voice option) are refused. Put its clip back into the voices folder, ` +
+            `upload one named ${state.defaultVoice} under Clone a voice, or choose another default voice and restart.`, "error");
+    }
+    const noVoice = state.voices.length === 0;
+    $("try-speak").disabled = noVoice;
+    $("try-speak").title = noVoice ? "No voice yet: add one first" : "";
+    const noVoiceText = "No voice to speak with yet: add one first.";
+    if (noVoice) $("try-status").textContent = noVoiceText;
+    else if ($("try-status").textContent === noVoiceText) $("try-status").textContent = "";
     const select = $("try-voice");
     const chosen = select.value || state.defaultVoice;
     select.replaceChildren(...state.voices.map((v) => el("option", {value: v.name, textContent: v.name})));
@@ -545,24 +595,32 @@ function candidateCard(candidate, index, design) {
     const audio = el("audio", {controls: true, preload: "auto"});
     api(candidate.sample).then((r) => r.blob()).then((blob) => { audio.src = URL.createObjectURL(blob); }).catch(fail);
     const name = el("input", {type: "text", maxLength: 48, placeholder: "name for this voice"});
-    const keepButton = button("Keep", async () => {
+    const replaceButton = button("Replace", () => keep(true), "danger");
+    replaceButton.hidden = true;
+    async function keep(replace) {
         keepButton.disabled = true;
+        replaceButton.hidden = true;
         try {
-            const voice = await apiJson(`v1/audio/designs/${candidate.id}/keep`, "POST",
-                {name: name.value, summary: design.description});
+            const body = {name: name.value, summary: design.description};
+            if (replace) body.replace = true;
+            const voice = await apiJson(`v1/audio/designs/${candidate.id}/keep`, "POST", body);
             say(`Kept candidate ${index + 1} as the preset ${voice.name}.`, "ok");
             card.classList.add("kept");
             await loadVoices();
         } catch (error) {
             keepButton.disabled = false;
+            // A shipped preset's name: the server says "replace": true overrides it; offer that.
+            replaceButton.hidden = !(error.code === "name-taken" && /"replace": true/.test(error.message));
+            replaceButton.title = `Keep it as your preset ${name.value}, spoken in place of the shipped one`;
             fail(error);
         }
-    }, "primary");
+    }
+    const keepButton = button("Keep", () => keep(false), "primary");
     const card = el("div", {className: "candidate"}, [
         el("h3", {textContent: `Candidate ${index + 1}`}),
         el("div", {className: "muted", textContent: `seed ${candidate.seed} · ${candidate.seconds.toFixed(1)} s`}),
         audio,
-        el("div", {className: "row"}, [name, keepButton]),
+        el("div", {className: "row"}, [name, keepButton, replaceButton]),
     ]);
     card.dataset.candidate = candidate.id;
     return card;
