@@ -189,7 +189,7 @@ def launch_wrappers(recorder: Recorder) -> None:
 
     from wyoming_qwen3tts.engine.batched.kernels import (
         attention, causal_conv, codebooks, embed, im2col, int8_matmul, linear, noise, rmsnorm, rope,
-        rope_attention, rope_tables, sampler, silu_mul, snake, weight,
+        rope_attention, rope_tables, sampler, silu_mul, snake,
     )
     from wyoming_qwen3tts.engine.batched.sampling import CANDIDATES, RowParams
 
@@ -226,8 +226,9 @@ def launch_wrappers(recorder: Recorder) -> None:
         for b, n in ((4, 1), (1, 12)):
             rope_tables.rope_cos_sin(e(b, n, dtype=i64), e(hd // 2, dtype=f32), 1.0, dtype)
         # Products: each flag in each kind of tile (broadcast and ``tl.dot``, from ``tiles_for``
-        # by rows and outputs, and ``weight.wide_tiles``'s), dense and int8.
-        wide = weight.wide_tiles(16, 1024, 2048, 2, True) or (16, 16, 512)  # residual products only
+        # by rows and outputs, and the wide tile stop 44's sweep (``benchmarks.linear_sweep``)
+        # found best for the predictor's residual products), dense and int8.
+        wide = (16, 16, 512)
         for rows, n, k, tiles in ((1, 3072, 2048, None), (1, 1024, 2048, None), (3, 1024, 1024, None),
                                   (16, 1024, 2048, None), (16, 1024, 2048, linear.Tiles(*wide, dot=True))):
             for with_norm, silu, res, int8, with_bias, gather in (

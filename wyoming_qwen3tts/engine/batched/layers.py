@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels.weight import Weight, use_fused, wide_tiles
+from .kernels.weight import Weight, use_fused
 
 #: ``kv(k, v) -> (keys, values)``: store this step's keys/values ([B, kv_heads, n, head_dim])
 #: and return everything to attend over ([B, kv_heads, L, head_dim]).
@@ -319,16 +319,12 @@ class FusedLayer:
         """``kernels.linear.fused_linear(x, weight, ...)``, or the same as cuBLAS
         (``projection``) with the norm, SiLU-multiply and residual add as kernels of their own
         where ``use_fused`` prefers that."""
-        from .kernels.linear import Tiles, fused_linear
+        from .kernels.linear import fused_linear
         from .kernels.rmsnorm import add_rms_norm
         from .kernels.silu_mul import silu_mul
 
-        rows, inputs = x.numel() // x.shape[-1], x.shape[-1]
-        if use_fused(rows, inputs):
+        if use_fused(x.numel() // x.shape[-1], x.shape[-1]):
             return fused_linear(x, weight, norm=norm, silu=silu, residual=residual)
-        wide = wide_tiles(rows, weight.out_features, inputs, x.element_size(), residual is not None)
-        if wide is not None:
-            return fused_linear(x, weight, norm=norm, silu=silu, residual=residual, tiles=Tiles(*wide, dot=True))
         if norm is not None:
             x = add_rms_norm(x, None, *norm)[1]
         y = projection(x)

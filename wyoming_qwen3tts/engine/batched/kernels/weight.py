@@ -3,7 +3,6 @@ serve (no triton import, so the layers can hold one on any machine)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,25 +21,6 @@ def use_fused(m: int, k: int) -> bool:
     row only (a lone stream's step). With more rows cuBLAS and separate neighbour kernels
     were faster at every measured shape (2-64 rows, ``benchmarks/results/linear``)."""
     return m == 1 and k <= FUSED_MAX_K
-
-
-#: Rows between which ``wide_tiles`` may pick a fused product over cuBLAS.
-WIDE_ROWS = (5, 32)
-
-
-def wide_tiles(m: int, n: int, k: int, element: int, residual: bool) -> tuple[int, int, int] | None:
-    """The ``tl.dot`` tile (rows, outputs, inputs) for a residual product of ``m`` rows
-    (5-32), ``n`` <= 1,024 outputs and ``k`` >= 2,048 inputs of 2-byte activations, where
-    ``fused_linear`` beat cuBLAS and its residual add on the H200 (stop 44's
-    ``benchmarks.linear_sweep``, predictor shapes, GPU time per product: ``o_proj`` 2,048 ->
-    1,024 at 8/16/32 rows 6.6/6.5/6.3 us against 7.4/7.5/7.4; ``down`` 3,072 -> 1,024
-    8.6/8.2/8.9 against 9.1/9.2/9.2); None for every other product, and unless
-    ``QWEN3TTS_WIDE_TILES=1`` (off by default until the whole frame is timed with it)."""
-    if os.environ.get("QWEN3TTS_WIDE_TILES", "0") != "1":
-        return None
-    if not residual or element != 2 or n > 1024 or k < 2048 or not WIDE_ROWS[0] <= m <= WIDE_ROWS[1]:
-        return None
-    return (16 if m <= 16 else 32, 16, 512)
 
 
 @dataclass(frozen=True)
