@@ -26,6 +26,9 @@
 #      then the rest of `pytest -m gpu` but test_memory_gpu.py in the time left (WALL s in all,
 #      585 unless set: a session short of device time sets less)
 #   8: test_memory_gpu.py alone (its full-size checkpoints built by call 7)
+#   9: (for the next session) the frame profile at batch 1, 8 and 32 with the engine's
+#      convolutions QWEN3TTS_CONV=folded (call 7: the decode 1.96 ms against im2col's 2.14 at
+#      batch 32, 1.01 against 1.06 at 8, 0.75 against 0.68 at 1), beside the default
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -104,4 +107,6 @@ case "${1:-1}" in
      timeout $(( 585 - ($(date +%s) - s) )) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -rf \
        tests/test_memory_gpu.py 2>&1 | tee "$OUT/memory/gpu-tests.log" | tail -12
      echo "memory tests at $(since)" ;;
+  9) profile "$OUT/profile" 200 1,8,32
+     QWEN3TTS_CONV=folded profile "$OUT/profile-folded" 200 1,8,32 ;;
 esac
