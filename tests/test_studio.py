@@ -1044,6 +1044,35 @@ def test_a_pinned_default_may_go_exactly_when_a_voice_of_its_name_lies_beneath_i
     assert refused.value.code == "default-voice"
 
 
+async def test_a_gone_pinned_default_refuses_only_requests_it_would_have_spoken(checkpoints: Path, tmp_path: Path) -> None:
+    """With the --voice default's clip removed by hand, a request naming no voice is refused
+    (default-voice-gone), and so is one naming the clone model alone (the default would have
+    spoken it); one naming another model, or describing a voice, never used the default and
+    is spoken as when it was served (it was refused with default-voice-gone)."""
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    for name in ("bob", "kim"):
+        sf.write(voices / f"{name}.wav", tone(2.0), 24000)
+    srv = start_server(checkpoints, voices, tmp_path / "server.log", extra=["--no-zeroconf", "--voice", "bob"])
+    try:
+        (voices / "bob.wav").unlink()
+        for refused in ({}, {"model": "qwen3-tts-clone"}):
+            status, body = await call(srv, "POST", "/v1/audio/speech", auth=False, json={"input": "Hi", **refused})
+            assert status == 404 and json.loads(body)["error"]["code"] == "default-voice-gone", (refused, body)
+        for served, said in (({"model": "qwen3-tts-custom-voice"}, None), ({"model": "qwen3-tts-voice-design"}, None),
+                             ({"instructions": "A calm low voice."}, "(designed)"),
+                             ({"model": "qwen3-tts-voice-design", "instructions": "A calm low voice."}, "(designed)")):
+            async with aiohttp.ClientSession() as session:
+                async with session.post(f"{srv.http_url}/v1/audio/speech",
+                                        json={"input": "Hi", "response_format": "pcm", **served}) as response:
+                    body = await response.read()
+                    assert response.status == 200, (served, body)
+                    assert said is None or response.headers["X-Voice"] == said, (served, dict(response.headers))
+            assert len(body) > 0
+    finally:
+        stop_server(srv)
+
+
 async def test_a_skipped_clip_is_listed_replaced_by_an_upload_and_deleted_and_a_pinned_default_gone_says_so(
     checkpoints: Path, tmp_path: Path
 ) -> None:

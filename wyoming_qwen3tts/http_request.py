@@ -16,7 +16,7 @@ from typing import Any
 from .encoders import FORMATS
 from .http_common import MAX_INSTRUCTIONS_CHARS, MODEL_OF_KIND, ApiError
 from .limits import MAX_SEED
-from .service import TtsService, VoiceNotFoundError, check_text
+from .service import DefaultVoiceGoneError, TtsService, VoiceNotFoundError, check_text
 from .tempo import MAX_SPEED, MIN_SPEED
 from .voices import ModelKind
 
@@ -268,8 +268,16 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
         return voice.name
     if kind is None or (kind is ModelKind.VOICE_DESIGN and params.instructions):
         return None  # the default voice, or a voice designed from the instructions
-    default = service.resolve_voice(None)
-    if default.kind is kind:
+    try:
+        default = service.resolve_voice(None)
+    except DefaultVoiceGoneError:
+        # The --voice default is gone. A clone model's request would have been spoken by it
+        # (a clip removed by hand is how a default goes): refused as a request naming no
+        # voice is. Another model's request never was: its first voice, as when the default is served.
+        if kind is ModelKind.BASE:
+            raise
+        default = None
+    if default is not None and default.kind is kind:
         return default.name
     names = sorted(v.name for v in service.catalog.voices() if v.kind is kind)
     if not names:

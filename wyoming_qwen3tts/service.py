@@ -437,11 +437,17 @@ class TtsService:
                 f"The server is busy ({len(self._open)} requests open, the limit is "
                 f"{self.max_queue}); retry in a few seconds"
             )
-        voice = self.resolve_voice(request.voice)
-        if request.instructions and not request.voice and ModelKind.VOICE_DESIGN in self._engines:
+        designing = bool(request.instructions) and not request.voice and ModelKind.VOICE_DESIGN in self._engines
+        designed = [v for v in self.catalog.voices() if v.kind is ModelKind.VOICE_DESIGN] if designing else []
+        try:
+            voice = self.resolve_voice(request.voice)
+        except DefaultVoiceGoneError:
+            if not designed:
+                raise
+            voice = designed[0]  # a description alone never used the default's voice
+        if designed:
             # A description alone designs a voice: take the VoiceDesign model.
-            designed = [v for v in self.catalog.voices() if v.kind is ModelKind.VOICE_DESIGN]
-            voice = designed[0] if designed and voice.kind is not ModelKind.VOICE_DESIGN else voice
+            voice = designed[0] if voice.kind is not ModelKind.VOICE_DESIGN else voice
         try:
             language = to_qwen(request.language) if request.language else voice.language
         except UnsupportedLanguageError as err:
