@@ -76,9 +76,6 @@ _ABBREVIATIONS = frozenset(
 #: letter): counted with the text before as context, so the counts of consecutive stretches
 #: add up to the count of their whole. Chinese and Japanese characters count half a word each.
 _SPACED_LETTER = r"[^\W\d_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
-#: Characters after a clause mark searched for a letter or digit: the first segment of
-#: streamed text ends at the mark only when speech follows within them.
-CLAUSE_FOLLOW_CHARS = 32
 _WORD_START_RE = re.compile(rf"(?<!{_SPACED_LETTER}){_SPACED_LETTER}")
 _SPEAKABLE_RE = re.compile(r"\w")
 
@@ -295,12 +292,7 @@ class Segmenter:
             start = self._checks(text, start, begin, pieces, out)
             pos = end
             if not match.group().isspace():  # CJK punctuation or an em dash: decide right after it
-                follows = self._speech_follows(text, end, end, final)
-                if follows is None:  # what follows decides: hold the mark
-                    pieces.append(text[start:begin])
-                    start = begin
-                    break
-                if follows and self._clause_ends(end):
+                if self._clause_ends(end):
                     pieces.append(text[start:end] + "\n\n")
                     start = self._marked(end)
                 else:
@@ -313,12 +305,7 @@ class Segmenter:
                 self._first_clause = False
                 self._marked(end)
                 continue
-            follows = self._speech_follows(text, begin, end, final)
-            if follows is None:  # what follows decides: hold the space
-                pieces.append(text[start:begin])
-                start = begin
-                break
-            if follows and self._clause_ends(begin):
+            if self._clause_ends(begin):
                 pieces.append(text[start:begin] + "\n\n")
                 start = self._marked(end)
                 continue
@@ -410,21 +397,6 @@ class Segmenter:
             cut = run_on_cut(held)
             self._detector = SentenceBoundaryDetector()  # the same text, a sentence mark at the cut
             out += self._segments(self._detector.add_chunk(f"{held[:cut]}\n\n{held[cut:]}"))
-
-    def _speech_follows(self, text: str, mark_end: int, end: int, final: bool) -> bool | None:
-        """Whether a clause mark ending at ``mark_end`` (the decision point ends at ``end``)
-        may end the first segment as far as what follows goes: True when a letter or digit
-        follows within ``CLAUSE_FOLLOW_CHARS`` (or no clause may end there anyway), False
-        when none does (marks alone, "Rating: *", would be a segment of nothing, and lost),
-        None while that is not known yet (hold the decision point). Decided on the text
-        alone, so whole and streamed text are cut alike."""
-        if not self._first_clause or not _CLAUSE_END_RE.search(text, max(0, mark_end - 3), mark_end):
-            return True
-        if _SPEAKABLE_RE.search(text, end, end + CLAUSE_FOLLOW_CHARS):
-            return True
-        if final or len(text) >= end + CLAUSE_FOLLOW_CHARS:
-            return False
-        return None
 
     def _clause_ends(self, end: int) -> bool:
         """True (once) when the first segment of streamed text may end at ``end``: a clause
