@@ -1045,7 +1045,8 @@ def test_a_pinned_default_may_go_exactly_when_a_voice_of_its_name_lies_beneath_i
 
 
 async def test_a_gone_pinned_default_refuses_only_requests_it_would_have_spoken(checkpoints: Path, tmp_path: Path) -> None:
-    """With the --voice default's clip removed by hand, a request naming no voice is refused
+    """A skipped clip under a shipped preset's name: DELETE and an upload of the name are
+    refused, saying how to clear it. With the --voice default's clip removed by hand, a request naming no voice is refused
     (default-voice-gone), and so is one naming the clone model alone (the default would have
     spoken it); one naming another model, or describing a voice, never used the default and
     is spoken as when it was served (it was refused with default-voice-gone)."""
@@ -1053,8 +1054,20 @@ async def test_a_gone_pinned_default_refuses_only_requests_it_would_have_spoken(
     voices.mkdir()
     for name in ("bob", "kim"):
         sf.write(voices / f"{name}.wav", tone(2.0), 24000)
+    sf.write(voices / "lena.wav", tone(0.8), 24000)  # skipped, under a shipped preset's name
     srv = start_server(checkpoints, voices, tmp_path / "server.log", extra=["--no-zeroconf", "--voice", "bob"])
     try:
+        # The skipped clip under a preset's name: the refusals say how to clear it (they did not).
+        status, body = await call(srv, "DELETE", "/v1/audio/voices/lena", auth=False)
+        error = json.loads(body)["error"]
+        assert status == 403 and error["code"] == "shipped-preset" and "lena.wav" in error["message"], body
+        assert "/v1/audio/voices/lena?skipped=true" in error["message"], body
+        status, body = await call(srv, "POST", "/v1/audio/voices", auth=False, data=upload("lena", encoded(tone(2.0), "wav")))
+        error = json.loads(body)["error"]
+        assert status == 409 and error["code"] == "name-taken" and "skipped (" in error["message"], body
+        assert "replace the file in the folder" in error["message"] and "?skipped=true" in error["message"], body
+        status, body = await call(srv, "DELETE", "/v1/audio/voices/lena?skipped=true", auth=False)
+        assert status == 200 and not (voices / "lena.wav").exists(), body
         (voices / "bob.wav").unlink()
         for refused in ({}, {"model": "qwen3-tts-clone"}):
             status, body = await call(srv, "POST", "/v1/audio/speech", auth=False, json={"input": "Hi", **refused})

@@ -337,6 +337,7 @@ class VoiceLibrary:
                     message += "; choose another name, or delete or rename that voice first"
                 else:
                     message += "; choose another name"
+                message += self._skipped_note(name, "an upload or rename cannot replace it under this name: replace the file in the folder, or delete it")
                 raise VoiceEditError(409, "name-taken", message, "name")
         elif key in shipped and not replace_shipped:
             message = f'{name!r} is the name of a shipped preset; set "replace": true to override it'
@@ -369,6 +370,18 @@ class VoiceLibrary:
                         f"{quote(skipped.name, safe='')}; the studio's Skipped files list)"
                     )
                     raise VoiceEditError(409, "name-taken", message, "name")
+
+    def _skipped_note(self, name: str, how: str) -> str:
+        """For a refusal of a name that a preset or speaker serves: "" or, when a skipped
+        clip (too short, silent, unreadable) also has that name, a note naming it, ``how`` to
+        clear it, and the request that deletes it alone (``?skipped=true``)."""
+        clip = self.catalog.skipped_clip(name)
+        if clip is None:
+            return ""
+        return (
+            f". The voices folder also holds {clip.file!r} of that name, skipped ({clip.reason}); {how}: "
+            f"DELETE /v1/audio/voices/{quote(clip.name, safe='')}?skipped=true (the studio's Skipped files list)"
+        )
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -431,10 +444,10 @@ class VoiceLibrary:
                 f"{voice.name!r} is a shipped preset: it cannot be renamed or deleted, only "
                 "overridden by a preset of the same name"
             )
-            raise VoiceEditError(403, "shipped-preset", message, "voice")
+            raise VoiceEditError(403, "shipped-preset", message + self._skipped_note(name, "delete it"), "voice")
         if voice.source is VoiceSource.BUILTIN:
             message = f"{voice.name!r} is a built-in speaker of the CustomVoice model"
-            raise VoiceEditError(403, "builtin-speaker", message, "voice")
+            raise VoiceEditError(403, "builtin-speaker", message + self._skipped_note(name, "delete it"), "voice")
         default = self.default_voice
         # A voice over another of its name may go: the one beneath serves the name again.
         if default is not None and voice.name.casefold() == default.casefold() and self.catalog.beneath(voice) is None:

@@ -234,7 +234,8 @@ function renderSkipped() {
     box.replaceChildren(
         el("strong", {textContent: "Skipped files. "}),
         document.createTextNode("These clips of the voices folder are no voice. Delete one here, or upload a good " +
-            "clip under its name under Clone a voice to replace it."),
+            "clip under its name under Clone a voice to replace it (not under a preset's or a built-in speaker's name: " +
+            "replace that file in the folder)."),
         list,
     );
 }
