@@ -252,14 +252,12 @@ def test_a_clip_shorter_than_the_studio_takes_is_skipped_until_replaced_with_a_l
         assert catalog.find("kim") is None and catalog.get("icl").kind is ModelKind.BASE
         said = [(r.levelno, r.getMessage()) for r in caplog.records if "kim.wav" in r.getMessage()]
         assert said == [(logging.WARNING, f"Skipping clone voice {tmp_path / 'kim.wav'}: the clip is 0.50 s long, "
-                                          "under the 1 s a clone clip needs (the voice studio refuses such an upload too)")]
+                                          "under the 1 s a clone clip needs")]
         caplog.clear()
         with pytest.raises(UnknownVoiceError, match=r"'kim' is a clone whose clip could not be used \(kim.wav: the clip "
                                                      r"is 0.50 s long, under the 1 s a clone clip needs"):
             catalog.get("kim")
-        assert catalog.skipped_clips() == [
-            "kim.wav: the clip is 0.50 s long, under the 1 s a clone clip needs (the voice studio refuses such an upload too)"
-        ]
+        assert catalog.skipped_clips() == ["kim.wav: the clip is 0.50 s long, under the 1 s a clone clip needs"]
         assert survey_clips(tmp_path) == (True, ["kim.wav (0.50 s long, under the 1 s a clone clip needs)"])
         write_voice(tmp_path, "other")  # another change: a rescan, kim's warning not repeated
         catalog.refresh()
@@ -273,6 +271,33 @@ def test_a_clip_shorter_than_the_studio_takes_is_skipped_until_replaced_with_a_l
         assert kim.reference is not None and kim.reference.transcript == "Kim speaking."
         assert len(kim.reference.audio) == 2 * 24000 and catalog.skipped_clips() == []
         assert taken_logs(caplog, logging.WARNING, "kim") == []
+
+
+def test_a_silent_clip_and_a_short_one_are_skipped_alike_at_warning_in_words_fit_for_the_studio_page(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A silent clip in the voices folder was logged at ERROR, a too-short one at WARNING,
+    though both are the same event (the clip is skipped, the server goes on), and the
+    short clip's reason ended "(the voice studio refuses such an upload too)", odd on the
+    studio page's Skipped files list where it is shown. Now both are WARNINGs of one shape,
+    "Skipping clone voice <path>: the clip is <what>, under the <minimum> a clone clip needs",
+    their reasons free of any mention of the studio; an unreadable file stays an ERROR."""
+    write_voice(tmp_path, "icl")
+    (tmp_path / "kim.wav").write_bytes(_tone_wav(0.5))
+    sf.write(tmp_path / "hush.wav", np.zeros(24000, np.float32), 24000)
+    (tmp_path / "broken.wav").write_bytes(b"RIFF....not a wav file")
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, ALL)
+    said = {r.getMessage(): r.levelno for r in caplog.records if r.getMessage().startswith("Skipping clone voice")}
+    assert said.pop(f"Skipping clone voice {tmp_path / 'kim.wav'}: the clip is 0.50 s long, "
+                    "under the 1 s a clone clip needs") == logging.WARNING, said
+    assert said.pop(f"Skipping clone voice {tmp_path / 'hush.wav'}: the clip is silent (its loudest sample is "
+                    "0.0000 of full scale, under the 0.01 a clone clip needs)") == logging.WARNING, said
+    assert list(said.values()) == [logging.ERROR] and "broken.wav" in next(iter(said)), said
+    reasons = {clip.file: clip.reason for clip in catalog.skipped()}
+    assert reasons["kim.wav"] == "the clip is 0.50 s long, under the 1 s a clone clip needs", reasons
+    assert reasons["hush.wav"].endswith("under the 0.01 a clone clip needs)"), reasons
+    assert not any("studio" in reason for reason in reasons.values()), reasons
 
 
 def test_a_clone_with_two_transcripts_reads_one_by_a_fixed_rule_and_warns_once(

@@ -55,6 +55,21 @@ MIN_CLIP_SECONDS = 1.0
 #: ``anchor_text`` through.
 MIN_REFERENCE_SECONDS = 0.5
 
+
+
+def too_short_reason(seconds: float) -> str:
+    """Why a clip of ``seconds`` (under ``MIN_CLIP_SECONDS``) is no clone voice: one phrase,
+    in the same words in the log, the listing's ``skipped`` (the studio page's Skipped
+    files), a request's refusal and the start-up check of ``--voice``."""
+    return f"the clip is {seconds:.2f} s long, under the {MIN_CLIP_SECONDS:g} s a clone clip needs"
+
+
+def silent_reason(peak: float) -> str:
+    """Why a clip whose loudest sample is ``peak`` (full scale 1.0, under ``SILENCE_PEAK``) is
+    no clone voice, in the shape of ``too_short_reason``."""
+    return f"the clip is silent (its loudest sample is {peak:.4f} of full scale, under the {SILENCE_PEAK:g} a clone clip needs)"
+
+
 AUDIO_SUFFIXES = (".wav", ".flac")
 #: Name of the user's presets file in the voices folder.
 PRESETS_FILE = "presets.toml"
@@ -642,25 +657,21 @@ class VoiceCatalog:
     @staticmethod
     def _read_clip(path: Path, transcript: Path | None) -> Reference | _Skip:
         """The clip at ``path`` (its transcript: ``transcript``, or none) as a Reference, or
-        why it cannot clone (never raises): shorter than ``MIN_CLIP_SECONDS`` (a WARNING, as
-        the studio refuses such an upload: a user's choice of clip, not a broken file), or
-        unreadable or silent (an ERROR)."""
+        why it cannot clone (never raises): shorter than ``MIN_CLIP_SECONDS`` or silent (a
+        WARNING, as the studio refuses such an upload: a user's choice of clip, not a broken
+        file; ``too_short_reason``, ``silent_reason``), or unreadable (an ERROR)."""
         try:
             reference = Reference.load(path, transcript)
-            seconds = len(reference.audio) / reference.sample_rate
-            if seconds < MIN_CLIP_SECONDS:  # as uploads are refused (clip-too-short)
-                raise ClipTooShortError(seconds)
-            peak = float(np.abs(reference.audio).max())
-            if peak < SILENCE_PEAK:  # as uploads are refused: it would clone silence
-                raise ValueError(f"the clip is silent (peak {peak:.4f} of full scale)")
-        except ClipTooShortError as err:
-            return _Skip(
-                f"the clip is {err.seconds:.2f} s long, under the {MIN_CLIP_SECONDS:g} s a clone clip needs "
-                "(the voice studio refuses such an upload too)",
-                logging.WARNING,
-            )
+        except ClipTooShortError as err:  # under MIN_REFERENCE_SECONDS: too short all the same
+            return _Skip(too_short_reason(err.seconds), logging.WARNING)
         except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, never fatal
             return _Skip(str(err), logging.ERROR)
+        seconds = len(reference.audio) / reference.sample_rate
+        if seconds < MIN_CLIP_SECONDS:  # as uploads are refused (clip-too-short)
+            return _Skip(too_short_reason(seconds), logging.WARNING)
+        peak = float(np.abs(reference.audio).max())
+        if peak < SILENCE_PEAK:  # as uploads are refused (clip-silent): it would clone silence
+            return _Skip(silent_reason(peak), logging.WARNING)
         return reference
 
     def skipped_clips(self) -> list[str]:
