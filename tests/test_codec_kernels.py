@@ -45,7 +45,7 @@ if not torch.cuda.is_available():  # conftest.py sets it; this covers running th
 
 from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import SnakeBeta  # noqa: E402
 
-from wyoming_qwen3tts.engine.batched.codec import StreamingDecoder  # noqa: E402
+from wyoming_qwen3tts.engine.batched.codec import FOLDED_MIN_ROWS, StreamingDecoder, product_mode  # noqa: E402
 from wyoming_qwen3tts.engine.batched.kernels import snake  # noqa: E402
 from wyoming_qwen3tts.engine.batched.conv_products import CONV_MODES, ConvProduct, TransConvProduct  # noqa: E402
 
@@ -388,20 +388,31 @@ def test_fused_decoder_under_the_interpreter_is_the_eager_decoder(checkpoints: P
     for mode in CONV_MODES:
         fused = StreamingDecoder(decoder, 2, fused=True)
         assert fused.fused and not eager.fused  # the CPU default is the library's modules
-        assert fused.conv_mode == "im2col"  # QWEN3TTS_CONV's default
+        assert fused.conv_mode == "auto"  # QWEN3TTS_CONV's default
         fused.conv_mode = mode
         torch.testing.assert_close(_decode(fused, codes, [1, 3]), expected, atol=5e-5, rtol=0)
 
 
 def test_an_unknown_convolution_mode_is_refused_by_name(checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``QWEN3TTS_CONV`` takes ``im2col``, ``copy``, ``kernel`` or ``folded`` (any case); anything else stops
-    the decoder's construction with an error naming the value and the choices."""
+    """``QWEN3TTS_CONV`` takes ``auto``, ``im2col``, ``copy``, ``kernel`` or ``folded`` (any case);
+    anything else stops the decoder's construction with an error naming the value and the
+    choices."""
     decoder = _load(checkpoints, "cpu", torch.float32)
     monkeypatch.setenv("QWEN3TTS_CONV", " Copy")
     assert StreamingDecoder(decoder, 1, fused=True).conv_mode == "copy"
     monkeypatch.setenv("QWEN3TTS_CONV", "cudnn")
-    with pytest.raises(ValueError, match="QWEN3TTS_CONV='cudnn': expected one of im2col, copy, kernel, folded"):
+    with pytest.raises(ValueError, match="QWEN3TTS_CONV='cudnn': expected one of auto, im2col, copy, kernel, folded"):
         StreamingDecoder(decoder, 1, fused=True)
+
+
+def test_auto_folds_the_batch_into_the_columns_from_eight_rows() -> None:
+    """``QWEN3TTS_CONV=auto`` (the default) runs ``im2col`` for a lone stream and a few, and
+    ``folded`` from ``FOLDED_MIN_ROWS`` (8) rows, where the H200 timed it faster; a named
+    mode is used at every batch size."""
+    assert [product_mode("auto", rows) for rows in (1, 2, 4, 7, 8, 16, 32, 64)] == ["im2col"] * 4 + ["folded"] * 4
+    assert FOLDED_MIN_ROWS == 8
+    for mode in CONV_MODES:
+        assert {product_mode(mode, rows) for rows in (1, 8, 32)} == {mode}
 
 
 @pytest.mark.parametrize(("device", "dtype"), CASES)

@@ -154,6 +154,14 @@ def test_rope_attention_is_the_two_kernels(device: str, dtype: torch.dtype) -> N
             assert torch.equal(keys, k_ref) and torch.equal(values, v_ref)
             assert torch.equal(out, ref)
             assert not torch.equal(keys, past_k)  # the new keys were written
+            # The slot being written is never read (its key and value come from the
+            # projection): NaN there before the kernel changes nothing.
+            slot = (torch.arange(length, device=device)[None, None, :, None] == pos.expand(b, 1).view(b, 1, 1, 1))
+            poisoned = rope_attention.rope_attention(
+                qkv, norm, cos, sin, pos, past_k.masked_fill(slot, float("nan")),
+                past_v.masked_fill(slot, float("nan")), heads, 0.3,
+            )
+            assert torch.equal(poisoned, out)
 
 
 def _noise(b: int, seed: int, device: str) -> torch.Tensor:

@@ -20,9 +20,10 @@ here, instead of at every call: seven elementwise kernels become one), and every
 convolution but ConvNeXt's depthwise ones is one matrix product on [B, C, T]
 (``conv_products``: tensor cores, no cuDNN layout conversions; a causal convolution's
 columns built by one kernel, ``kernels.im2col``, from the stream's past and the input where
-they lie, the same kernel then moving the past on; ``QWEN3TTS_CONV`` chooses another
-form). The transformer's rotary tables are one kernel too (``kernels.rope_tables``, about
-twelve before), and its last residual add with the final norm. In the decoder
+they lie, the same kernel then moving the past on; from ``FOLDED_MIN_ROWS`` rows the
+batch is folded into the columns for one product; ``QWEN3TTS_CONV`` chooses another form).
+The transformer's rotary tables are one kernel too (``kernels.rope_tables``, about twelve
+before), and its last residual add with the final norm. In the decoder
 blocks a product's bias, and a residual unit's residual add, are left to the SnakeBeta that
 always follows, which adds them in the same kernel. On the CPU the library's modules run as
 they are.
@@ -71,16 +72,33 @@ def _settle(h: torch.Tensor, branch: torch.Tensor | None, bias: torch.Tensor | N
     return h + (branch if bias is None else branch + bias[:, None])
 
 
+#: Rows from which ``QWEN3TTS_CONV=auto`` (the default) forms a causal convolution as
+#: ``folded`` (the batch folded into the columns' samples: one product with the weight read
+#: once); below it ``im2col`` (a batched product, the weight broadcast over the rows). On the
+#: H200 (stop 44, ``benchmarks/results/profile/README.md``) the decode took 0.75 ms folded
+#: against 0.68 at batch 1, 1.01 against 1.06 at 8 and 1.96 against 2.14 at 32.
+FOLDED_MIN_ROWS = 8
+
+
 def _conv_mode(value: str) -> str:
-    """``QWEN3TTS_CONV``'s value as one of ``conv_products.CONV_MODES``.
+    """``QWEN3TTS_CONV``'s value: ``auto``, or one of ``conv_products.CONV_MODES``.
 
     Raises:
         ValueError: another value (named with the ones accepted).
     """
     mode = value.strip().lower()
-    if mode not in CONV_MODES:
-        raise ValueError(f"QWEN3TTS_CONV={value!r}: expected one of {', '.join(CONV_MODES)}")
+    if mode != "auto" and mode not in CONV_MODES:
+        raise ValueError(f"QWEN3TTS_CONV={value!r}: expected one of auto, {', '.join(CONV_MODES)}")
     return mode
+
+
+def product_mode(mode: str, rows: int) -> str:
+    """The ``conv_products.CONV_MODES`` mode a decode of ``rows`` streams runs in ``mode``
+    (``StreamingDecoder.conv_mode``): ``auto`` is ``folded`` from ``FOLDED_MIN_ROWS`` rows
+    and ``im2col`` below; any other mode is itself."""
+    if mode != "auto":
+        return mode
+    return "folded" if rows >= FOLDED_MIN_ROWS else "im2col"
 
 
 class StreamingDecoder:
@@ -104,13 +122,15 @@ class StreamingDecoder:
         param = next(decoder.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.fused = kernels.enabled(param) if fused is None else fused
-        #: How the fused path forms a causal convolution's product (``conv_products.CONV_MODES``):
-        #: ``QWEN3TTS_CONV``, default ``im2col`` (columns by ``kernels.im2col``, then cuBLAS);
-        #: ``copy`` builds the columns with PyTorch (stop 39), ``kernel`` runs the long ones as
-        #: ``kernels.causal_conv`` (no faster on the H200: ``conv_products.KERNEL_MIN_SAMPLES``),
-        #: ``folded`` folds the batch into the columns for one product (not yet timed on a GPU).
+        #: How the fused path forms a causal convolution's product: ``QWEN3TTS_CONV``, default
+        #: ``auto`` (``product_mode``: ``im2col`` for a few rows, ``folded`` from
+        #: ``FOLDED_MIN_ROWS``), or one ``conv_products.CONV_MODES`` mode for every batch:
+        #: ``im2col`` (columns by ``kernels.im2col``, then a batched cuBLAS product), ``copy``
+        #: (the columns by PyTorch, stop 39), ``kernel`` (the long ones as
+        #: ``kernels.causal_conv``; no faster on the H200: ``conv_products.KERNEL_MIN_SAMPLES``),
+        #: ``folded`` (the batch folded into the columns, one product).
         #: Read at each call: set it before capture.
-        self.conv_mode = _conv_mode(os.environ.get("QWEN3TTS_CONV", "im2col"))
+        self.conv_mode = _conv_mode(os.environ.get("QWEN3TTS_CONV", "auto"))
         self.samples_per_frame = int(decoder.total_upsample)
         #: Ids per codebook (2048): codes must be below it.
         self.codebook_size = int(decoder.config.codebook_size)
@@ -224,7 +244,8 @@ class StreamingDecoder:
         product = self._products.get(id(module))
         rows = None if state is None else state[: x.shape[0]]
         if product is not None:  # the product moves the past on (``ConvProduct``'s ``advance``)
-            return product(rows, x, self.conv_mode, advance=rows is not None), None, product.bias
+            mode = product_mode(self.conv_mode, x.shape[0])
+            return product(rows, x, mode, advance=rows is not None), None, product.bias
         if rows is None:
             return module.conv(x), None, None
         full = torch.cat([rows, x], dim=-1)

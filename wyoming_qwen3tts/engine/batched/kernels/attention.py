@@ -42,29 +42,54 @@ def decode_attention_eager(
 
 
 @triton.jit
-def _attend(q, k_base, v_base, s_k_l, s_v_l, start, end, offs, HD: tl.constexpr, BLOCK: tl.constexpr,
-            ITERS: tl.constexpr):
+def _attend(q, k_base, v_base, s_k_l, s_v_l, start, end, offs, slot, k_new, v_new, HD: tl.constexpr,
+            BLOCK: tl.constexpr, ITERS: tl.constexpr, NEW: tl.constexpr):
     """Online softmax of one scaled query (float32 [HD]) over cache positions [start, end):
-    (running max, running sum, unnormalised output float32 [HD])."""
+    (running max, running sum, unnormalised output float32 [HD]).
+
+    Each block's keys and values are requested before the previous block's arithmetic (one
+    memory round trip a block, overlapped with the arithmetic, instead of two in series).
+    With ``NEW``, position ``slot``'s key and value are ``k_new``/``v_new`` ([HD], the
+    caches' dtype) rather than what the cache holds there (which is not read): a kernel
+    that writes this step's key can attend before its write, so no program reads a slot
+    that another is writing. The arithmetic and its order are those of a cache that already
+    held them."""
     m_i = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
     l_i = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
     acc = tl.zeros([HD], tl.float32)
+    n = start + tl.arange(0, BLOCK)
+    valid = n < end
+    read = valid
+    if NEW:
+        read = read & (n != slot)
+    k = tl.load(k_base + n[:, None] * s_k_l + offs[None, :], mask=read[:, None], other=0.0)
+    v = tl.load(v_base + n[:, None] * s_v_l + offs[None, :], mask=read[:, None], other=0.0)
     # A fixed trip count with the blocks past the row's length skipped (a loop bounded by
     # loaded values does not run in Triton's interpreter, which the CPU tests use).
     for it in range(0, ITERS):
-        j = start + it * BLOCK
-        if j < end:
-            n = j + tl.arange(0, BLOCK)
-            valid = n < end
-            k = tl.load(k_base + n[:, None] * s_k_l + offs[None, :], mask=valid[:, None], other=0.0)
+        n_next = n + BLOCK
+        valid_next = n_next < end
+        read_next = valid_next
+        if NEW:
+            read_next = read_next & (n_next != slot)
+        k_next = tl.load(k_base + n_next[:, None] * s_k_l + offs[None, :], mask=read_next[:, None], other=0.0)
+        v_next = tl.load(v_base + n_next[:, None] * s_v_l + offs[None, :], mask=read_next[:, None], other=0.0)
+        if start + it * BLOCK < end:
+            if NEW:
+                here = (n == slot)[:, None]
+                k = tl.where(here, k_new[None, :], k)
+                v = tl.where(here, v_new[None, :], v)
             scores = tl.where(valid, tl.sum(k.to(tl.float32) * q[None, :], axis=1), float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, axis=0))
             p = tl.exp(scores - m_new)
             alpha = tl.exp(m_i - m_new)
-            v = tl.load(v_base + n[:, None] * s_v_l + offs[None, :], mask=valid[:, None], other=0.0)
             l_i = l_i * alpha + tl.sum(p, axis=0)
             acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
             m_i = m_new
+        n = n_next
+        valid = valid_next
+        k = k_next
+        v = v_next
     return m_i, l_i, acc
 
 
@@ -90,7 +115,7 @@ def _decode_attention_kernel(
     q = tl.load(q_ptr + (bt * HEADS + head) * HD + offs).to(tl.float32) * scale
     k_base = k_ptr + b * s_k_b + kvh * s_k_h
     v_base = v_ptr + b * s_v_b + kvh * s_v_h
-    m_i, l_i, acc = _attend(q, k_base, v_base, s_k_l, s_v_l, start, end, offs, HD, BLOCK, ITERS)
+    m_i, l_i, acc = _attend(q, k_base, v_base, s_k_l, s_v_l, start, end, offs, -1, q, q, HD, BLOCK, ITERS, False)
     row = bt * HEADS + head
     if SPLIT:
         n_split = tl.num_programs(2)
