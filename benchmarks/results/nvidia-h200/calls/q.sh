@@ -29,6 +29,14 @@
 #   9: (for the next session) the frame profile at batch 1, 8 and 32 with the engine's
 #      convolutions QWEN3TTS_CONV=folded (call 7: the decode 1.96 ms against im2col's 2.14 at
 #      batch 32, 1.01 against 1.06 at 8, 0.75 against 0.68 at 1), beside the default
+# Stop 45 (bdce9e2: the attention kernels request each block's keys and values before the
+# previous block's arithmetic, and rope_attention attends this step's key from registers and
+# writes the cache last; the codec's convolutions QWEN3TTS_CONV=auto: folded from 8 rows):
+#  10: the checkpoints (background) beside the codec and kernel GPU tests; the frame profile at
+#      batch 1, 8 and 32; the same at 8 and 32 with QWEN3TTS_CONV=im2col (stop 44's decode) for
+#      the loop's comparison; the rest of `pytest -m gpu` but the memory tests in the time left
+#  11: the Poisson rows of both doors, every voice kind, 1-40 req/s, 10 s each (call 3)
+#  12: test_memory_gpu.py alone (call 8)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -109,4 +117,17 @@ case "${1:-1}" in
      echo "memory tests at $(since)" ;;
   9) profile "$OUT/profile" 200 1,8,32
      QWEN3TTS_CONV=folded profile "$OUT/profile-folded" 200 1,8,32 ;;
+  10) CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
+     mkdir -p "$OUT/tests" "$OUT/rest"
+     OUT="$OUT/tests" TESTS_S=200 TESTS="tests/test_codec_kernels.py tests/test_kernels.py -n 4 -rf" \
+       bash benchmarks/gpu.sh tests | tail -8
+     echo "tests at $(since)"
+     profile "$OUT/profile" 200 1,8,32
+     QWEN3TTS_CONV=im2col profile "$OUT/profile-im2col" 120 8,32
+     timeout $(( ${WALL:-585} - ($(date +%s) - s) )) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -n 4 -rfs \
+       --ignore tests/test_memory_gpu.py --ignore tests/test_codec_kernels.py --ignore tests/test_kernels.py \
+       2>&1 | tee "$OUT/rest/gpu-tests.log" | tail -16
+     echo "rest at $(since)" ;;
+  11) bash "$0" 3 ;;
+  12) bash "$0" 8 ;;
 esac
