@@ -20,7 +20,7 @@ from wyoming_qwen3tts.anchors import (
     preset_seed,
     preset_spec,
 )
-from wyoming_qwen3tts.library import LOCK_FILE, VoiceEditError, VoiceLibrary, check_name, decode_clip
+from wyoming_qwen3tts.library import LOCK_FILE, MAX_NAME_CHARS, VoiceEditError, VoiceLibrary, check_name, decode_clip
 from wyoming_qwen3tts.voices import (
     ModelKind,
     Reference,
@@ -849,11 +849,66 @@ def test_an_automatic_default_is_picked_again_when_its_voice_goes_an_explicit_on
                 pinned.resolve_voice(None)
             # Not "Unknown voice 'bea'": the request named none; the server's --voice default is gone.
             assert not isinstance(unknown.value, NoVoicesError) and unknown.value.code == "default-voice-gone"
-            assert "default voice 'bea' (--voice bea" in str(unknown.value) and "Unknown voice" not in str(unknown.value)
+            assert "default voice 'bea' (--voice)" in str(unknown.value) and "Unknown voice" not in str(unknown.value)
             assert taken_logs(caplog, logging.INFO, "Default voice") == []
     finally:
         auto.stop(5)
         pinned.stop(5)
+
+
+@pytest.mark.parametrize("name", ["bob", "b" * MAX_NAME_CHARS])  # the studio's longest name
+def test_a_gone_default_voice_is_refused_in_a_short_message_and_logged_in_full_naming_the_voice(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    """The --voice default's clip removed by hand: a request naming no voice was refused in
+    about 600 characters (why, both fixes, the voices still served), too long for Home
+    Assistant's pipeline error. Now the refusal is under 200 characters, naming the voice,
+    what is wrong and what to do, and the detail is in the server log's WARNING. A clip put
+    back but unusable (too short): the refusal says it is skipped. The WARNING when the
+    default goes and the one when it is served again both name it as "(--voice <name>)"
+    (the second said "(--voice)")."""
+    from wyoming_qwen3tts.engine import Engine
+    from wyoming_qwen3tts.metrics import Metrics
+    from wyoming_qwen3tts.service import DefaultVoiceGoneError, TtsService
+
+    from .stub_service import StubEngine
+
+    for voice in (name, "kim"):
+        write_voice(tmp_path, voice)
+    engines: dict[ModelKind, Engine] = {ModelKind.BASE: StubEngine(ModelKind.BASE, frames=2)}
+    service = TtsService(VoiceCatalog(tmp_path, set(engines)), engines, name, Metrics(), default_explicit=True,
+                         studio="http://127.0.0.1:1/")
+    try:
+        with caplog.at_level(logging.INFO, logger="wyoming_qwen3tts"):
+            assert service.resolve_voice(None).name == name
+            (tmp_path / f"{name}.wav").unlink()
+            service.catalog.refresh()
+            with pytest.raises(DefaultVoiceGoneError) as gone:
+                service.resolve_voice(None)
+            message = str(gone.value)
+            assert len(message) < 200, (len(message), message)
+            assert message == (f"The default voice {name!r} (--voice) is no longer in the voices folder. Put it back, "
+                               "or choose another default voice"), message
+            warned = taken_logs(caplog, logging.WARNING, "is no longer served")
+            assert len(warned) == 1 and f"The default voice {name} (--voice {name}) is no longer served" in warned[0]
+            assert f"put its clip back ({name}.wav" in warned[0] and "available: kim" in warned[0], warned
+
+            (tmp_path / f"{name}.wav").write_bytes(_tone_wav(0.5))  # back, but too short: skipped
+            service.catalog.refresh()
+            with pytest.raises(DefaultVoiceGoneError) as skipped:
+                service.resolve_voice(None)
+            message = str(skipped.value)
+            assert len(message) < 200 and f"{name!r} (--voice) cannot be used: its clip is skipped" in message, message
+            assert taken_logs(caplog, logging.WARNING, f"{name}.wav: the clip is 0.50 s long")  # the detail: logged
+
+            write_voice(tmp_path, name)  # a good clip: served again, said once
+            service.catalog.refresh()
+            assert service.resolve_voice(None).name == name
+            back = taken_logs(caplog, logging.WARNING, "is served again")
+            assert back == [f"The default voice {name} (--voice {name}) is served again: requests that name no "
+                            "voice are spoken with it"], back
+    finally:
+        service.stop(5)
 
 
 # --- an unreadable presets.toml ----------------------------------------------------------------

@@ -262,8 +262,8 @@ class TtsService:
         if served == self._pinned_gone:  # it changed
             self._pinned_gone = not served
             if served:
-                _LOGGER.warning("The default voice %s (--voice) is served again: requests that name no voice "
-                                "are spoken with it", self._default_voice)
+                _LOGGER.warning("The default voice %s (--voice %s) is served again: requests that name no voice "
+                                "are spoken with it", self._default_voice, self._default_voice)
             else:
                 _LOGGER.warning("%s", self._default_gone_message(log=True))
         return served
@@ -276,10 +276,19 @@ class TtsService:
         return not self._default_explicit or self._check_pinned()
 
     def _default_gone_message(self, log: bool = False) -> str:
-        """Why the explicit default voice is not served, and how to fix it (the log's wording
-        when ``log``, else a refused request's)."""
+        """Why the explicit default voice is not served, and how to fix it. ``log``: the
+        server log's WARNING, in full (why, the two fixes, the voices still served). Else a
+        refused request's message: two short sentences, short enough for Home Assistant's pipeline
+        error (under 200 characters for a name of the studio's ``MAX_NAME_CHARS``), naming
+        the voice, what is wrong and what to do; the log holds the detail."""
         name = self._default_voice
         clip = self.catalog.skipped_clip(name) if name is not None else None
+        if not log:
+            if clip is not None:
+                return (f"The default voice {name!r} (--voice) cannot be used: its clip is skipped (see the server "
+                        "log). Replace the clip, or choose another default voice")
+            return (f"The default voice {name!r} (--voice) is no longer in the voices folder. Put it back, or "
+                    "choose another default voice")
         if clip is not None:
             why = f"its clip {clip.file} is skipped ({clip.reason})"
         else:
@@ -291,12 +300,9 @@ class TtsService:
             + (", or upload one in the voice studio" if self.studio else "")
             + "), or choose another default voice (--voice, the add-on's voice option) and restart"
         )
-        if log:
-            return (f"The default voice {name} (--voice {name}) is no longer served: {why}. Requests that name no "
-                    f"voice are refused until you {fix}")
-        named = f"; requests that name a voice are served (available: {shown})" if names else "; no voice is left"
-        return (f"This request names no voice, and the server's default voice {name!r} (--voice {name}, the "
-                f"add-on's voice option) is gone: {why}. To fix it, {fix}{named}")
+        served = f"; requests that name a voice are served (available: {shown})" if names else "; no voice is left"
+        return (f"The default voice {name} (--voice {name}) is no longer served: {why}. Requests that name no "
+                f"voice are refused until you {fix}{served}")
 
     @property
     def pinned_default(self) -> str | None:
