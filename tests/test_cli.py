@@ -139,6 +139,35 @@ def test_an_unknown_default_voice_exits_before_any_model_loads(
     assert "Loading" not in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_default_voice_whose_clip_is_too_short_exits_before_any_model_loads(
+    checkpoints: Path, voices_dir: Path, tmp_path: Path
+) -> None:
+    """``--voice tiny`` with ``tiny.wav`` 0.5 s long (under ``MIN_CLIP_SECONDS``): the check
+    before loading took it (its header reads), the model loaded, and only then was it
+    refused with the folder scan's reason. Now start-up ends at once with that reason."""
+    from wyoming_qwen3tts.startup import check_default_voice
+    from wyoming_qwen3tts.voices import ModelKind
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    for clip in voices_dir.glob("clone.*"):
+        (voices / clip.name).write_bytes(clip.read_bytes())
+    sf.write(voices / "tiny.wav", np.full(12000, 0.2, dtype=np.float32), 24000)  # 0.5 s
+    result = run_cli(
+        "--data-dir", str(tmp_path), "--voices-dir", str(voices), "--clone-model", str(checkpoints / "base"),
+        "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu", "--engine", "reference",
+        "--voice", "Tiny", cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == ("--voice 'Tiny': a clone whose clip could not be used (tiny.wav: the clip is 0.50 s long, under "
+                    "the 1 s a clone clip needs); replace the file in the voices folder; valid voices: clone"), last
+    assert "Loading" not in result.stderr and "Traceback" not in result.stderr
+    # A preset of the name is served all the same (the skipped clip shadows nothing).
+    sf.write(voices / "aria.wav", np.full(12000, 0.2, dtype=np.float32), 24000)
+    check_default_voice("aria", voices, {ModelKind.BASE, ModelKind.VOICE_DESIGN})
+
+
 def test_the_check_before_loading_lets_the_clone_model_alone_start_with_no_clip_only_with_the_studio(tmp_path: Path) -> None:
     """``check_some_voice``: the Base model alone with no clip whose header reads is refused
     before loading without the studio, and let through with it (its first clip comes from
@@ -297,6 +326,45 @@ def test_the_clone_model_alone_with_no_clip_and_no_studio_stops_before_loading(c
                     "skipped: broken.wav (no readable audio), short.wav (0.50 s long, under the 1 s a clone clip "
                     "needs), 'tab\\there.wav' (control characters in its name)"), last
     assert "Loading" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("engine", ["reference", "ggml"])
+def test_a_mistyped_clone_model_path_with_no_clip_is_named_before_no_voices(tmp_path: Path, engine: str) -> None:
+    """``--clone-model tny/base`` (a typo of the folder ``tiny/base``) and an empty voices
+    folder: start-up stopped at "No voices", and the model's "no folder ... exists either"
+    came only after a clip was added. Now one line names the model first, then no voices,
+    still before anything loads or is fetched."""
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    result = run_cli(
+        "--data-dir", str(tmp_path), "--voices-dir", str(voices), "--clone-model", "tny/base",
+        "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu", "--engine", engine, cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"--clone-model 'tny/base': no model of that hub id is downloaded yet; no folder "
+                           f"{tmp_path / 'tny' / 'base'} exists either. No voices: add a clone voice "), last
+    assert "Loading" not in result.stderr and "Fetching" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_no_voices_stop_names_only_a_model_plainly_wrong(tmp_path: Path) -> None:
+    """``unfound_model`` in ``check_some_voice``: a released model not downloaded yet, a hub
+    model already downloaded and an existing folder are not named; a path that is no folder is."""
+    from wyoming_qwen3tts.startup import check_some_voice
+    from wyoming_qwen3tts.voices import ModelKind
+
+    models = tmp_path / "models"
+    snapshot = models / "models--someone--finetune" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (models / "models--someone--finetune" / "refs").mkdir()
+    (models / "models--someone--finetune" / "refs" / "main").write_text("0" * 40)
+    (tmp_path / "folder").mkdir()
+    for source in ("Qwen/Qwen3-TTS-12Hz-0.6B-Base", "someone/finetune", str(tmp_path / "folder")):
+        with pytest.raises(SystemExit, match=r"^No voices: "):
+            check_some_voice(tmp_path / "voices", {ModelKind.BASE}, clone_model=source, models_dir=models)
+    with pytest.raises(SystemExit, match=r"^--clone-model './nope': the model folder does not exist .*\. No voices: "):
+        check_some_voice(tmp_path / "voices", {ModelKind.BASE}, clone_model="./nope", models_dir=models)
 
 
 def test_default_voice_check_and_clip_survey_know_clips_named_with_spaces_or_decomposed_accents(tmp_path: Path) -> None:

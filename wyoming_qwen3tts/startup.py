@@ -22,7 +22,7 @@ from .engine import Engine, Segment, load_engine, pick_engine, resolve_checkpoin
 from .engine.cpu.defaults import cpu_sources
 from .engine.cuda_env import check_driver, cuda_bf16_supported, driver_cuda_version, pick_dtype
 from .engine.cpu.ggml import NativeWidthError, check_checkpoint_widths
-from .engine.cpu.gguf_files import resolve_gguf
+from .engine.cpu.gguf_files import resolve_gguf, with_folder_note
 from .engine.gpu_memory import is_out_of_memory
 from .engine.loader import (
     MemoryFitError, checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers, free_after_weights, load_fitting,
@@ -36,7 +36,7 @@ from .engine.sizing import (
 from .metrics import Metrics
 from .voices import (
     AUDIO_SUFFIXES, MIN_CLIP_SECONDS, PRESETS_FILE, ModelKind, Reference, VoiceCatalog, VoiceSource, clone_name,
-    has_control_characters, load_presets, name_key,
+    has_control_characters, load_presets, name_key, too_short_reason,
 )
 
 _LOGGER = logging.getLogger("wyoming_qwen3tts")
@@ -177,7 +177,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
     kinds = {k for k, s in sources.items() if s and s.lower() != "none"}
     speakers = known_speakers(sources[ModelKind.CUSTOM_VOICE], models_dir) if ModelKind.CUSTOM_VOICE in kinds else None
     check_default_voice(args.voice, voices_dir, kinds, speakers)
-    check_some_voice(voices_dir, kinds, studio=bool(args.http_port))
+    check_some_voice(voices_dir, kinds, studio=bool(args.http_port), clone_model=sources[ModelKind.BASE], models_dir=models_dir)
     if pick_engine(args.engine, device) == "ggml":
         return await _load_ggml_engines(args, sources, models_dir, metrics)
     checkpoints: dict[ModelKind, Path] = {}
@@ -288,26 +288,62 @@ def no_voices_message(voices_dir: Path) -> str:
             "the VoiceDesign model (--design-model) or the CustomVoice model (--custom-voice-model)")
 
 
-def check_some_voice(voices_dir: Path, kinds: set[ModelKind], studio: bool = False) -> None:
+def check_some_voice(
+    voices_dir: Path, kinds: set[ModelKind], studio: bool = False, clone_model: str | None = None,
+    models_dir: Path | None = None,
+) -> None:
     """With the Base model alone and no voice studio (``--http-port 0``), refuse to start
     before any model loads (a download of several GB) when the voices folder holds no clip:
     nothing could ever be spoken. With the studio the server starts anyway, so that the
     first clip can be uploaded there (``no_voices_warning`` says so once it serves). A clip
     whose samples turn out unusable is found after loading (``__main__`` checks again).
+    A ``clone_model`` that is plainly no model (``unfound_model``: a mistyped folder such as
+    ``tny/base``) is named first in the same line, so that it is not found only after the
+    first clip is added.
 
     Args:
         voices_dir: the clone library (it may not exist).
         kinds: the model kinds enabled on the command line.
         studio: whether the HTTP port, and with it the voice studio, is on.
+        clone_model: ``--clone-model`` as given (a folder or a hub id), or None: not checked.
+        models_dir: where hub models are downloaded (``<data-dir>/models``).
 
     Raises:
-        SystemExit: ``no_voices_message``, naming the clips skipped and why.
+        SystemExit: ``no_voices_message``, naming the clips skipped and why, after what is
+            wrong with ``clone_model`` if anything is.
     """
     if kinds != {ModelKind.BASE} or studio:
         return
     usable, skipped = survey_clips(voices_dir)
     if not usable:
-        raise SystemExit(no_voices_message(voices_dir) + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
+        model = unfound_model("--clone-model", clone_model, models_dir) if clone_model and models_dir else None
+        raise SystemExit((f"{model}. " if model else "") + no_voices_message(voices_dir)
+                         + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
+
+
+def unfound_model(flag: str, source: str, models_dir: Path) -> str | None:
+    """What is plainly wrong with a model option's value (``flag``, e.g. ``--clone-model``:
+    ``source``, a folder or a hub id), told without the hub and without loading: a path
+    (starting with "/", "." or "~") that is no folder; or a value that may be a relative
+    folder ("tny/base": it holds "/" and no ":") and is neither a folder here nor a hub model
+    already downloaded into ``models_dir``, nor one of Qwen's (the released models, fetched
+    when loading). None where nothing is plainly wrong (loading may still fail, and says why)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return None
+    if source.startswith(("/", ".", "~")) or path.exists():
+        return f"{flag} {source!r}: the model folder does not exist (or is not a folder)"
+    if "/" not in source or ":" in source or source.casefold().startswith("qwen/"):
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(source, "config.json", cache_dir=str(models_dir))
+    except Exception:  # noqa: BLE001 - not a valid hub id either
+        found = None
+    if isinstance(found, str):
+        return None
+    return with_folder_note(f"{flag} {source!r}: no model of that hub id is downloaded yet", source)
 
 
 def survey_clips(voices_dir: Path) -> tuple[bool, list[str]]:
@@ -367,8 +403,9 @@ def check_default_voice(
     enabled and ``speakers`` None nothing is refused here (the catalogue checks the name after
     loading). Names and aliases match as in ``VoiceCatalog.get`` (``name_key``: in any case, accents
     composed or decomposed, spaces around them aside), a clip by its voice name (``clone_name``). A clone
-    file without a readable audio header is no voice here; one whose samples turn out unusable
-    (silent, cut) passes and is refused, with why, after loading.
+    file without a readable audio header is no voice here, and one shorter than ``MIN_CLIP_SECONDS``
+    by its header is refused with the folder scan's reason (``too_short_reason``); one whose
+    samples turn out unusable (silent, cut) passes and is refused, with why, after loading.
 
     Args:
         name: the ``--voice`` given (None: the server chooses, nothing to check).
@@ -386,11 +423,16 @@ def check_default_voice(
     if custom and speakers is not None and wanted in speakers:
         return
     clones: list[str] = []
+    short: dict[str, tuple[str, float]] = {}  # name_key: a clip under MIN_CLIP_SECONDS (file, seconds)
     if ModelKind.BASE in kinds:
-        clones = [
-            clone_name(p.stem) for p in _clip_files(voices_dir)
-            if not has_control_characters(p.stem) and clone_name(p.stem) and _audio_header(p)
-        ]
+        for clip in _clip_files(voices_dir):
+            if has_control_characters(clip.stem) or not clone_name(clip.stem):
+                continue
+            seconds = _audio_seconds(clip)
+            if seconds is not None and seconds < MIN_CLIP_SECONDS:  # the catalogue skips it
+                short.setdefault(name_key(clone_name(clip.stem)), (clip.name, seconds))
+            elif seconds is not None:
+                clones.append(clone_name(clip.stem))
     if wanted in {name_key(clone) for clone in clones}:
         return
     presets = dict(VoiceCatalog(None, {ModelKind.VOICE_DESIGN}).shipped)  # no folder read, no log line
@@ -404,8 +446,12 @@ def check_default_voice(
         key=str.casefold,
     )
     shown = ", ".join(valid[:8]) + (f", ... ({len(valid)} in all)" if len(valid) > 8 else "") if valid else "none"
+    too_short = short.get(wanted)
     why = (
-        f"the preset {preset.name!r} needs the VoiceDesign model (--design-model)" if preset is not None
+        # the folder scan's reason, as the catalogue's refusal after loading says it
+        f"a clone whose clip could not be used ({too_short[0]}: {too_short_reason(too_short[1])}); replace the "
+        "file in the voices folder" if too_short is not None
+        else f"the preset {preset.name!r} needs the VoiceDesign model (--design-model)" if preset is not None
         else f"neither a clone voice in {voices_dir}{'' if voices_dir.is_dir() else ' (no such folder)'}, a preset nor a "
         f"{'CustomVoice speaker' if custom else 'CustomVoice speaker (they need --custom-voice-model)'}"
     )
@@ -418,11 +464,6 @@ def _clip_files(voices_dir: Path) -> list[Path]:
     if not voices_dir.is_dir():
         return []
     return sorted(p for p in voices_dir.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES and not p.name.startswith("."))
-
-
-def _audio_header(path: Path) -> bool:
-    """True when ``path`` has a readable audio header (its clip is read when the catalogue loads)."""
-    return _audio_seconds(path) is not None
 
 
 def _audio_seconds(path: Path) -> float | None:
