@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from . import launcher, next_pow2
-from .attention import BLOCK_N, _attend
+from .attention import BLOCK_N, _attend, loop_form
 from .rope import _rotate
 from .pdl_gate import gate
 
@@ -40,7 +40,7 @@ def _rope_attention_kernel(
     s_cos_b, s_pos_b, s_k_b, s_k_h, s_k_l, s_v_b, s_v_h, s_v_l,
     HEADS: tl.constexpr, KV: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr,
     HAS_NORM: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr, WINDOW: tl.constexpr,
-    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, PDL: tl.constexpr,
 ):
     gate(PDL)
     b = tl.program_id(0)
@@ -66,7 +66,7 @@ def _rope_attention_kernel(
     # Attend first (this token's key and value from registers, the slot not read), write the
     # key and value after: every load of the kernel comes before its stores, so the compiler
     # may issue the cache's loads beside the rotation's.
-    m_i, l_i, acc = _attend(q, k_base, v_base, s_k_l, s_v_l, 0, end, offs, slot, k, v, HD, BLOCK, ITERS, True)
+    m_i, l_i, acc = _attend(q, k_base, v_base, s_k_l, s_v_l, 0, end, offs, slot, k, v, HD, BLOCK, ITERS, True, PREFETCH)
     tl.store(o_ptr + (b * HEADS + head) * HD + offs, (acc / l_i).to(o_ptr.dtype.element_ty))
     tl.store(k_base + slot * s_k_l + offs, k)
     tl.store(v_base + slot * s_v_l + offs, v)
@@ -75,7 +75,7 @@ def _rope_attention_kernel(
 def rope_attention(
     qkv: torch.Tensor, norm: tuple[torch.Tensor, float] | None, cos: torch.Tensor, sin: torch.Tensor,
     positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, heads: int, scale: float,
-    window: int = 0,
+    window: int = 0, prefetch: bool | None = None, stages: int | None = None,
 ) -> torch.Tensor:
     """``decode_attention(qk_rope_kv(...), ...)`` for one token a row, in one kernel.
 
@@ -91,6 +91,8 @@ def rope_attention(
         scale: the softmax scale (the module's ``scaling``).
         window: 0: the cache holds positions in order; else a ring of ``window`` slots (the
             caches' length: position ``p`` at slot ``p % window``; see the module docstring).
+        prefetch, stages: the loop's form (``attention._attend``'s ``PREFETCH``) and Triton's
+            ``num_stages``; None: ``attention.loop_form``'s.
 
     Returns:
         [B, 1, heads * head_dim] in ``qkv``'s dtype (the output projection's input).
@@ -109,12 +111,17 @@ def rope_attention(
     pos = positions.expand(b, 1)
     out = torch.empty((b, 1, heads * hd), dtype=qkv.dtype, device=qkv.device)
     block = min(BLOCK_N, next_pow2(keys.shape[2]))
+    iters = triton.cdiv(keys.shape[2], block)
+    form = loop_form(iters)
+    prefetch = form[0] if prefetch is None else prefetch
+    stages = form[1] if stages is None and prefetch == form[0] else stages
     launcher(_rope_attention_kernel, qkv)[(b, heads)](
         qkv, norm[0] if norm is not None else qkv, cos, sin, pos, keys, values, out,
         norm[1] if norm is not None else 0.0, scale,
         cos.stride(0), pos.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
         HEADS=heads, KV=kv_heads, GROUP=heads // kv_heads, HD=hd, HAS_NORM=norm is not None,
-        BLOCK=block, ITERS=triton.cdiv(keys.shape[2], block), WINDOW=window,
+        BLOCK=block, ITERS=iters, WINDOW=window, PREFETCH=prefetch,
+        **({} if stages is None else {"num_stages": stages}),
     )
     return out
