@@ -122,7 +122,6 @@ def test_decode_attention_reads_each_rows_own_positions(device: str, dtype: torc
         pos = positions.to(device)
         out = attention.decode_attention(q, keys, values, pos, 0.25, splits)
         close(out, attention.decode_attention_eager(q, keys, values, pos, 0.25), dtype)
-        assert torch.equal(attention.decode_attention(q, keys, values, pos, 0.25, splits, prefetch=True), out)
         # Positions past a row's own are never read: garbage there changes nothing.
         after = torch.arange(length, device=device)[None, None, :, None] > pos.expand(b, n)[:, -1].view(b, 1, 1, 1)
         poisoned = attention.decode_attention(
@@ -154,14 +153,9 @@ def test_rope_attention_is_the_two_kernels(device: str, dtype: torch.dtype) -> N
             ref = attention.decode_attention(q, k_ref, v_ref, pos, 0.3)
             assert torch.equal(keys, k_ref) and torch.equal(values, v_ref)
             assert torch.equal(out, ref)
-            # The loop with each block requested before the previous block's arithmetic.
-            again = past_k.clone(), past_v.clone()
-            assert torch.equal(rope_attention.rope_attention(qkv, norm, cos, sin, pos, *again, heads, 0.3, prefetch=True), out)
-            assert torch.equal(again[0], k_ref) and torch.equal(again[1], v_ref)
-            assert torch.equal(attention.decode_attention(q, k_ref, v_ref, pos, 0.3, prefetch=True), ref)
             assert not torch.equal(keys, past_k)  # the new keys were written
-            # The slot being written is never read (its key and value come from the
-            # projection): NaN there before the kernel changes nothing.
+            # The slot being written is overwritten before it is read: NaN there before the
+            # kernel changes nothing.
             slot = (torch.arange(length, device=device)[None, None, :, None] == pos.expand(b, 1).view(b, 1, 1, 1))
             poisoned = rope_attention.rope_attention(
                 qkv, norm, cos, sin, pos, past_k.masked_fill(slot, float("nan")),
@@ -589,19 +583,3 @@ def test_the_talker_rotary_table_is_what_rotary_emb_gives(checkpoints: Path) -> 
     assert cos.shape == sin.shape == ref_cos.shape == (3, 1, step.talker_layers[0].head_dim)
     torch.testing.assert_close(cos, ref_cos, atol=0, rtol=0)
     torch.testing.assert_close(sin, ref_sin, atol=0, rtol=0)
-
-
-
-def test_the_attention_loop_form_follows_qwen3tts_attention(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``QWEN3TTS_ATTENTION=auto`` (the default) prefetches with Triton's pipelining off from two
-    blocks on and loads a lone block's keys and values together; ``together`` and ``prefetch``
-    force one form; anything else is refused by name."""
-    monkeypatch.delenv("QWEN3TTS_ATTENTION", raising=False)
-    assert [attention.loop_form(i) for i in (1, 2, 4)] == [(False, None), (True, 1), (True, 1)]
-    monkeypatch.setenv("QWEN3TTS_ATTENTION", " Together")
-    assert {attention.loop_form(i) for i in (1, 4)} == {(False, None)}
-    monkeypatch.setenv("QWEN3TTS_ATTENTION", "prefetch")
-    assert {attention.loop_form(i) for i in (1, 4)} == {(True, None)}
-    monkeypatch.setenv("QWEN3TTS_ATTENTION", "flash")
-    with pytest.raises(ValueError, match="QWEN3TTS_ATTENTION='flash': expected auto, together or prefetch"):
-        attention.loop_form(1)

@@ -10,9 +10,6 @@ place. Long caches are split into chunks of ``CHUNK`` positions handled by separ
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 import triton
@@ -25,23 +22,6 @@ from .pdl_gate import gate
 CHUNK = 256
 #: Keys loaded per loop iteration.
 BLOCK_N = 64
-
-
-def loop_form(iters: int) -> tuple[bool, int | None]:
-    """(prefetch, num_stages) of ``_attend``'s loop over ``iters`` blocks, by
-    ``QWEN3TTS_ATTENTION``: ``auto`` (the default) requests each block before the previous
-    block's arithmetic, with Triton's own pipelining off (one stage), where the loop runs two
-    blocks or more, and a lone block's keys and values together; ``together`` and
-    ``prefetch`` force one form (Triton's default stages).
-
-    Raises:
-        ValueError: another value of ``QWEN3TTS_ATTENTION``."""
-    mode = os.environ.get("QWEN3TTS_ATTENTION", "auto").strip().lower()
-    if mode == "auto":
-        return (True, 1) if iters >= 2 else (False, None)
-    if mode in ("together", "prefetch"):
-        return mode == "prefetch", None
-    raise ValueError(f"QWEN3TTS_ATTENTION={mode!r}: expected auto, together or prefetch")
 
 
 def decode_attention_eager(
@@ -62,84 +42,29 @@ def decode_attention_eager(
 
 
 @triton.jit
-def _attend_block(q, k, v, n, valid, slot, k_new, v_new, m_i, l_i, acc, NEW: tl.constexpr):
-    """One block of ``_attend``'s online softmax: keys and values [BLOCK, HD] at positions
-    ``n`` (``valid`` where below the end), position ``slot``'s replaced by ``k_new``/``v_new``
-    with ``NEW``; returns the updated (max, sum, output)."""
-    if NEW:
-        here = (n == slot)[:, None]
-        k = tl.where(here, k_new[None, :], k)
-        v = tl.where(here, v_new[None, :], v)
-    scores = tl.where(valid, tl.sum(k.to(tl.float32) * q[None, :], axis=1), float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, axis=0))
-    p = tl.exp(scores - m_new)
-    alpha = tl.exp(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, axis=0)
-    acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-    return m_new, l_i, acc
-
-
-@triton.jit
-def _attend_prefetched(q, k_base, v_base, s_k_l, s_v_l, start, end, offs, slot, k_new, v_new, m_i, l_i, acc,
-                       HD: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr, NEW: tl.constexpr):
-    """``_attend``'s loop with each block's keys and values requested before the previous
-    block's arithmetic."""
-    n = start + tl.arange(0, BLOCK)
-    valid = n < end
-    read = valid
-    if NEW:
-        read = read & (n != slot)
-    k = tl.load(k_base + n[:, None] * s_k_l + offs[None, :], mask=read[:, None], other=0.0)
-    v = tl.load(v_base + n[:, None] * s_v_l + offs[None, :], mask=read[:, None], other=0.0)
-    for it in range(0, ITERS):
-        n_next = n + BLOCK
-        valid_next = n_next < end
-        read_next = valid_next
-        if NEW:
-            read_next = read_next & (n_next != slot)
-        k_next = tl.load(k_base + n_next[:, None] * s_k_l + offs[None, :], mask=read_next[:, None], other=0.0)
-        v_next = tl.load(v_base + n_next[:, None] * s_v_l + offs[None, :], mask=read_next[:, None], other=0.0)
-        if start + it * BLOCK < end:
-            m_i, l_i, acc = _attend_block(q, k, v, n, valid, slot, k_new, v_new, m_i, l_i, acc, NEW)
-        n = n_next
-        valid = valid_next
-        k = k_next
-        v = v_next
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _attend(q, k_base, v_base, s_k_l, s_v_l, start, end, offs, slot, k_new, v_new, HD: tl.constexpr,
-            BLOCK: tl.constexpr, ITERS: tl.constexpr, NEW: tl.constexpr, PREFETCH: tl.constexpr):
+def _attend(q, k_base, v_base, s_k_l, s_v_l, start, end, offs, HD: tl.constexpr, BLOCK: tl.constexpr,
+            ITERS: tl.constexpr):
     """Online softmax of one scaled query (float32 [HD]) over cache positions [start, end):
-    (running max, running sum, unnormalised output float32 [HD]).
-
-    Each block's keys and values are requested together; with ``PREFETCH``, before the
-    previous block's arithmetic (``_attend_prefetched``). With ``NEW``, position ``slot``'s
-    key and value are ``k_new``/``v_new`` ([HD], the caches' dtype) rather than what the
-    cache holds there (which is not read): a kernel that writes this step's key can attend
-    before its write, so no program reads a slot that another is writing. The arithmetic and
-    its order are those of a cache that already held them."""
+    (running max, running sum, unnormalised output float32 [HD])."""
     m_i = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
     l_i = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
     acc = tl.zeros([HD], tl.float32)
-    if PREFETCH:
-        m_i, l_i, acc = _attend_prefetched(q, k_base, v_base, s_k_l, s_v_l, start, end, offs, slot, k_new, v_new,
-                                           m_i, l_i, acc, HD, BLOCK, ITERS, NEW)
-    else:
-        # A fixed trip count with the blocks past the row's length skipped (a loop bounded by
-        # loaded values does not run in Triton's interpreter, which the CPU tests use).
-        for it in range(0, ITERS):
-            j = start + it * BLOCK
-            if j < end:
-                n = j + tl.arange(0, BLOCK)
-                valid = n < end
-                read = valid
-                if NEW:
-                    read = read & (n != slot)
-                k = tl.load(k_base + n[:, None] * s_k_l + offs[None, :], mask=read[:, None], other=0.0)
-                v = tl.load(v_base + n[:, None] * s_v_l + offs[None, :], mask=read[:, None], other=0.0)
-                m_i, l_i, acc = _attend_block(q, k, v, n, valid, slot, k_new, v_new, m_i, l_i, acc, NEW)
+    # A fixed trip count with the blocks past the row's length skipped (a loop bounded by
+    # loaded values does not run in Triton's interpreter, which the CPU tests use).
+    for it in range(0, ITERS):
+        j = start + it * BLOCK
+        if j < end:
+            n = j + tl.arange(0, BLOCK)
+            valid = n < end
+            k = tl.load(k_base + n[:, None] * s_k_l + offs[None, :], mask=valid[:, None], other=0.0)
+            scores = tl.where(valid, tl.sum(k.to(tl.float32) * q[None, :], axis=1), float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+            p = tl.exp(scores - m_new)
+            alpha = tl.exp(m_i - m_new)
+            v = tl.load(v_base + n[:, None] * s_v_l + offs[None, :], mask=valid[:, None], other=0.0)
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+            m_i = m_new
     return m_i, l_i, acc
 
 
@@ -148,7 +73,7 @@ def _decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, n_tok, scale,
     s_k_b, s_k_h, s_k_l, s_v_b, s_v_h, s_v_l, s_pos_b, s_pos_t,
     HEADS: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr, BLOCK: tl.constexpr,
-    CHUNK_N: tl.constexpr, ITERS: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
+    CHUNK_N: tl.constexpr, ITERS: tl.constexpr, SPLIT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     gate(PDL)
@@ -165,7 +90,7 @@ def _decode_attention_kernel(
     q = tl.load(q_ptr + (bt * HEADS + head) * HD + offs).to(tl.float32) * scale
     k_base = k_ptr + b * s_k_b + kvh * s_k_h
     v_base = v_ptr + b * s_v_b + kvh * s_v_h
-    m_i, l_i, acc = _attend(q, k_base, v_base, s_k_l, s_v_l, start, end, offs, -1, q, q, HD, BLOCK, ITERS, False, PREFETCH)
+    m_i, l_i, acc = _attend(q, k_base, v_base, s_k_l, s_v_l, start, end, offs, HD, BLOCK, ITERS)
     row = bt * HEADS + head
     if SPLIT:
         n_split = tl.num_programs(2)
@@ -193,7 +118,7 @@ def _combine_kernel(acc_ptr, m_ptr, l_ptr, o_ptr, SPLITS: tl.constexpr, S_BLOCK:
 
 def decode_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, scale: float,
-    splits: int = 1, prefetch: bool | None = None, stages: int | None = None,
+    splits: int = 1,
 ) -> torch.Tensor:
     """Attention of each query token over its row's keys ``0..position``.
 
@@ -206,8 +131,6 @@ def decode_attention(
         scale: the softmax scale (the module's ``scaling``).
         splits: programs per query head along the cache, each ``CHUNK`` positions; must
             cover every position used (``splits * CHUNK >= max(positions) + 1``) when > 1.
-        prefetch, stages: the loop's form (``_attend``'s ``PREFETCH``) and Triton's
-            ``num_stages``; None: ``loop_form``'s.
 
     Returns:
         [B, n, heads * head_dim] in ``q``'s dtype (the output projection's input).
@@ -220,18 +143,12 @@ def decode_attention(
         keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
         pos.stride(0), pos.stride(1),
     )
-    block = min(BLOCK_N, next_pow2(keys.shape[2])) if splits <= 1 else BLOCK_N
-    iters = triton.cdiv(keys.shape[2] if splits <= 1 else CHUNK, block)
-    form = loop_form(iters)
-    prefetch = form[0] if prefetch is None else prefetch
-    stages = form[1] if stages is None and prefetch == form[0] else stages
-    meta: dict[str, Any] = {"HEADS": heads, "GROUP": heads // kv_heads, "HD": hd, "PREFETCH": prefetch}
-    if stages is not None:
-        meta["num_stages"] = stages
+    meta = {"HEADS": heads, "GROUP": heads // kv_heads, "HD": hd}
     if splits <= 1:
+        block = min(BLOCK_N, next_pow2(keys.shape[2]))
         launcher(_decode_attention_kernel, q)[(b * n, heads, 1)](
             q, keys, values, pos, out, out, out, n, scale, *common,
-            BLOCK=block, CHUNK_N=keys.shape[2], ITERS=iters, SPLIT=False, **meta,
+            BLOCK=block, CHUNK_N=keys.shape[2], ITERS=triton.cdiv(keys.shape[2], block), SPLIT=False, **meta,
         )
         return out
     rows = b * n * heads
@@ -240,7 +157,7 @@ def decode_attention(
     l_sum = torch.empty((rows, splits), dtype=torch.float32, device=q.device)
     launcher(_decode_attention_kernel, q)[(b * n, heads, splits)](
         q, keys, values, pos, acc, m, l_sum, n, scale, *common,
-        BLOCK=BLOCK_N, CHUNK_N=CHUNK, ITERS=iters, SPLIT=True, **meta,
+        BLOCK=BLOCK_N, CHUNK_N=CHUNK, ITERS=CHUNK // BLOCK_N, SPLIT=True, **meta,
     )
     launcher(_combine_kernel, q)[(rows,)](acc, m, l_sum, out, SPLITS=splits, S_BLOCK=next_pow2(splits), HD=hd)
     return out

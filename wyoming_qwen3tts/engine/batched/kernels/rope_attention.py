@@ -4,13 +4,11 @@ When each row adds one token (every talker step, and the code predictor's passes
 first), ``rope.qk_rope_kv`` and ``attention.decode_attention`` can be one kernel: each
 program takes one query head of one row, normalises and rotates its query, normalises and
 rotates its key/value head's new key, writes that key and value into the cache at the row's
-position, and attends over positions ``0..position``. The new key and value are attended
-from registers (``attention._attend``'s ``NEW``) and written to the cache last: no program
-reads the slot that the ``group`` programs of its key/value head write (the same values), so
-no barrier is needed, and every load comes before every store. The arithmetic and the
-roundings are the two kernels' (the query and key rounded to the model dtype, as stored), in
-the same order, so the result is theirs, bit for bit; the frame step saves one kernel a layer
-(103 a frame on the 1.7B model).
+position, and attends over positions ``0..position``. The ``group`` programs of a key/value
+head write the same values to the same place; each reads its own write back after a block
+barrier. The arithmetic and the roundings are the two kernels' (the query and key rounded to
+the model dtype, as stored), in the same order, so the result is theirs; the frame step saves
+one kernel a layer (103 a frame on the 1.7B model).
 
 Only for caches that one program covers (``splits`` 1); longer talker caches keep the split
 kernels.
@@ -29,7 +27,7 @@ import triton
 import triton.language as tl
 
 from . import launcher, next_pow2
-from .attention import BLOCK_N, _attend, loop_form
+from .attention import BLOCK_N, _attend
 from .rope import _rotate
 from .pdl_gate import gate
 
@@ -40,7 +38,7 @@ def _rope_attention_kernel(
     s_cos_b, s_pos_b, s_k_b, s_k_h, s_k_l, s_v_b, s_v_h, s_v_l,
     HEADS: tl.constexpr, KV: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr,
     HAS_NORM: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr, WINDOW: tl.constexpr,
-    PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     gate(PDL)
     b = tl.program_id(0)
@@ -61,21 +59,18 @@ def _rope_attention_kernel(
     if WINDOW > 0:  # a ring of WINDOW slots
         slot = pos % WINDOW
         end = tl.minimum(end, WINDOW)
-    k = k.to(k_ptr.dtype.element_ty)
-    v = tl.load(src + (HEADS + KV + kvh) * HD + offs).to(v_ptr.dtype.element_ty)
-    # Attend first (this token's key and value from registers, the slot not read), write the
-    # key and value after: every load of the kernel comes before its stores, so the compiler
-    # may issue the cache's loads beside the rotation's.
-    m_i, l_i, acc = _attend(q, k_base, v_base, s_k_l, s_v_l, 0, end, offs, slot, k, v, HD, BLOCK, ITERS, True, PREFETCH)
+    tl.store(k_base + slot * s_k_l + offs, k.to(k_ptr.dtype.element_ty))
+    v = tl.load(src + (HEADS + KV + kvh) * HD + offs)
+    tl.store(v_base + slot * s_v_l + offs, v.to(v_ptr.dtype.element_ty))
+    tl.debug_barrier()  # the block's writes are visible to all its threads
+    m_i, l_i, acc = _attend(q, k_base, v_base, s_k_l, s_v_l, 0, end, offs, HD, BLOCK, ITERS)
     tl.store(o_ptr + (b * HEADS + head) * HD + offs, (acc / l_i).to(o_ptr.dtype.element_ty))
-    tl.store(k_base + slot * s_k_l + offs, k)
-    tl.store(v_base + slot * s_v_l + offs, v)
 
 
 def rope_attention(
     qkv: torch.Tensor, norm: tuple[torch.Tensor, float] | None, cos: torch.Tensor, sin: torch.Tensor,
     positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, heads: int, scale: float,
-    window: int = 0, prefetch: bool | None = None, stages: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """``decode_attention(qk_rope_kv(...), ...)`` for one token a row, in one kernel.
 
@@ -91,8 +86,6 @@ def rope_attention(
         scale: the softmax scale (the module's ``scaling``).
         window: 0: the cache holds positions in order; else a ring of ``window`` slots (the
             caches' length: position ``p`` at slot ``p % window``; see the module docstring).
-        prefetch, stages: the loop's form (``attention._attend``'s ``PREFETCH``) and Triton's
-            ``num_stages``; None: ``attention.loop_form``'s.
 
     Returns:
         [B, 1, heads * head_dim] in ``qkv``'s dtype (the output projection's input).
@@ -111,17 +104,12 @@ def rope_attention(
     pos = positions.expand(b, 1)
     out = torch.empty((b, 1, heads * hd), dtype=qkv.dtype, device=qkv.device)
     block = min(BLOCK_N, next_pow2(keys.shape[2]))
-    iters = triton.cdiv(keys.shape[2], block)
-    form = loop_form(iters)
-    prefetch = form[0] if prefetch is None else prefetch
-    stages = form[1] if stages is None and prefetch == form[0] else stages
     launcher(_rope_attention_kernel, qkv)[(b, heads)](
         qkv, norm[0] if norm is not None else qkv, cos, sin, pos, keys, values, out,
         norm[1] if norm is not None else 0.0, scale,
         cos.stride(0), pos.stride(0), keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
         HEADS=heads, KV=kv_heads, GROUP=heads // kv_heads, HD=hd, HAS_NORM=norm is not None,
-        BLOCK=block, ITERS=iters, WINDOW=window, PREFETCH=prefetch,
-        **({} if stages is None else {"num_stages": stages}),
+        BLOCK=block, ITERS=triton.cdiv(keys.shape[2], block), WINDOW=window,
     )
     return out
