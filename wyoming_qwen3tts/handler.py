@@ -347,19 +347,37 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         ``synthesize`` reply up to ``audio-stop`` with no timeout and skips ``error`` events
         there, so an error alone would leave it waiting. A blank text (no text at all) is
         answered the same way.
+
+        For the same reason a refused ``synthesize`` (an unknown voice, a text over the limit,
+        the default voice gone...) gets its ``error``, then ``audio-start`` and ``audio-stop``
+        with no audio between: a client that reads only up to ``audio-stop`` ends at once
+        instead of waiting out the idle timeout, and one that reads errors has the reason.
         """
         await self._service.catalog.refresh_async()  # new clips read off the loop
         text = event.data["text"]
         if not isinstance(text, str):
             raise TypeError("text must be a string")
-        request = self._request(event.data)
         try:
-            stream = self._service.speak(request, text, arrived)
-        except EmptyTextError:
-            stream = self._service.open(request, streamed=False)  # the voice is still checked
-            stream.add_text(text, arrived)  # (no segment: nothing is generated)
-            stream.finish()
+            request = self._request(event.data)
+            try:
+                stream = self._service.speak(request, text, arrived)
+            except EmptyTextError:
+                stream = self._service.open(request, streamed=False)  # the voice is still checked
+                stream.add_text(text, arrived)  # (no segment: nothing is generated)
+                stream.finish()
+        except RequestError as err:
+            self._service.count_error("wyoming", err)
+            self._chain(self._refuse_synthesize(err))
+            return
         self._speak(stream)
+
+    async def _refuse_synthesize(self, err: RequestError) -> None:
+        """A refused ``synthesize``'s reply: ``error``, then an empty ``audio-start`` /
+        ``audio-stop`` (see ``_synthesize``)."""
+        await self._error(str(err), err.code)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self._write(AudioStart(**_FORMAT).event())
+            await self._write(AudioStop().event())
 
     async def _start_stream(self, event: Event) -> None:
         """``synthesize-start``. A refused start (unknown voice, a malformed ``voice``...)
