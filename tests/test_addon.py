@@ -531,12 +531,16 @@ def test_run_script_only_custom_voice_model(sandbox, config):
     assert "[warning]" not in result.stderr
 
 
-def test_run_script_only_custom_voice_model_at_auto_warns(sandbox, config):
-    """Base and VoiceDesign off, CustomVoice at auto: the GGML engine loads the 0.6B
-    CustomVoice model, a GPU none (the server then stops); the log says so beforehand."""
+def test_run_script_only_custom_voice_model_at_auto_stops_with_the_fix(sandbox, config):
+    """Base and VoiceDesign off, CustomVoice at auto: the server would load no model (it
+    makes its choices by hardware only while no model flag is given, and clone_model off is
+    one), so the add-on stops before starting it, saying which option to set. It used to
+    warn that the CPU would load the 0.6B CustomVoice model, which it did not."""
     result = run_service(sandbox, config, clone_model="off", design_model=False)
-    assert server_argv(sandbox, result) == expected(clone_model="none", design_model="none") + HTTP_ON
-    assert "[warning] Only custom_voice_model is on, at auto" in result.stderr
+    assert result.returncode != 0
+    assert ("[fatal] Only custom_voice_model is on, at auto, which loads it only beside clone_model at auto: "
+            "set custom_voice_model to 0.6B or 1.7B.") in result.stderr
+    assert sandbox.argvs("python3") == []
 
 
 def test_run_script_small_clone_model_and_large_custom_voice(sandbox, config):
