@@ -962,3 +962,45 @@ def test_an_unreadable_presets_file_is_logged_once_per_state_and_error(tmp_path:
         assert len(taken_logs(caplog, logging.ERROR, "Skipping presets file")) == 1
         catalog.refresh(force=True)
         assert taken_logs(caplog, logging.ERROR, "Skipping presets file") == []
+
+
+def test_a_transcript_saved_by_windows_notepad_is_read_or_its_skip_names_the_transcript(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The new-user trial: a transcript saved as UTF-16 (Notepad's "Unicode", with a byte-order
+    mark) or Windows-1252 ("ANSI", ``Caf\\xe9``) skipped its voice at ERROR with "'utf-8'
+    codec can't decode byte 0xe9", a reason the studio's Skipped list showed under the clip.
+    Now UTF-8 with or without a byte-order mark and UTF-16 with one are read; any other
+    bytes skip the voice at WARNING with a reason that names the transcript and says to save
+    it as UTF-8 (in the log, the studio's ``skipped``, a request's refusal)."""
+    text = "Café au lait, s'il vous plaît."
+    write_voice(tmp_path, "u16", transcript=None)
+    (tmp_path / "u16.txt").write_bytes(text.encode("utf-16"))  # with its byte-order mark, as Notepad writes
+    write_voice(tmp_path, "u16be", transcript=None)
+    (tmp_path / "u16be.txt").write_bytes(b"\xfe\xff" + text.encode("utf-16-be"))
+    write_voice(tmp_path, "bom", transcript=None)
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    write_voice(tmp_path, "lat", transcript=None)
+    (tmp_path / "lat.txt").write_bytes(text.encode("cp1252"))
+    write_voice(tmp_path, "cut", transcript=None)
+    (tmp_path / "cut.txt").write_bytes(text.encode("utf-16")[:-1])  # an odd number of bytes
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, ALL)
+    for name in ("u16", "u16be", "bom"):
+        reference = catalog.get(name).reference
+        assert reference is not None and reference.transcript == text, name
+    assert catalog.find("lat") is None and catalog.find("cut") is None
+    lat = "its transcript lat.txt is not UTF-8 text, it was saved in another encoding; save it as UTF-8"
+    cut = "its transcript cut.txt starts as UTF-16 text but is cut short or broken; save it as UTF-8"
+    assert {clip.file: clip.reason for clip in catalog.skipped()} == {"cut.wav": cut, "lat.wav": lat}
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said == [
+        (logging.WARNING, f"Skipping clone voice {tmp_path / 'cut.wav'}: {cut}"),
+        (logging.WARNING, f"Skipping clone voice {tmp_path / 'lat.wav'}: {lat}"),
+    ], said
+    with pytest.raises(UnknownVoiceError, match=r"\(lat.wav: its transcript lat.txt is not UTF-8 text, .*save it as UTF-8\)"):
+        catalog.get("lat")
+    (tmp_path / "lat.txt").write_text(text, encoding="utf-8")  # saved again as UTF-8: a voice at once
+    catalog.refresh()
+    reference = catalog.get("lat").reference
+    assert reference is not None and reference.transcript == text

@@ -19,6 +19,7 @@ sharing the folder): every request checks their files' signatures first.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import enum
 import hashlib
 import logging
@@ -68,6 +69,56 @@ def silent_reason(peak: float) -> str:
     """Why a clip whose loudest sample is ``peak`` (full scale 1.0, under ``SILENCE_PEAK``) is
     no clone voice, in the shape of ``too_short_reason``."""
     return f"the clip is silent (its loudest sample is {peak:.4f} of full scale, under the {SILENCE_PEAK:g} a clone clip needs)"
+
+
+#: Byte-order marks a transcript may start with, and the encoding each declares: Windows
+#: Notepad's "UTF-8 with BOM" and "Unicode" (UTF-16 LE), "Unicode big endian", and UTF-32.
+#: The UTF-32 marks come first: UTF-32 LE's begins with UTF-16 LE's.
+_TRANSCRIPT_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+
+
+class TranscriptEncodingError(ValueError):
+    """A transcript that is no text the catalogue reads (UTF-8, or UTF-16/32 with a byte-order
+    mark): its message is the reason the clip is skipped, naming the transcript's file name
+    (no folders) and saying to save it as UTF-8.
+
+    Attributes:
+        file: the transcript's file name.
+    """
+
+    def __init__(self, file: str, encoding: str) -> None:
+        # No parentheses: the start-up survey puts the reason in some (``startup.survey_clips``).
+        if encoding.startswith("utf-8"):
+            what = "is not UTF-8 text, it was saved in another encoding"
+        else:
+            what = f"starts as {encoding.upper()} text but is cut short or broken"
+        super().__init__(f"its transcript {file} {what}; save it as UTF-8")
+        self.file = file
+
+
+def read_transcript(path: Path) -> str:
+    """The text of the transcript at ``path``: UTF-8 (with or without a byte-order mark), or
+    UTF-16 or UTF-32 with a byte-order mark (Windows Notepad's "Unicode"). Other encodings
+    (Windows-1252, "ANSI") are refused rather than guessed: the same bytes spell different
+    words in each.
+
+    Raises:
+        TranscriptEncodingError: the file does not decode so (its message names the file and
+            says to save it as UTF-8).
+        OSError: the file cannot be read.
+    """
+    data = path.read_bytes()
+    encoding = next((name for bom, name in _TRANSCRIPT_BOMS if data.startswith(bom)), "utf-8")
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError:
+        raise TranscriptEncodingError(path.name, encoding) from None
 
 
 AUDIO_SUFFIXES = (".wav", ".flac")
@@ -236,6 +287,7 @@ class Reference:
 
         Raises:
             ClipTooShortError: shorter than ``MIN_REFERENCE_SECONDS``.
+            TranscriptEncodingError: the transcript is no text ``read_transcript`` reads.
             ValueError / soundfile.LibsndfileError / OSError: unreadable audio.
         """
         with sf.SoundFile(str(audio_path)) as clip:  # read only what is used, never a whole long file
@@ -243,7 +295,7 @@ class Reference:
             audio = clip.read(frames=int(MAX_REFERENCE_SECONDS * sample_rate), dtype="float32")
         if transcript_path is None and audio_path.with_suffix(".txt").exists():
             transcript_path = audio_path.with_suffix(".txt")
-        transcript = transcript_path.read_text("utf-8") if transcript_path is not None else None
+        transcript = read_transcript(transcript_path) if transcript_path is not None else None
         return cls.from_audio(audio, int(sample_rate), transcript)
 
 
@@ -659,11 +711,14 @@ class VoiceCatalog:
         """The clip at ``path`` (its transcript: ``transcript``, or none) as a Reference, or
         why it cannot clone (never raises): shorter than ``MIN_CLIP_SECONDS`` or silent (a
         WARNING, as the studio refuses such an upload: a user's choice of clip, not a broken
-        file; ``too_short_reason``, ``silent_reason``), or unreadable (an ERROR)."""
+        file; ``too_short_reason``, ``silent_reason``), a transcript not saved as UTF-8 (a
+        WARNING naming the transcript, ``TranscriptEncodingError``), or unreadable (an ERROR)."""
         try:
             reference = Reference.load(path, transcript)
         except ClipTooShortError as err:  # under MIN_REFERENCE_SECONDS: too short all the same
             return _Skip(too_short_reason(err.seconds), logging.WARNING)
+        except TranscriptEncodingError as err:  # a user's file saved in another encoding: a WARNING too
+            return _Skip(str(err), logging.WARNING)
         except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, never fatal
             return _Skip(str(err), logging.ERROR)
         seconds = len(reference.audio) / reference.sample_rate
