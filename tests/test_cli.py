@@ -168,6 +168,73 @@ def test_a_default_voice_whose_clip_is_too_short_exits_before_any_model_loads(
     check_default_voice("aria", voices, {ModelKind.BASE, ModelKind.VOICE_DESIGN})
 
 
+def test_a_default_voice_whose_clip_is_silent_or_whose_transcript_is_not_utf8_exits_before_any_model_loads(
+    checkpoints: Path, voices_dir: Path, tmp_path: Path
+) -> None:
+    """The new-user trial: ``--voice quiet`` with ``quiet.wav`` 3 s of silence, and ``--voice
+    lat`` with ``lat.txt`` saved as Windows-1252, passed the check before loading (it read
+    headers only), the model loaded, and only then were they refused; ``valid voices``
+    offered ``quiet``. Now the check reads clips and transcripts as the folder scan does:
+    start-up ends at once with the scan's reason, and neither is offered."""
+    from wyoming_qwen3tts.startup import check_default_voice
+    from wyoming_qwen3tts.voices import ModelKind
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    for clip in voices_dir.glob("clone.*"):
+        (voices / clip.name).write_bytes(clip.read_bytes())
+    sf.write(voices / "quiet.wav", np.zeros(3 * 24000, dtype=np.float32), 24000)
+    (voices / "quiet.txt").write_text("Nothing to hear.")
+    (voices / "lat.wav").write_bytes((voices / "clone.wav").read_bytes())
+    (voices / "lat.txt").write_bytes("Caf\u00e9 au lait.".encode("cp1252"))
+    result = run_cli(
+        "--data-dir", str(tmp_path), "--voices-dir", str(voices), "--clone-model", str(checkpoints / "base"),
+        "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu", "--engine", "reference",
+        "--voice", "quiet", cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == ("--voice 'quiet': a clone whose clip could not be used (quiet.wav: the clip is silent: its loudest "
+                    "sample is 0.0000 of full scale, under the 0.01 a clone clip needs); replace the file in the "
+                    "voices folder; valid voices: clone"), last
+    assert "Loading" not in result.stderr and "Traceback" not in result.stderr
+    with pytest.raises(SystemExit) as refused:
+        check_default_voice("LAT", voices, {ModelKind.BASE})
+    assert str(refused.value) == (
+        "--voice 'LAT': a clone whose clip could not be used (lat.wav: its transcript lat.txt is not UTF-8 text, it "
+        "was saved in another encoding; save it as UTF-8); replace the file in the voices folder; valid voices: clone")
+    (voices / "lat.txt").write_text("Caf\u00e9 au lait.", encoding="utf-16")  # Notepad's "Unicode": read
+    check_default_voice("lat", voices, {ModelKind.BASE})
+
+
+def test_the_clone_model_alone_with_only_a_silent_clip_stops_before_loading(checkpoints: Path, tmp_path: Path) -> None:
+    """The new-user trial: a voices folder whose only clip is silent, the clone model alone and
+    no studio (``--http-port 0``): the model loaded, then "No voices". Now that stop comes
+    before any model loads, naming the clip and the folder scan's reason."""
+    from wyoming_qwen3tts.startup import survey_clips
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    sf.write(voices / "solo.wav", np.zeros(3 * 24000, dtype=np.float32), 24000)
+    (voices / "solo.txt").write_text("Nothing to hear.")
+    result = run_cli(
+        "--data-dir", str(tmp_path), "--voices-dir", str(voices), "--clone-model", str(checkpoints / "base"),
+        "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu", "--engine", "reference",
+        "--http-port", "0", cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == (f"No voices: add a clone voice (<id>.wav and its transcript <id>.txt) to {voices}, or enable "
+                    "the VoiceDesign model (--design-model) or the CustomVoice model (--custom-voice-model); "
+                    "skipped: solo.wav (the clip is silent: its loudest sample is 0.0000 of full scale, under the "
+                    "0.01 a clone clip needs)"), last
+    assert "Loading" not in result.stderr and "Traceback" not in result.stderr
+    (voices / "solo.txt").write_bytes(b"\xff\xfeN")  # UTF-16 cut short: skipped too, the transcript named
+    sf.write(voices / "solo.wav", np.full(3 * 24000, 0.2, dtype=np.float32) * np.sin(np.arange(3 * 24000)), 24000)
+    assert survey_clips(voices) == (False, ["solo.wav (its transcript solo.txt starts as UTF-16 text but is cut short "
+                                            "or broken; save it as UTF-8)"])
+
+
 def test_the_check_before_loading_lets_the_clone_model_alone_start_with_no_clip_only_with_the_studio(tmp_path: Path) -> None:
     """``check_some_voice``: the Base model alone with no clip whose header reads is refused
     before loading without the studio, and let through with it (its first clip comes from

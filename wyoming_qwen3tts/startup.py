@@ -35,8 +35,8 @@ from .engine.sizing import (
 )
 from .metrics import Metrics
 from .voices import (
-    AUDIO_SUFFIXES, MIN_CLIP_SECONDS, PRESETS_FILE, ModelKind, Reference, VoiceCatalog, VoiceSource, clone_name,
-    has_control_characters, load_presets, name_key, too_short_reason,
+    AUDIO_SUFFIXES, MIN_CLIP_SECONDS, PRESETS_FILE, ClipSkip, ModelKind, Reference, VoiceCatalog, VoiceSource,
+    clone_name, has_control_characters, load_presets, name_key, read_clone_clip, transcript_name,
 )
 
 _LOGGER = logging.getLogger("wyoming_qwen3tts")
@@ -295,8 +295,9 @@ def check_some_voice(
     """With the Base model alone and no voice studio (``--http-port 0``), refuse to start
     before any model loads (a download of several GB) when the voices folder holds no clip:
     nothing could ever be spoken. With the studio the server starts anyway, so that the
-    first clip can be uploaded there (``no_voices_warning`` says so once it serves). A clip
-    whose samples turn out unusable is found after loading (``__main__`` checks again).
+    first clip can be uploaded there (``no_voices_warning`` says so once it serves). Clips are
+    judged as the folder scan judges them (``survey_clips``): a silent one, or one whose
+    transcript is not UTF-8, is no voice here either.
     A ``clone_model`` that is plainly no model (``unfound_model``: a mistyped folder such as
     ``tny/base``) is named first in the same line, so that it is not found only after the
     first clip is added.
@@ -347,14 +348,16 @@ def unfound_model(flag: str, source: str, models_dir: Path) -> str | None:
 
 
 def survey_clips(voices_dir: Path) -> tuple[bool, list[str]]:
-    """Whether the voices folder holds a clip that may be a voice (a readable audio header of
-    at least ``MIN_CLIP_SECONDS``, a name without control characters and not blank), and
-    every clip it skips for any of these reasons, each named with why (``'tab\\there.wav'
-    (control characters in its name)``, ``' .wav' (a blank name)``, ``broken.wav (no
-    readable audio)``, ``short.wav (0.50 s long, under the 1 s a clone clip needs)``), by
-    file name. Reads headers only."""
+    """Whether the voices folder holds a clip that is a voice, as the folder scan judges it
+    (``read_clone_clip``: a readable clip of at least ``MIN_CLIP_SECONDS``, not silent, its
+    transcript if any readable; a name without control characters and not blank; the first
+    clip of its voice name), and every clip it skips, each named with why
+    (``'tab\\there.wav' (control characters in its name)``, ``' .wav' (a blank name)``,
+    ``broken.wav (no readable audio)``, ``short.wav (0.50 s long, under the 1 s a clone clip
+    needs)``, ``hush.wav (the clip is silent: ...)``), by file name. Reads each clip's
+    samples (at most ``MAX_REFERENCE_SECONDS``) and transcript."""
     skipped, usable = [], False
-    for clip in _clip_files(voices_dir):
+    for clip, read in _clone_clips(voices_dir):
         seconds = _audio_seconds(clip)
         if has_control_characters(clip.stem):
             skipped.append(f"{clip.name!r} (control characters in its name)")
@@ -364,9 +367,37 @@ def survey_clips(voices_dir: Path) -> tuple[bool, list[str]]:
             skipped.append(f"{clip.name} (no readable audio)")
         elif seconds < MIN_CLIP_SECONDS:
             skipped.append(f"{clip.name} ({seconds:.2f} s long, under the {MIN_CLIP_SECONDS:g} s a clone clip needs)")
-        else:
+        elif isinstance(read, ClipSkip):
+            skipped.append(f"{clip.name} ({_for_clients(read, clip)})")
+        elif read is not None:
             usable = True
     return usable, skipped
+
+
+def _clone_clips(voices_dir: Path) -> list[tuple[Path, Reference | ClipSkip | None]]:
+    """Every audio file of the voices folder (``_clip_files``) and how the folder scan reads
+    it (``read_clone_clip``, with the transcript the catalogue gives it): None for a file the
+    catalogue reads no voice from (a name with control characters, a blank name, a second
+    clip of a voice name already taken, which the catalogue ignores)."""
+    clips = _clip_files(voices_dir)
+    texts = [p.name for p in voices_dir.iterdir() if p.suffix.lower() == ".txt"] if clips else []
+    taken: set[str] = set()
+    found: list[tuple[Path, Reference | ClipSkip | None]] = []
+    for clip in clips:
+        key = name_key(clip.stem)
+        if has_control_characters(clip.stem) or not clone_name(clip.stem) or key in taken:
+            found.append((clip, None))
+            continue
+        taken.add(key)
+        text = transcript_name(clip, texts)
+        found.append((clip, read_clone_clip(clip, clip.with_name(text) if text else None)))
+    return found
+
+
+def _for_clients(skip: ClipSkip, clip: Path) -> str:
+    """A skipped clip's reason without the server's folders (soundfile names the path), as
+    the catalogue gives it to clients."""
+    return skip.why.replace(str(clip), clip.name)
 
 
 def studio_address(host: str, port: int, ingress: bool = False) -> str:
@@ -403,9 +434,9 @@ def check_default_voice(
     enabled and ``speakers`` None nothing is refused here (the catalogue checks the name after
     loading). Names and aliases match as in ``VoiceCatalog.get`` (``name_key``: in any case, accents
     composed or decomposed, spaces around them aside), a clip by its voice name (``clone_name``). A clone
-    file without a readable audio header is no voice here, and one shorter than ``MIN_CLIP_SECONDS``
-    by its header is refused with the folder scan's reason (``too_short_reason``); one whose
-    samples turn out unusable (silent, cut) passes and is refused, with why, after loading.
+    file is judged as the folder scan judges it (``read_clone_clip``): one that cannot be a voice
+    (shorter than ``MIN_CLIP_SECONDS``, silent, a transcript not saved as UTF-8, unreadable) is
+    refused with the scan's reason and never offered among the valid voices.
 
     Args:
         name: the ``--voice`` given (None: the server chooses, nothing to check).
@@ -423,15 +454,12 @@ def check_default_voice(
     if custom and speakers is not None and wanted in speakers:
         return
     clones: list[str] = []
-    short: dict[str, tuple[str, float]] = {}  # name_key: a clip under MIN_CLIP_SECONDS (file, seconds)
+    unusable: dict[str, tuple[str, str]] = {}  # name_key: a clip the catalogue skips (file, why)
     if ModelKind.BASE in kinds:
-        for clip in _clip_files(voices_dir):
-            if has_control_characters(clip.stem) or not clone_name(clip.stem):
-                continue
-            seconds = _audio_seconds(clip)
-            if seconds is not None and seconds < MIN_CLIP_SECONDS:  # the catalogue skips it
-                short.setdefault(name_key(clone_name(clip.stem)), (clip.name, seconds))
-            elif seconds is not None:
+        for clip, read in _clone_clips(voices_dir):
+            if isinstance(read, ClipSkip):  # the catalogue skips it (too short, silent, ...)
+                unusable[name_key(clip.stem)] = (clip.name, _for_clients(read, clip))
+            elif read is not None:
                 clones.append(clone_name(clip.stem))
     if wanted in {name_key(clone) for clone in clones}:
         return
@@ -446,11 +474,11 @@ def check_default_voice(
         key=str.casefold,
     )
     shown = ", ".join(valid[:8]) + (f", ... ({len(valid)} in all)" if len(valid) > 8 else "") if valid else "none"
-    too_short = short.get(wanted)
+    skipped = unusable.get(wanted)
     why = (
         # the folder scan's reason, as the catalogue's refusal after loading says it
-        f"a clone whose clip could not be used ({too_short[0]}: {too_short_reason(too_short[1])}); replace the "
-        "file in the voices folder" if too_short is not None
+        f"a clone whose clip could not be used ({skipped[0]}: {skipped[1]}); replace the "
+        "file in the voices folder" if skipped is not None
         else f"the preset {preset.name!r} needs the VoiceDesign model (--design-model)" if preset is not None
         else f"neither a clone voice in {voices_dir}{'' if voices_dir.is_dir() else ' (no such folder)'}, a preset nor a "
         f"{'CustomVoice speaker' if custom else 'CustomVoice speaker (they need --custom-voice-model)'}"

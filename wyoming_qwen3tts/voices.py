@@ -68,7 +68,8 @@ def too_short_reason(seconds: float) -> str:
 def silent_reason(peak: float) -> str:
     """Why a clip whose loudest sample is ``peak`` (full scale 1.0, under ``SILENCE_PEAK``) is
     no clone voice, in the shape of ``too_short_reason``."""
-    return f"the clip is silent (its loudest sample is {peak:.4f} of full scale, under the {SILENCE_PEAK:g} a clone clip needs)"
+    # No parentheses: the start-up survey puts the reason in some (``startup.survey_clips``).
+    return f"the clip is silent: its loudest sample is {peak:.4f} of full scale, under the {SILENCE_PEAK:g} a clone clip needs"
 
 
 #: Byte-order marks a transcript may start with, and the encoding each declares: Windows
@@ -437,8 +438,9 @@ _ClipKey = tuple[tuple[str, int, int, int], tuple[str, int, int, int] | None]
 
 
 @dataclass(frozen=True)
-class _Skip:
-    """Why a clip of the clone library is no voice, and the level it is logged at."""
+class ClipSkip:
+    """Why a clip of the clone library is no voice (``why``, one phrase), and the level it is
+    logged at (``level``: WARNING for a user's choice of clip, ERROR for a broken file)."""
 
     why: str
     level: int
@@ -457,6 +459,33 @@ class SkippedClip:
     name: str
     file: str
     reason: str
+
+
+def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip:
+    """The clip at ``path`` (its transcript: ``transcript``, or none) as a Reference, or why it
+    cannot clone (never raises): shorter than ``MIN_CLIP_SECONDS`` or silent (a WARNING, as
+    the studio refuses such an upload: a user's choice of clip, not a broken file;
+    ``too_short_reason``, ``silent_reason``), a transcript not saved as UTF-8 (a WARNING
+    naming the transcript, ``TranscriptEncodingError``), or unreadable (an ERROR). The folder
+    scan (``VoiceCatalog``) and the start-up checks made before any model loads
+    (``startup.check_default_voice``, ``startup.survey_clips``) both judge clips by this, so
+    a clip is refused for the same reason before and after loading. Reads at most
+    ``MAX_REFERENCE_SECONDS`` of audio; a reason may name ``path`` in full (soundfile's)."""
+    try:
+        reference = Reference.load(path, transcript)
+    except ClipTooShortError as err:  # under MIN_REFERENCE_SECONDS: too short all the same
+        return ClipSkip(too_short_reason(err.seconds), logging.WARNING)
+    except TranscriptEncodingError as err:  # a user's file saved in another encoding: a WARNING too
+        return ClipSkip(str(err), logging.WARNING)
+    except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, never fatal
+        return ClipSkip(str(err), logging.ERROR)
+    seconds = len(reference.audio) / reference.sample_rate
+    if seconds < MIN_CLIP_SECONDS:  # as uploads are refused (clip-too-short)
+        return ClipSkip(too_short_reason(seconds), logging.WARNING)
+    peak = float(np.abs(reference.audio).max())
+    if peak < SILENCE_PEAK:  # as uploads are refused (clip-silent): it would clone silence
+        return ClipSkip(silent_reason(peak), logging.WARNING)
+    return reference
 
 
 class VoiceCatalog:
@@ -507,7 +536,7 @@ class VoiceCatalog:
         #: inode): a Reference, or why it was skipped. A rescan reads only the clips whose
         #: file or transcript changed (re-reading 20 clips of 30 s held every client for
         #: 0.8 s in a new-user trial, when rescans ran on the event loop).
-        self._read: dict[_ClipKey, Reference | _Skip] = {}
+        self._read: dict[_ClipKey, Reference | ClipSkip] = {}
         #: The clips with several transcripts already warned of, as the (name, mtime ns,
         #: size, inode) of the clip and of each transcript: said again at DEBUG only.
         self._transcripts_said: set[tuple[tuple[str, int, int, int], ...]] = set()
@@ -620,7 +649,7 @@ class VoiceCatalog:
         reported: set[tuple[str, int, int, int]] = set()
         transcripts_said: set[tuple[tuple[str, int, int, int], ...]] = set()
         by_name = dict(zip((p.name for p in files), signature_items, strict=True))
-        read: dict[_ClipKey, Reference | _Skip] = {}
+        read: dict[_ClipKey, Reference | ClipSkip] = {}
         clip_keys = {name_key(p.stem) for p in files if p.suffix.lower() in AUDIO_SUFFIXES}
         texts = {p.name for p in files if p.suffix.lower() not in AUDIO_SUFFIXES}
         orphans: dict[str, str] = {}
@@ -671,9 +700,9 @@ class VoiceCatalog:
             clip_key = (item, by_name[text_name] if text_name else None)
             clip = self._read.get(clip_key)  # (``force`` too: every write replaces the file)
             if clip is None:
-                clip = self._read_clip(path, path.with_name(text_name) if text_name else None)
+                clip = read_clone_clip(path, path.with_name(text_name) if text_name else None)
             read[clip_key] = clip
-            if isinstance(clip, _Skip):  # skipped: why
+            if isinstance(clip, ClipSkip):  # skipped: why
                 level = logging.DEBUG if item in self._reported else clip.level
                 _LOGGER.log(level, "Skipping clone voice %s: %s", path, clip.why)
                 reported.add(item)
@@ -705,29 +734,6 @@ class VoiceCatalog:
         self._signature = signature
         assert self.voices_dir is not None  # _clone_scan found the folder
         _LOGGER.info("Clone library %s: %d voice(s)", self.voices_dir.resolve(), len(clones))
-
-    @staticmethod
-    def _read_clip(path: Path, transcript: Path | None) -> Reference | _Skip:
-        """The clip at ``path`` (its transcript: ``transcript``, or none) as a Reference, or
-        why it cannot clone (never raises): shorter than ``MIN_CLIP_SECONDS`` or silent (a
-        WARNING, as the studio refuses such an upload: a user's choice of clip, not a broken
-        file; ``too_short_reason``, ``silent_reason``), a transcript not saved as UTF-8 (a
-        WARNING naming the transcript, ``TranscriptEncodingError``), or unreadable (an ERROR)."""
-        try:
-            reference = Reference.load(path, transcript)
-        except ClipTooShortError as err:  # under MIN_REFERENCE_SECONDS: too short all the same
-            return _Skip(too_short_reason(err.seconds), logging.WARNING)
-        except TranscriptEncodingError as err:  # a user's file saved in another encoding: a WARNING too
-            return _Skip(str(err), logging.WARNING)
-        except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, never fatal
-            return _Skip(str(err), logging.ERROR)
-        seconds = len(reference.audio) / reference.sample_rate
-        if seconds < MIN_CLIP_SECONDS:  # as uploads are refused (clip-too-short)
-            return _Skip(too_short_reason(seconds), logging.WARNING)
-        peak = float(np.abs(reference.audio).max())
-        if peak < SILENCE_PEAK:  # as uploads are refused (clip-silent): it would clone silence
-            return _Skip(silent_reason(peak), logging.WARNING)
-        return reference
 
     def skipped_clips(self) -> list[str]:
         """The clips of the clone library skipped at the last refresh because they could not
