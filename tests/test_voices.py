@@ -1004,3 +1004,53 @@ def test_a_transcript_saved_by_windows_notepad_is_read_or_its_skip_names_the_tra
     catalog.refresh()
     reference = catalog.get("lat").reference
     assert reference is not None and reference.transcript == text
+
+
+def _write_m4a(path: Path, audio: np.ndarray, rate: int) -> None:
+    """An AAC clip in an M4A file (what a phone's voice recorder saves), by PyAV."""
+    import av
+
+    with av.open(str(path), "w", format="ipod") as container:
+        stream = container.add_stream("aac", rate=rate, layout="mono")
+        frame = av.AudioFrame.from_ndarray(audio.reshape(1, -1), format="flt", layout="mono")
+        frame.sample_rate = rate
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            container.mux(packet)
+
+
+def test_clips_in_the_formats_the_studio_takes_are_voices_when_copied_into_the_folder(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The new-user trial: ``grandma.mp3`` and ``grandma.txt`` copied into the voices folder
+    logged "Transcript grandma.txt has no clip beside it", and ``grandpa.ogg`` nothing at all,
+    though the studio takes MP3 and Ogg uploads. The folder now reads the formats the
+    studio's form offers (FFmpeg, as uploads are decoded): each is a voice, with its
+    transcript; the start-up check knows them; a broken one is skipped naming the file; the
+    studio deletes such a voice's files."""
+    from wyoming_qwen3tts.startup import check_default_voice, survey_clips
+
+    t = np.arange(2 * 24000) / 24000
+    tone = (0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32)
+    sf.write(tmp_path / "grandma.mp3", tone, 24000, format="MP3")
+    (tmp_path / "grandma.txt").write_text("Hello, it is Grandma.")
+    sf.write(tmp_path / "grandpa.ogg", tone, 24000, format="OGG", subtype="VORBIS")
+    sf.write(tmp_path / "Uncle.OPUS", tone, 24000, format="OGG", subtype="OPUS")
+    _write_m4a(tmp_path / "aunt.m4a", tone, 24000)
+    (tmp_path / "broken.mp3").write_bytes(b"ID3 not really an mp3" * 10)
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
+    clones = {v.name: v.reference for v in catalog.voices()}
+    assert set(clones) == {"grandma", "grandpa", "Uncle", "aunt"}, clones
+    for name, reference in clones.items():
+        assert reference is not None and abs(len(reference.audio) / reference.sample_rate - 2.0) < 0.1, name
+        assert float(np.abs(reference.audio).max()) > 0.2, name
+    assert clones["grandma"] is not None and clones["grandma"].transcript == "Hello, it is Grandma."
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and said[0].startswith(f"Skipping clone voice {tmp_path / 'broken.mp3'}: "), said
+    assert [clip.file for clip in catalog.skipped()] == ["broken.mp3"]
+    assert str(tmp_path) not in catalog.skipped()[0].reason
+    check_default_voice("grandpa", tmp_path, {ModelKind.BASE})
+    assert survey_clips(tmp_path) == (True, ["broken.mp3 (no readable audio)"])
+    library = VoiceLibrary(catalog, None)
+    library.delete("grandma")
+    assert not (tmp_path / "grandma.mp3").exists() and not (tmp_path / "grandma.txt").exists()

@@ -42,11 +42,13 @@ from .voices import (
     MIN_CLIP_SECONDS,
     SILENCE_PEAK,
     ModelKind,
+    NoAudioTrackError,
     SkippedClip,
     Voice,
     VoiceCatalog,
     VoiceSource,
     clone_files,
+    decode_audio,
     has_control_characters,
     name_key,
 )
@@ -132,27 +134,14 @@ def decode_clip(data: bytes) -> np.ndarray:
     """
     if len(data) > MAX_UPLOAD_BYTES:
         raise too_large(len(data))
-    limit = int(MAX_REFERENCE_SECONDS * SAMPLE_RATE)
-    pieces: list[np.ndarray] = []
     try:
-        with av.open(io.BytesIO(data), mode="r") as container:
-            if not container.streams.audio:
-                raise VoiceEditError(400, "not-audio", "The file has no audio track", "file")
-            resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
-            got = 0
-            for frame in container.decode(container.streams.audio[0]):
-                for out in resampler.resample(frame):
-                    pieces.append(out.to_ndarray().reshape(-1))
-                    got += len(pieces[-1])
-                if got >= limit:
-                    break
-            else:
-                pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
+        audio, _ = decode_audio(io.BytesIO(data), MAX_REFERENCE_SECONDS, SAMPLE_RATE)
+    except NoAudioTrackError:
+        raise VoiceEditError(400, "not-audio", "The file has no audio track", "file") from None
     except (av.error.FFmpegError, ValueError, EOFError) as err:
         reason = getattr(err, "strerror", None) or str(err)
         message = f"The file is not audio that FFmpeg can read ({reason})"
         raise VoiceEditError(400, "not-audio", message, "file") from None
-    audio = np.concatenate(pieces)[:limit] if pieces else np.zeros(0, np.float32)
     seconds = len(audio) / SAMPLE_RATE
     if seconds < MIN_CLIP_SECONDS:
         message = f"The clip is {seconds:.2f} s long; at least {MIN_CLIP_SECONDS:.0f} s is needed"

@@ -358,19 +358,20 @@ def survey_clips(voices_dir: Path) -> tuple[bool, list[str]]:
     samples (at most ``MAX_REFERENCE_SECONDS``) and transcript."""
     skipped, usable = [], False
     for clip, read in _clone_clips(voices_dir):
-        seconds = _audio_seconds(clip)
         if has_control_characters(clip.stem):
             skipped.append(f"{clip.name!r} (control characters in its name)")
         elif not clone_name(clip.stem):
             skipped.append(f"{clip.name!r} (a blank name)")
-        elif seconds is None:
-            skipped.append(f"{clip.name} (no readable audio)")
-        elif seconds < MIN_CLIP_SECONDS:
-            skipped.append(f"{clip.name} ({seconds:.2f} s long, under the {MIN_CLIP_SECONDS:g} s a clone clip needs)")
-        elif isinstance(read, ClipSkip):
-            skipped.append(f"{clip.name} ({_for_clients(read, clip)})")
-        elif read is not None:
+        elif isinstance(read, Reference):
             usable = True
+        elif isinstance(read, ClipSkip):
+            seconds = _audio_seconds(clip)
+            if read.level >= logging.ERROR:
+                skipped.append(f"{clip.name} (no readable audio)")
+            elif seconds is not None and seconds < MIN_CLIP_SECONDS:
+                skipped.append(f"{clip.name} ({seconds:.2f} s long, under the {MIN_CLIP_SECONDS:g} s a clone clip needs)")
+            else:
+                skipped.append(f"{clip.name} ({_for_clients(read, clip)})")
     return usable, skipped
 
 

@@ -2,8 +2,8 @@
 
 Three sources, one namespace of voice names:
 
-* **Clone library** (Base model): ``<voices-dir>/<id>.wav`` (or ``.flac``) with an optional
-  ``<id>.txt`` transcript. With a transcript the model clones in ICL mode; without one it
+* **Clone library** (Base model): ``<voices-dir>/<id>.wav`` (or ``.flac``, ``.mp3``, ``.ogg``...:
+  ``AUDIO_SUFFIXES``) with an optional ``<id>.txt`` transcript. With a transcript the model clones in ICL mode; without one it
   uses the speaker embedding only (x-vector).
 * **VoiceDesign presets**: ``presets.toml`` shipped in ``voices/`` plus an optional
   ``<voices-dir>/presets.toml`` that adds or overrides entries (see the shipped file). A
@@ -29,7 +29,7 @@ import unicodedata
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import soundfile as sf
@@ -122,7 +122,52 @@ def read_transcript(path: Path) -> str:
         raise TranscriptEncodingError(path.name, encoding) from None
 
 
-AUDIO_SUFFIXES = (".wav", ".flac")
+#: Clip formats the voices folder reads, by file suffix (in any case): the formats the voice
+#: studio's upload form offers (``web/index.html``), so a clip that can be uploaded can be
+#: copied in too. WAV and FLAC are read by libsndfile (soundfile), the others by FFmpeg
+#: (PyAV, as the studio decodes uploads: ``decode_audio``).
+AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".webm")
+#: The suffixes of ``AUDIO_SUFFIXES`` read by soundfile (the rest by ``decode_audio``).
+_SOUNDFILE_SUFFIXES = (".wav", ".flac")
+
+
+class NoAudioTrackError(ValueError):
+    """A file FFmpeg opens that holds no audio track (a picture, a silent video)."""
+
+
+def decode_audio(source: str | BinaryIO, max_seconds: float, rate: int | None = None) -> tuple[np.ndarray, int]:
+    """The first audio track of ``source`` (a path, or a binary file object) decoded by FFmpeg
+    (PyAV): float32 [n_samples] mono in [-1, 1], at most the first ``max_seconds``, and its
+    sample rate in Hz (``rate`` if given, resampled to it; else the track's own). Any format
+    FFmpeg reads (MP3, Ogg Vorbis or Opus, AAC/M4A, WebM, WAV, FLAC).
+
+    Raises:
+        NoAudioTrackError: the file holds no audio track.
+        av.error.FFmpegError, ValueError, EOFError: FFmpeg cannot read it as audio.
+    """
+    import av  # FFmpeg's libraries load only where such a clip is read
+
+    pieces: list[np.ndarray] = []
+    with av.open(source, mode="r") as container:
+        if not container.streams.audio:
+            raise NoAudioTrackError("The file has no audio track")
+        stream = container.streams.audio[0]
+        rate = rate or stream.rate or stream.codec_context.sample_rate
+        if not rate:
+            raise ValueError("the audio track has no sample rate")
+        limit = int(max_seconds * rate)
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+        got = 0
+        for frame in container.decode(stream):
+            for out in resampler.resample(frame):
+                pieces.append(out.to_ndarray().reshape(-1))
+                got += len(pieces[-1])
+            if got >= limit:
+                break
+        else:
+            pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
+    audio = np.concatenate(pieces)[:limit] if pieces else np.zeros(0, np.float32)
+    return np.ascontiguousarray(audio, dtype=np.float32), int(rate)
 #: Name of the user's presets file in the voices folder.
 PRESETS_FILE = "presets.toml"
 #: Largest preset seed (the anchor's seed; torch seeds are 64-bit, this keeps them portable).
@@ -283,17 +328,22 @@ class Reference:
 
     @classmethod
     def load(cls, audio_path: Path, transcript_path: Path | None = None) -> Reference:
-        """Read ``<id>.wav`` and its optional transcript (``transcript_path``; by default
-        ``<id>.txt`` beside it, if it exists).
+        """Read ``<id>.wav`` (any format of ``AUDIO_SUFFIXES``: WAV and FLAC by soundfile,
+        the others by FFmpeg, ``decode_audio``) and its optional transcript
+        (``transcript_path``; by default ``<id>.txt`` beside it, if it exists).
 
         Raises:
             ClipTooShortError: shorter than ``MIN_REFERENCE_SECONDS``.
             TranscriptEncodingError: the transcript is no text ``read_transcript`` reads.
-            ValueError / soundfile.LibsndfileError / OSError: unreadable audio.
+            ValueError / soundfile.LibsndfileError / av.error.FFmpegError / EOFError / OSError:
+                unreadable audio.
         """
-        with sf.SoundFile(str(audio_path)) as clip:  # read only what is used, never a whole long file
-            sample_rate = clip.samplerate
-            audio = clip.read(frames=int(MAX_REFERENCE_SECONDS * sample_rate), dtype="float32")
+        if audio_path.suffix.lower() in _SOUNDFILE_SUFFIXES:
+            with sf.SoundFile(str(audio_path)) as clip:  # read only what is used, never a whole long file
+                sample_rate = clip.samplerate
+                audio = clip.read(frames=int(MAX_REFERENCE_SECONDS * sample_rate), dtype="float32")
+        else:  # MP3, Ogg, M4A...: FFmpeg, as the studio reads uploads
+            audio, sample_rate = decode_audio(str(audio_path), MAX_REFERENCE_SECONDS)
         if transcript_path is None and audio_path.with_suffix(".txt").exists():
             transcript_path = audio_path.with_suffix(".txt")
         transcript = read_transcript(transcript_path) if transcript_path is not None else None
