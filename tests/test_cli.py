@@ -194,8 +194,8 @@ def test_a_default_voice_whose_clip_is_silent_or_whose_transcript_is_not_utf8_ex
     )
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last == ("--voice 'quiet': a clone whose clip could not be used (quiet.wav: the clip is silent: its loudest "
-                    "sample is 0.0000 of full scale, under the 0.01 a clone clip needs); replace the file in the "
+    assert last == ("--voice 'quiet': a clone whose clip could not be used (quiet.wav: the clip is silent: only 0.00 s "
+                    "of it is louder than -43 dBFS, under the 0.1 s a clone clip needs); replace the file in the "
                     "voices folder; valid voices: clone"), last
     assert "Loading" not in result.stderr and "Traceback" not in result.stderr
     with pytest.raises(SystemExit) as refused:
@@ -226,8 +226,8 @@ def test_the_clone_model_alone_with_only_a_silent_clip_stops_before_loading(chec
     last = result.stderr.strip().splitlines()[-1]
     assert last == (f"No voices: add a clone voice (<id>.wav and its transcript <id>.txt) to {voices}, or enable "
                     "the VoiceDesign model (--design-model) or the CustomVoice model (--custom-voice-model); "
-                    "skipped: solo.wav (the clip is silent: its loudest sample is 0.0000 of full scale, under the "
-                    "0.01 a clone clip needs)"), last
+                    "skipped: solo.wav (the clip is silent: only 0.00 s of it is louder than -43 dBFS, under the "
+                    "0.1 s a clone clip needs)"), last
     assert "Loading" not in result.stderr and "Traceback" not in result.stderr
     (voices / "solo.txt").write_bytes(b"\xff\xfeN")  # UTF-16 cut short: skipped too, the transcript named
     sf.write(voices / "solo.wav", np.full(3 * 24000, 0.2, dtype=np.float32) * np.sin(np.arange(3 * 24000)), 24000)

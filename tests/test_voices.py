@@ -291,12 +291,12 @@ def test_a_silent_clip_and_a_short_one_are_skipped_alike_at_warning_in_words_fit
     said = {r.getMessage(): r.levelno for r in caplog.records if r.getMessage().startswith("Skipping clone voice")}
     assert said.pop(f"Skipping clone voice {tmp_path / 'kim.wav'}: the clip is 0.50 s long, "
                     "under the 1 s a clone clip needs") == logging.WARNING, said
-    assert said.pop(f"Skipping clone voice {tmp_path / 'hush.wav'}: the clip is silent: its loudest sample is "
-                    "0.0000 of full scale, under the 0.01 a clone clip needs") == logging.WARNING, said
+    assert said.pop(f"Skipping clone voice {tmp_path / 'hush.wav'}: the clip is silent: only 0.00 s of it is "
+                    "louder than -43 dBFS, under the 0.1 s a clone clip needs") == logging.WARNING, said
     assert list(said.values()) == [logging.ERROR] and "broken.wav" in next(iter(said)), said
     reasons = {clip.file: clip.reason for clip in catalog.skipped()}
     assert reasons["kim.wav"] == "the clip is 0.50 s long, under the 1 s a clone clip needs", reasons
-    assert reasons["hush.wav"].endswith("under the 0.01 a clone clip needs"), reasons
+    assert reasons["hush.wav"].endswith("under the 0.1 s a clone clip needs"), reasons
     assert not any("studio" in reason for reason in reasons.values()), reasons
 
 
@@ -1054,3 +1054,57 @@ def test_clips_in_the_formats_the_studio_takes_are_voices_when_copied_into_the_f
     library = VoiceLibrary(catalog, None)
     library.delete("grandma")
     assert not (tmp_path / "grandma.mp3").exists() and not (tmp_path / "grandma.txt").exists()
+
+
+def test_a_constant_offset_or_one_click_in_silence_is_silent_for_the_folder_and_the_studio(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The new-user trial: the silence rule looked at the loudest sample only, so 3 s of a
+    constant 0.5 (a DC offset) and 3 s of zeros with one click at 0.9 became voices (the
+    click even the default). Now a clip needs ``MIN_SOUND_SECONDS`` of 20 ms frames whose
+    RMS, its DC offset removed, reaches ``SILENCE_RMS`` (the RMS of a sine at the old -40
+    dBFS peak): both are refused as uploads and skipped in the folder with one reason, while
+    a steady tone just over the old peak rule, a quiet word in silence and speech riding on
+    a DC offset are taken, as before."""
+    from wyoming_qwen3tts.voices import MIN_SOUND_SECONDS, SILENCE_PEAK, SILENCE_RMS, sound_seconds
+
+    rate = 24000
+    t = np.arange(3 * rate) / rate
+    click = np.zeros(3 * rate, np.float32)
+    click[-1] = 0.9
+    word = np.zeros(3 * rate, np.float32)  # 0.2 s of a 0.05 tone (-26 dBFS) in 3 s of silence
+    word[rate : rate + rate // 5] = 0.05 * np.sin(2 * np.pi * 180 * t[: rate // 5])
+    clips = {
+        "dc": np.full(3 * rate, 0.5, np.float32),
+        "click": click,
+        "faint": (0.009 * np.random.default_rng(0).uniform(-1, 1, 3 * rate)).astype(np.float32),
+        "steady": (1.05 * SILENCE_PEAK * np.sin(2 * np.pi * 200 * t)).astype(np.float32),
+        "word": word,
+        "offset": (0.4 + 0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32),
+    }
+    assert SILENCE_RMS == pytest.approx(0.00707, abs=1e-5) and MIN_SOUND_SECONDS == 0.1
+    assert sound_seconds(clips["dc"], rate) == 0.0 and sound_seconds(clips["click"], rate) == pytest.approx(0.02)
+    assert sound_seconds(clips["word"], rate) == pytest.approx(0.2) and sound_seconds(clips["steady"], rate) == 3.0
+    assert sound_seconds(np.zeros(10, np.float32), rate) == 0.0  # shorter than a frame
+    for name, audio in clips.items():
+        sf.write(tmp_path / f"{name}.wav", audio, rate, subtype="FLOAT")
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
+    assert {v.name for v in catalog.voices()} == {"steady", "word", "offset"}
+    reasons = {clip.file: clip.reason for clip in catalog.skipped()}
+    assert reasons == {
+        "click.wav": "the clip is silent: only 0.02 s of it is louder than -43 dBFS, under the 0.1 s a clone clip needs",
+        "dc.wav": "the clip is silent: only 0.00 s of it is louder than -43 dBFS, under the 0.1 s a clone clip needs",
+        "faint.wav": "the clip is silent: only 0.00 s of it is louder than -43 dBFS, under the 0.1 s a clone clip needs",
+    }, reasons
+    assert all(r.levelno == logging.WARNING for r in caplog.records if r.getMessage().startswith("Skipping"))
+    for name, audio in clips.items():  # the studio's upload: the same rule, the same words
+        buffer = io.BytesIO()
+        sf.write(buffer, audio, rate, format="WAV", subtype="FLOAT")
+        if name in ("steady", "word", "offset"):
+            decode_clip(buffer.getvalue())
+            continue
+        with pytest.raises(VoiceEditError) as refused:
+            decode_clip(buffer.getvalue())
+        assert refused.value.code == "clip-silent", name
+        assert str(refused.value) == "T" + reasons[f"{name}.wav"][1:], name

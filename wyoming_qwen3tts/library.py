@@ -40,7 +40,7 @@ from .voices import (
     AUDIO_SUFFIXES,
     MAX_REFERENCE_SECONDS,
     MIN_CLIP_SECONDS,
-    SILENCE_PEAK,
+    MIN_SOUND_SECONDS,
     ModelKind,
     NoAudioTrackError,
     SkippedClip,
@@ -51,6 +51,8 @@ from .voices import (
     decode_audio,
     has_control_characters,
     name_key,
+    silent_reason,
+    sound_seconds,
 )
 
 #: Largest uploaded clip, in bytes (20 MB: a 20 s WAV at 48 kHz stereo 32-bit is 7.7 MB).
@@ -130,7 +132,8 @@ def decode_clip(data: bytes) -> np.ndarray:
     Raises:
         VoiceEditError: 413 ``clip-too-large`` (over ``MAX_UPLOAD_BYTES``), 400
             ``not-audio`` (no audio track, or FFmpeg cannot read it), ``clip-too-short``
-            (under ``MIN_CLIP_SECONDS``), ``clip-silent`` (peak under ``SILENCE_PEAK``).
+            (under ``MIN_CLIP_SECONDS``), ``clip-silent`` (under ``MIN_SOUND_SECONDS`` of sound,
+            ``voices.sound_seconds``).
     """
     if len(data) > MAX_UPLOAD_BYTES:
         raise too_large(len(data))
@@ -146,11 +149,10 @@ def decode_clip(data: bytes) -> np.ndarray:
     if seconds < MIN_CLIP_SECONDS:
         message = f"The clip is {seconds:.2f} s long; at least {MIN_CLIP_SECONDS:.0f} s is needed"
         raise VoiceEditError(400, "clip-too-short", message, "file")
-    peak = float(np.abs(audio).max())
-    if peak < SILENCE_PEAK:
-        loudest = f"its loudest sample is {20 * np.log10(peak):.0f} dBFS" if peak > 0 else "every sample is zero"
-        message = f"The clip is silent ({loudest})"
-        raise VoiceEditError(400, "clip-silent", message, "file")
+    sound = sound_seconds(audio, SAMPLE_RATE)
+    if sound < MIN_SOUND_SECONDS:  # the folder scan's rule and words (``voices.read_clone_clip``)
+        message = silent_reason(sound)
+        raise VoiceEditError(400, "clip-silent", message[0].upper() + message[1:], "file")
     return np.ascontiguousarray(audio, dtype=np.float32)
 
 

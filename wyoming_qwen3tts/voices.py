@@ -23,6 +23,7 @@ import codecs
 import enum
 import hashlib
 import logging
+import math
 import threading
 import tomllib
 import unicodedata
@@ -41,9 +42,23 @@ _LOGGER = logging.getLogger(__name__)
 #: Longest reference clip used for cloning, in seconds. Longer clips are cut: the reference's
 #: codec frames (12.5 per second) sit in the prompt and share the static KV cache.
 MAX_REFERENCE_SECONDS = 20.0
-#: A clone clip whose loudest sample stays below this (full scale 1.0; -40 dBFS) is silent:
-#: refused as an upload (``library``) and skipped in the voices folder.
+#: The level the silence rule was first set at: a clip whose loudest sample stayed below this
+#: (full scale 1.0; -40 dBFS) was silent. A peak alone let 3 s of a constant 0.5 (a DC
+#: offset) or of silence with one click through (the new-user trial), so the rule is now
+#: ``sound_seconds`` against ``MIN_SOUND_SECONDS``, at ``SILENCE_RMS``, derived from this.
 SILENCE_PEAK = 0.01
+#: A 20 ms frame of a clip is sound when its RMS (the clip's DC offset removed) reaches this
+#: (full scale 1.0): the RMS of a sine wave whose peak is ``SILENCE_PEAK`` (0.0071, -43
+#: dBFS), so a steady tone the peak rule took is still taken.
+SILENCE_RMS = SILENCE_PEAK / math.sqrt(2)
+#: The frames ``sound_seconds`` measures, in seconds: 20 ms, the frame of speech analysis
+#: (shorter than a syllable, longer than a pitch period down to 50 Hz).
+SOUND_FRAME_SECONDS = 0.02
+#: The least sound a clone clip holds, in seconds (``sound_seconds``): under it the clip is
+#: silent, refused as an upload (``library.decode_clip``, ``clip-silent``) and skipped in the
+#: voices folder. A tenth of a second is less than one syllable (0.15-0.3 s), so a clip with
+#: a word in it passes however quiet the rest is, while a click (one frame) or a few do not.
+MIN_SOUND_SECONDS = 0.1
 #: Shortest clip that is a clone voice, in seconds: the voice studio refuses a shorter upload
 #: (``library.decode_clip``, ``clip-too-short``) and the voices folder's scan skips a shorter
 #: clip, so a clip is a voice or not whichever way it came in. The value is the studio's
@@ -65,11 +80,34 @@ def too_short_reason(seconds: float) -> str:
     return f"the clip is {seconds:.2f} s long, under the {MIN_CLIP_SECONDS:g} s a clone clip needs"
 
 
-def silent_reason(peak: float) -> str:
-    """Why a clip whose loudest sample is ``peak`` (full scale 1.0, under ``SILENCE_PEAK``) is
-    no clone voice, in the shape of ``too_short_reason``."""
+def sound_seconds(audio: np.ndarray, sample_rate: int) -> float:
+    """How much of a clip is sound, in seconds: its whole ``SOUND_FRAME_SECONDS`` frames whose
+    RMS reaches ``SILENCE_RMS`` once the clip's mean (a DC offset) is taken away. 0.0 for
+    silence, a constant (DC) signal, or a clip shorter than one frame; a single click counts
+    one frame.
+
+    Args:
+        audio: float [n_samples] mono, full scale 1.0.
+        sample_rate: Hz.
+    """
+    samples = np.asarray(audio, dtype=np.float64).reshape(-1)
+    frame = max(1, round(SOUND_FRAME_SECONDS * sample_rate))
+    count = len(samples) // frame
+    if count == 0:
+        return 0.0
+    centred = samples - samples.mean()
+    rms = np.sqrt(np.mean(np.square(centred[: count * frame].reshape(count, frame)), axis=1))
+    return float(np.count_nonzero(rms >= SILENCE_RMS) * frame / sample_rate)
+
+
+def silent_reason(sound: float) -> str:
+    """Why a clip with ``sound`` seconds of sound (``sound_seconds``, under
+    ``MIN_SOUND_SECONDS``) is no clone voice, in the shape of ``too_short_reason``: in the
+    log, the listing's ``skipped``, a request's refusal, the start-up checks, and (capitalised)
+    the studio's refusal of an upload."""
     # No parentheses: the start-up survey puts the reason in some (``startup.survey_clips``).
-    return f"the clip is silent: its loudest sample is {peak:.4f} of full scale, under the {SILENCE_PEAK:g} a clone clip needs"
+    return (f"the clip is silent: only {sound:.2f} s of it is louder than {20 * math.log10(SILENCE_RMS):.0f} "
+            f"dBFS, under the {MIN_SOUND_SECONDS:g} s a clone clip needs")
 
 
 #: Byte-order marks a transcript may start with, and the encoding each declares: Windows
@@ -532,9 +570,9 @@ def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip
     seconds = len(reference.audio) / reference.sample_rate
     if seconds < MIN_CLIP_SECONDS:  # as uploads are refused (clip-too-short)
         return ClipSkip(too_short_reason(seconds), logging.WARNING)
-    peak = float(np.abs(reference.audio).max())
-    if peak < SILENCE_PEAK:  # as uploads are refused (clip-silent): it would clone silence
-        return ClipSkip(silent_reason(peak), logging.WARNING)
+    sound = sound_seconds(reference.audio, reference.sample_rate)
+    if sound < MIN_SOUND_SECONDS:  # as uploads are refused (clip-silent): it would clone silence
+        return ClipSkip(silent_reason(sound), logging.WARNING)
     return reference
 
 
