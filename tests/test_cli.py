@@ -553,3 +553,62 @@ async def test_a_cpu_start_whose_every_model_fell_back_says_so(
     assert not [m for m in said if "qwentts.cpp (GGML" in m or "each model it can run" in m], said
     why_line = next(i for i, m in enumerate(said) if m.startswith("The base model runs on the reference engine (slower), not on GGML: "))
     assert why_line < next(i for i, m in enumerate(said) if "running on the CPU" in m)  # "said above"
+
+
+async def test_a_real_server_reads_notepad_transcripts_and_mp3_clips_and_says_which_file_to_fix(
+    checkpoints: Path, voices_dir: Path, tmp_path: Path
+) -> None:
+    """The new-user trial's voices folder, end to end on the real process and its HTTP door:
+    a UTF-16 transcript (Notepad's "Unicode") and an MP3 clip with its transcript are voices
+    and speak; a Windows-1252 transcript and a constant-offset "clip" are listed under
+    ``skipped`` with reasons naming the transcript / saying silent, a request for the first
+    is refused naming its transcript, and nothing is logged at ERROR (the transcript was an
+    ERROR blaming the clip; the MP3 was "no clip beside it"; the offset clip was a voice)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from .conftest import start_server, stop_server
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    clip = (voices_dir / "clone.wav").read_bytes()
+    (voices / "u16.wav").write_bytes(clip)
+    (voices / "u16.txt").write_text("Caf\u00e9 au lait.", encoding="utf-16")
+    (voices / "lat.wav").write_bytes(clip)
+    (voices / "lat.txt").write_bytes("Caf\u00e9 au lait.".encode("cp1252"))
+    audio, rate = sf.read(voices_dir / "clone.wav", dtype="float32")
+    sf.write(voices / "grandma.mp3", audio, rate, format="MP3")
+    (voices / "grandma.txt").write_text("Hello, it is Grandma.")
+    sf.write(voices / "dc.wav", np.full(3 * 24000, 0.5, np.float32), 24000)
+    srv = start_server(
+        checkpoints, voices, tmp_path / "server.log",
+        extra=["--no-zeroconf", "--design-model", "none", "--custom-voice-model", "none"],
+    )
+    try:
+        with urllib.request.urlopen(srv.http_url + "/v1/audio/voices", timeout=60) as resp:
+            listing = json.loads(resp.read())
+        assert sorted(v["name"] for v in listing["voices"]) == ["grandma", "u16"], listing
+        skipped = {s["file"]: s["reason"] for s in listing["skipped"]}
+        assert skipped == {
+            "dc.wav": "the clip is silent: only 0.00 s of it is louder than -43 dBFS, under the 0.1 s a clone clip needs",
+            "lat.wav": "its transcript lat.txt is not UTF-8 text, it was saved in another encoding; save it as UTF-8",
+        }, skipped
+        for voice, status in (("grandma", 200), ("u16", 200), ("lat", 404)):
+            body = {"input": "Hi", "model": "qwen3-tts-clone", "response_format": "pcm", "voice": voice}
+            request = urllib.request.Request(
+                srv.http_url + "/v1/audio/speech", data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=300) as resp:
+                    assert resp.status == status and len(resp.read()) > 0, voice
+            except urllib.error.HTTPError as err:
+                message = json.loads(err.read())["error"]["message"]
+                assert err.code == status and "lat.txt is not UTF-8 text" in message, (voice, message)
+        assert srv.alive()
+    finally:
+        stop_server(srv)
+    log = srv.output()
+    assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
+    assert "no clip beside it" not in log and "lat.txt is not UTF-8 text" in log
