@@ -83,9 +83,46 @@ const OWN_WORDS = {
         "voices folder), then try again.",
 };
 
+function errorText(error) {
+    return error && OWN_WORDS[error.code] ? OWN_WORDS[error.code] : error && error.message ? error.message : String(error);
+}
+
 function fail(error) {
     if (error && (error.name === "AbortError" || error.status === 401)) return;  // 401: the key form says it
-    say(error && OWN_WORDS[error.code] ? OWN_WORDS[error.code] : error && error.message ? error.message : String(error), "error");
+    say(errorText(error), "error");
+}
+
+// A form's own status line, beside the button that was pressed: the message at the top of
+// the page is far out of view on a phone (1490 px above "Create voice"), so a refusal or a
+// success is said here too. An error or a result stays until the form changes or the user
+// tries again; a neutral note ("uploading…") has no kind.
+function setStatus(node, text, kind) {
+    node.textContent = text;
+    node.classList.add("status");
+    node.classList.toggle("error", kind === "error");
+    node.classList.toggle("ok", kind === "ok");
+    if (kind === "error") node.setAttribute("role", "alert");
+    else node.removeAttribute("role");
+    // An error that ended below the window's edge (a wrapped line under the button) is brought in.
+    if (kind === "error" && node.isConnected) node.scrollIntoView({block: "nearest"});
+}
+
+// The error said beside the button pressed (and at the top of the page, as before).
+function failAt(node, error) {
+    if (error && (error.name === "AbortError" || error.status === 401)) { setStatus(node, ""); return; }
+    setStatus(node, errorText(error), "error");
+    fail(error);
+}
+
+// Changing a form clears its status line's last error or result (not a note in progress).
+function clearOnChange(node, inputs) {
+    const clear = () => {
+        if (node.classList.contains("error") || node.classList.contains("ok")) setStatus(node, "");
+    };
+    for (const input of inputs) {
+        input.addEventListener("input", clear);
+        input.addEventListener("change", clear);
+    }
 }
 
 function askForKey(rejected) {
@@ -226,8 +263,9 @@ function renderSkipped() {
     for (const clip of state.skipped) {
         const item = el("li", {}, [
             el("code", {className: "skipped-file", textContent: clip.file}), document.createTextNode(": " + clip.reason + " "),
-            button("Delete", () => deleteSkipped(clip), "danger"),
+            button("Delete", (event) => deleteSkipped(clip, event.currentTarget.closest("li")), "danger"),
         ]);
+        item.append(el("span", {className: "status"}));
         item.dataset.skipped = clip.name;
         list.append(item);
     }
@@ -240,13 +278,15 @@ function renderSkipped() {
     );
 }
 
-async function deleteSkipped(clip) {
+async function deleteSkipped(clip, item) {
     if (!confirm(`Delete ${clip.file} (and its transcript) from the voices folder? It is no voice: ${clip.reason}.`)) return;
+    const status = item.querySelector(".status");
+    setStatus(status, "deleting…");
     try {
         await api(voiceUrl(clip.name) + "?skipped=true", {method: "DELETE"});
         say(`Deleted the skipped file ${clip.file}.`, "ok");
         await loadVoices();
-    } catch (error) { fail(error); }
+    } catch (error) { failAt(status, error); }
 }
 
 function renderVoices() {
@@ -270,16 +310,19 @@ function renderVoices() {
         // the name; a default the server chose may go (it picks the next).
         const editable = (voice.source === "user" || voice.source === "clone")
             && (!isDefault || !state.defaultPinned || Boolean(beneath));
+        // This row's own status line: what its Play, Rename or Delete was refused with.
+        const rowStatus = el("span", {className: "status row-status"});
         const actions = el("td", {className: "actions"}, [
-            button("▶ Play", (event) => playSample(voice, event.currentTarget)),
+            button("▶ Play", (event) => playSample(voice, event.currentTarget, rowStatus)),
             button("Try", () => { chooseTryVoice(voice.name); $("try-text").focus(); }),
         ]);
         if (editable) {
             actions.append(button("Rename", () => startRename(voice, nameCell)));
-            const remove = button("Delete", () => deleteVoice(voice), "danger");
+            const remove = button("Delete", () => deleteVoice(voice, rowStatus), "danger");
             if (beneath) remove.title = `Delete your ${voice.source === "user" ? "preset" : "voice"}: the ${beneath} ${voice.name} comes back`;
             actions.append(remove);
         }
+        actions.append(rowStatus);
         const row = el("tr", {}, [
             nameCell,
             el("td", {}, [el("span", {className: "badge " + kindClass, textContent: kindText})]),
@@ -320,19 +363,22 @@ $("try-voice").addEventListener("change", () => chooseTryVoice($("try-voice").va
 
 function startRename(voice, cell) {
     const input = el("input", {type: "text", value: voice.name, maxLength: 48});
+    const status = el("span", {className: "status rename-status"});
     const save = button("Save", async () => {
+        setStatus(status, "renaming…");
         try {
             const renamed = await apiJson(voiceUrl(voice.name), "PATCH", {name: input.value});
             say(`Renamed ${voice.name} to ${renamed.name}.`, "ok");
             await loadVoices();
-        } catch (error) { fail(error); }
+        } catch (error) { failAt(status, error); }
     }, "primary");
+    clearOnChange(status, [input]);
     const cancel = button("Cancel", () => renderVoices());
     input.addEventListener("keydown", (event) => {
         if (event.key === "Enter") save.click();
         if (event.key === "Escape") cancel.click();
     });
-    cell.replaceChildren(input, " ", save, " ", cancel);
+    cell.replaceChildren(input, " ", save, " ", cancel, status);
     input.focus();
     input.select();
 }
@@ -351,14 +397,15 @@ function deleteQuestion(voice) {
         (isDefault ? "; the server then picks another default voice." : ".");
 }
 
-async function deleteVoice(voice) {
+async function deleteVoice(voice, status) {
     if (!confirm(deleteQuestion(voice))) return;
+    setStatus(status, "deleting…");
     try {
         await api(voiceUrl(voice.name), {method: "DELETE"});
         const beneath = BENEATH[voice.shadows];
         say(beneath ? `Deleted your ${voice.name}: the ${beneath} ${voice.name} is back.` : `Deleted ${voice.name}.`, "ok");
         await loadVoices();
-    } catch (error) { fail(error); }
+    } catch (error) { failAt(status, error); }
 }
 
 // --- playing samples ------------------------------------------------------------------------
@@ -374,8 +421,9 @@ function resetPlayButton() {
     state.playingButton = null;
 }
 
-async function playBlob(url, buttonNode) {
+async function playBlob(url, buttonNode, status) {
     resetPlayButton();
+    if (status) setStatus(status, "");
     state.playingButton = buttonNode;
     buttonNode.textContent = "… loading";
     try {
@@ -386,11 +434,12 @@ async function playBlob(url, buttonNode) {
         await player.play();
     } catch (error) {
         resetPlayButton();
-        fail(error);
+        if (status) failAt(status, error);
+        else fail(error);
     }
 }
 
-function playSample(voice, buttonNode) {
+function playSample(voice, buttonNode, status) {
     if (state.playingButton === buttonNode && !player.paused) {
         player.pause();
         resetPlayButton();
@@ -403,7 +452,7 @@ function playSample(voice, buttonNode) {
     if (voice.kind === "voice_design" && voice.anchor !== "ready" && voice.anchor !== "off") {
         say(`Rendering the anchor of ${voice.name} first: this takes a moment.`);
     }
-    playBlob(voiceUrl(voice.name) + "/sample", buttonNode).then(() => {
+    playBlob(voiceUrl(voice.name) + "/sample", buttonNode, status).then(() => {
         if (voice.kind === "voice_design" && voice.anchor !== "ready") loadVoices();
     });
 }
@@ -417,7 +466,7 @@ async function speak(voiceName, text) {
     const controller = new AbortController();
     state.tryAbort = controller;
     $("try-stop").disabled = false;
-    $("try-status").textContent = "waiting for the first audio…";
+    setStatus($("try-status"), "waiting for the first audio…");
     Object.assign(window.studioStats, {streamBytes: 0, streamChunks: 0, streamDone: false});
     if (!audioContext) audioContext = new AudioContext({sampleRate: SAMPLE_RATE});
     await audioContext.resume();
@@ -457,8 +506,7 @@ async function speak(voiceName, text) {
         window.studioStats.streamDone = true;
         $("try-status").textContent = `done: ${(window.studioStats.streamBytes / 2 / SAMPLE_RATE).toFixed(1)} s`;
     } catch (error) {
-        $("try-status").textContent = "";
-        fail(error);
+        failAt($("try-status"), error);
     } finally {
         if (state.tryAbort === controller) {
             state.tryAbort = null;
@@ -476,11 +524,12 @@ function stopSpeaking() {
 
 $("try-speak").addEventListener("click", () => {
     const text = $("try-text").value.trim();
-    if (!text) { say("Type something to say first.", "error"); return; }
+    if (!text) { setStatus($("try-status"), "Type something to say first.", "error"); return; }
     say("");
     speak($("try-voice").value, text);
 });
-$("try-stop").addEventListener("click", () => { stopSpeaking(); $("try-status").textContent = "stopped"; });
+$("try-stop").addEventListener("click", () => { stopSpeaking(); setStatus($("try-status"), "stopped"); });
+clearOnChange($("try-status"), [$("try-voice"), $("try-text")]);
 
 // --- cloning: upload or record --------------------------------------------------------------
 
@@ -514,7 +563,7 @@ $("clone-record").addEventListener("click", async () => {
     try {
         stream = await navigator.mediaDevices.getUserMedia({audio: true});
     } catch (error) {
-        fail(new Error("The microphone is not available: " + error.message));
+        failAt($("clone-status"), new Error("The microphone is not available: " + error.message));
         return;
     }
     const chunks = [];
@@ -528,30 +577,30 @@ $("clone-record").addEventListener("click", async () => {
         recordButton.classList.remove("recording");
         $("clone-file").value = "";
         showPreview(state.recorded);
-        $("clone-status").textContent = "recorded: listen, then create the voice";
+        setStatus($("clone-status"), "recorded: listen, then create the voice");
     });
     recorder.start();
     recordButton.textContent = "■ Stop recording";
     recordButton.classList.add("recording");
-    $("clone-status").textContent = "recording… read a sentence or two, then stop";
+    setStatus($("clone-status"), "recording… read a sentence or two, then stop");
     setTimeout(() => { if (recorder) recorder.stop(); }, 20000);  // only 20 s are used
 });
 
 $("clone-create").addEventListener("click", async () => {
     const file = $("clone-file").files[0];
     const clip = file || state.recorded;
-    if (!clip) { say("Choose a clip or record one first.", "error"); return; }
+    if (!clip) { setStatus($("clone-status"), "Choose a clip or record one first.", "error"); return; }
     const form = new FormData();
     form.append("name", $("clone-name").value);
     form.append("transcript", $("clone-transcript").value);
     form.append("file", clip, file ? file.name : "recording.webm");
     const createButton = $("clone-create");
     createButton.disabled = true;
-    $("clone-status").textContent = "uploading…";
+    setStatus($("clone-status"), "uploading…");
     try {
         const voice = await (await api("v1/audio/voices", {method: "POST", body: form})).json();
         say(`Created the clone voice ${voice.name}.`, "ok");
-        $("clone-status").textContent = "";
+        setStatus($("clone-status"), `Created the clone voice ${voice.name}.`, "ok");
         $("clone-name").value = "";
         $("clone-transcript").value = "";
         $("clone-file").value = "";
@@ -559,21 +608,21 @@ $("clone-create").addEventListener("click", async () => {
         showPreview(null);
         await loadVoices();
     } catch (error) {
-        $("clone-status").textContent = "";
-        fail(error);
+        failAt($("clone-status"), error);
     } finally {
         createButton.disabled = false;
     }
 });
+clearOnChange($("clone-status"), [$("clone-name"), $("clone-file"), $("clone-transcript")]);
 
 // --- design ---------------------------------------------------------------------------------
 
 $("design-run").addEventListener("click", async () => {
     const description = $("design-description").value.trim();
-    if (!description) { say("Describe the voice first.", "error"); return; }
+    if (!description) { setStatus($("design-status"), "Describe the voice first.", "error"); return; }
     const runButton = $("design-run");
     runButton.disabled = true;
-    $("design-status").textContent = "designing… each candidate is a few seconds of speech";
+    setStatus($("design-status"), "designing… each candidate is a few seconds of speech");
     $("candidates").replaceChildren();
     say("");
     try {
@@ -582,30 +631,34 @@ $("design-run").addEventListener("click", async () => {
         const text = $("design-text").value.trim();
         if (text) body.text = text;
         const result = await apiJson("v1/audio/designs", "POST", body);
-        $("design-status").textContent = `${result.candidates.length} candidate${result.candidates.length === 1 ? "" : "s"}`;
+        setStatus($("design-status"), `${result.candidates.length} candidate${result.candidates.length === 1 ? "" : "s"}`);
         result.candidates.forEach((candidate, index) => $("candidates").append(candidateCard(candidate, index, result)));
     } catch (error) {
-        $("design-status").textContent = "";
-        fail(error);
+        failAt($("design-status"), error);
     } finally {
         runButton.disabled = false;
     }
 });
+clearOnChange($("design-status"), [$("design-description"), $("design-text"), $("design-language"), $("design-count")]);
 
 function candidateCard(candidate, index, design) {
     const audio = el("audio", {controls: true, preload: "auto"});
-    api(candidate.sample).then((r) => r.blob()).then((blob) => { audio.src = URL.createObjectURL(blob); }).catch(fail);
+    const status = el("div", {className: "status candidate-status"});
+    api(candidate.sample).then((r) => r.blob()).then((blob) => { audio.src = URL.createObjectURL(blob); })
+        .catch((error) => failAt(status, error));
     const name = el("input", {type: "text", maxLength: 48, placeholder: "name for this voice"});
     const replaceButton = button("Replace", () => keep(true), "danger");
     replaceButton.hidden = true;
     async function keep(replace) {
         keepButton.disabled = true;
         replaceButton.hidden = true;
+        setStatus(status, "keeping…");
         try {
             const body = {name: name.value, summary: design.description};
             if (replace) body.replace = true;
             const voice = await apiJson(`v1/audio/designs/${candidate.id}/keep`, "POST", body);
             say(`Kept candidate ${index + 1} as the preset ${voice.name}.`, "ok");
+            setStatus(status, `Kept as the preset ${voice.name}.`, "ok");
             card.classList.add("kept");
             await loadVoices();
         } catch (error) {
@@ -613,7 +666,7 @@ function candidateCard(candidate, index, design) {
             // A shipped preset's name: the server says "replace": true overrides it; offer that.
             replaceButton.hidden = !(error.code === "name-taken" && /"replace": true/.test(error.message));
             replaceButton.title = `Keep it as your preset ${name.value}, spoken in place of the shipped one`;
-            fail(error);
+            failAt(status, error);
         }
     }
     const keepButton = button("Keep", () => keep(false), "primary");
@@ -622,7 +675,9 @@ function candidateCard(candidate, index, design) {
         el("div", {className: "muted", textContent: `seed ${candidate.seed} · ${candidate.seconds.toFixed(1)} s`}),
         audio,
         el("div", {className: "row"}, [name, keepButton, replaceButton]),
+        status,
     ]);
+    clearOnChange(status, [name]);
     card.dataset.candidate = candidate.id;
     return card;
 }
