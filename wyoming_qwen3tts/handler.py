@@ -367,14 +367,17 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
                 stream.finish()
         except RequestError as err:
             self._service.count_error("wyoming", err)
-            self._chain(self._refuse_synthesize(err))
+            await self._error(str(err), err.code)  # at once, as every refusal
+            if self._tail is None or self._tail.done():
+                await self._empty_audio()  # nothing owed before it: in order, now
+            else:
+                self._chain(self._empty_audio())  # after the audio still owed
             return
         self._speak(stream)
 
-    async def _refuse_synthesize(self, err: RequestError) -> None:
-        """A refused ``synthesize``'s reply: ``error``, then an empty ``audio-start`` /
-        ``audio-stop`` (see ``_synthesize``)."""
-        await self._error(str(err), err.code)
+    async def _empty_audio(self) -> None:
+        """``audio-start`` and ``audio-stop`` with no audio between (a refused
+        ``synthesize``'s end: see ``_synthesize``)."""
         with contextlib.suppress(ConnectionError, RuntimeError):
             await self._write(AudioStart(**_FORMAT).event())
             await self._write(AudioStop().event())
