@@ -205,8 +205,11 @@ async def _bad_wyoming(soak: Soak, result: Result) -> None:
         event = await _read_event(reader)
         if event is None or event[0] != "error" or event[1].get("code") != code:
             raise RuntimeError(f"expected error {code}, got {event and event[:2]}")
-        event = await _read_event(reader)  # the connection still answers
-        if event is None or event[0] != "info":
+        event = await _read_event(reader)
+        if data.startswith(b'{"type": "synthesize", ') and code != "malformed-event":
+            if event is not None:  # a refused synthesize ends the connection (as wyoming-piper's)
+                raise RuntimeError(f"the connection went on after a refused synthesize: {event[0]}")
+        elif event is None or event[0] != "info":  # the connection still answers
             raise RuntimeError(f"no info after the error: {event and event[0]}")
     finally:
         writer.close()

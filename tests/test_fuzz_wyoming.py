@@ -214,14 +214,12 @@ def test_known_bad_headers_get_an_error(harness: WyomingHarness, data: bytes, th
 def test_a_lone_surrogate_is_replaced_not_refused(harness: WyomingHarness) -> None:
     """JSON's "\\udfff" decodes to a lone surrogate, which no reply can encode: it is U+FFFD
     (in the text it is dropped: tests/test_text_e2e.py), so this voice is unknown, and the
-    error naming it is sent, then an empty audio-start/audio-stop (a refused synthesize's
-    end); the connection answers on."""
+    error naming it is sent; then the connection ends (a refused synthesize's end)."""
     events = harness.run_one(
         b'{"type": "synthesize", "data": {"text": "hi", "voice": {"name": "\\udfff"}}}\n{"type": "describe"}\n'
     )
     assert events[0].type == "error" and events[0].data["code"] == "unknown-voice", events
-    assert "'\ufffd'" in events[0].data["text"]
-    assert [e.type for e in events[1:]] == ["audio-start", "audio-stop", "info"]
+    assert "'\ufffd'" in events[0].data["text"] and len(events) == 1
 
 
 @pytest.mark.skipif(FUZZ_SECONDS <= 0, reason="QWEN3TTS_FUZZ_SECONDS=0")

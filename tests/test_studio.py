@@ -619,7 +619,8 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
         assert "broken.wav (no readable audio)" in said[0] and "'tab\\there.wav' (control characters in its name)" in said[0]
         assert "hush.wav (the clip is silent" in said[0] and said[0].count("broken.wav") == 1
 
-        # Wyoming: a valid info with no voice; speech refused with the way out, the connection stays up.
+        # Wyoming: a valid info with no voice; speech refused with the way out, then the
+        # connection ends (a refused synthesize's end, as wyoming-piper's).
         async with AsyncTcpClient("127.0.0.1", srv.port) as client:
             info = Info.from_event((await _wyoming_exchange(client, Describe(), until="info"))[-1])
             assert len(info.tts) == 1 and info.tts[0].installed and info.tts[0].voices == []
@@ -628,6 +629,8 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
             error = Error.from_event(refused[0])
             assert error.code == "no-voices" and "voice studio" in error.text, error
             assert f"http://127.0.0.1:{srv.http_port}/" in error.text
+            assert await asyncio.wait_for(client.read_event(), 60) is None
+        async with AsyncTcpClient("127.0.0.1", srv.port) as client:
             # Home Assistant's streaming path: an error for the start, then synthesize-stopped.
             await client.write_event(SynthesizeStart().event())
             stream = await _wyoming_exchange(client, until="audio-stop")

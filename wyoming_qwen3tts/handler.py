@@ -349,9 +349,11 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         answered the same way.
 
         For the same reason a refused ``synthesize`` (an unknown voice, a text over the limit,
-        the default voice gone...) gets its ``error``, then ``audio-start`` and ``audio-stop``
-        with no audio between: a client that reads only up to ``audio-stop`` ends at once
-        instead of waiting out the idle timeout, and one that reads errors has the reason.
+        the default voice gone...) gets its ``error``, then the connection is closed, as
+        wyoming-piper does (its handler ends on an error): a client that reads only up to
+        ``audio-stop`` (Home Assistant) ends at once instead of waiting out the idle timeout,
+        one that reads errors has the reason, and none is left reading an empty reply as
+        the next request's. Audio still owed on the connection is sent first.
         """
         await self._service.catalog.refresh_async()  # new clips read off the loop
         text = event.data["text"]
@@ -367,20 +369,12 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
                 stream.finish()
         except RequestError as err:
             self._service.count_error("wyoming", err)
-            await self._error(str(err), err.code)  # at once, as every refusal
-            if self._tail is None or self._tail.done():
-                await self._empty_audio()  # nothing owed before it: in order, now
-            else:
-                self._chain(self._empty_audio())  # after the audio still owed
+            if self._tail is not None and not self._tail.done():
+                await asyncio.wait([self._tail])  # the audio still owed goes out first
+            await self._error(str(err), err.code)
+            self.close()  # the read loop ends; the error is flushed before the close
             return
         self._speak(stream)
-
-    async def _empty_audio(self) -> None:
-        """``audio-start`` and ``audio-stop`` with no audio between (a refused
-        ``synthesize``'s end: see ``_synthesize``)."""
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await self._write(AudioStart(**_FORMAT).event())
-            await self._write(AudioStop().event())
 
     async def _start_stream(self, event: Event) -> None:
         """``synthesize-start``. A refused start (unknown voice, a malformed ``voice``...)
