@@ -414,6 +414,8 @@ async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) 
         await client.write_event(Synthesize(text="y" * 20_000).event())
         one_shot = Error.from_event((await read_until(client, "error"))[-1])
         assert one_shot.code == "text-too-long"
+        assert await asyncio.wait_for(client.read_event(), 60) is None  # a refused synthesize ends it
+    async with AsyncTcpClient("127.0.0.1", server.port) as client:
         await client.write_event(SynthesizeStart().event())
         await client.write_event(SynthesizeChunk(text="y" * 20_000).event())
         events = await read_until(client, "error")
