@@ -20,6 +20,16 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def run_clone_alone(tmp_path: Path, voices: Path, checkpoints: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """The server with the tiny Base model alone on the CPU's reference engine and ``voices``
+    as its folder, started as a user starts it (``run_cli``), with ``flags`` added."""
+    return run_cli(
+        "--data-dir", str(tmp_path), "--voices-dir", str(voices), "--clone-model", str(checkpoints / "base"),
+        "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu", "--engine", "reference",
+        *flags, cwd=tmp_path,
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -153,11 +163,7 @@ def test_a_default_voice_whose_clip_is_too_short_exits_before_any_model_loads(
     for clip in voices_dir.glob("clone.*"):
         (voices / clip.name).write_bytes(clip.read_bytes())
     sf.write(voices / "tiny.wav", np.full(12000, 0.2, dtype=np.float32), 24000)  # 0.5 s
-    result = run_cli(
-        "--data-dir", str(tmp_path), "--voices-dir", str(voices), "--clone-model", str(checkpoints / "base"),
-        "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu", "--engine", "reference",
-        "--voice", "Tiny", cwd=tmp_path,
-    )
+    result = run_clone_alone(tmp_path, voices, checkpoints, "--voice", "Tiny")
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last == ("--voice 'Tiny': a clone whose clip could not be used (tiny.wav: the clip is 0.50 s long, under "
@@ -187,11 +193,7 @@ def test_a_default_voice_whose_clip_is_silent_or_whose_transcript_is_not_utf8_ex
     (voices / "quiet.txt").write_text("Nothing to hear.")
     (voices / "lat.wav").write_bytes((voices / "clone.wav").read_bytes())
     (voices / "lat.txt").write_bytes("Caf\u00e9 au lait.".encode("cp1252"))
-    result = run_cli(
-        "--data-dir", str(tmp_path), "--voices-dir", str(voices), "--clone-model", str(checkpoints / "base"),
-        "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu", "--engine", "reference",
-        "--voice", "quiet", cwd=tmp_path,
-    )
+    result = run_clone_alone(tmp_path, voices, checkpoints, "--voice", "quiet")
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last == ("--voice 'quiet': a clone whose clip could not be used (quiet.wav: the clip is silent: only 0.00 s "
@@ -217,11 +219,7 @@ def test_the_clone_model_alone_with_only_a_silent_clip_stops_before_loading(chec
     voices.mkdir()
     sf.write(voices / "solo.wav", np.zeros(3 * 24000, dtype=np.float32), 24000)
     (voices / "solo.txt").write_text("Nothing to hear.")
-    result = run_cli(
-        "--data-dir", str(tmp_path), "--voices-dir", str(voices), "--clone-model", str(checkpoints / "base"),
-        "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu", "--engine", "reference",
-        "--http-port", "0", cwd=tmp_path,
-    )
+    result = run_clone_alone(tmp_path, voices, checkpoints, "--http-port", "0")
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last == (f"No voices: add a clone voice (<id>.wav and its transcript <id>.txt) to {voices}, or enable "
@@ -258,11 +256,7 @@ def test_an_unknown_default_voice_with_no_clip_is_refused_even_with_the_studio(c
 
     voices = tmp_path / "voices"
     voices.mkdir()
-    result = run_cli(
-        "--data-dir", str(tmp_path), "--voices-dir", str(voices), "--clone-model", str(checkpoints / "base"),
-        "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu", "--engine", "reference",
-        "--http-host", "127.0.0.1", "--http-port", str(free_port()), "--voice", "nosuch", cwd=tmp_path,
-    )
+    result = run_clone_alone(tmp_path, voices, checkpoints, "--http-host", "127.0.0.1", "--http-port", str(free_port()), "--voice", "nosuch")
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("--voice 'nosuch': neither a clone voice in ") and last.endswith("valid voices: none"), last
@@ -381,11 +375,7 @@ def test_the_clone_model_alone_with_no_clip_and_no_studio_stops_before_loading(c
     (voices / "broken.wav").write_bytes(b"RIFF....not a wav file")
     sf.write(voices / "tab\there.wav", np.full(24000, 0.2, dtype=np.float32), 24000)  # skipped by the catalogue
     sf.write(voices / "short.wav", np.full(12000, 0.2, dtype=np.float32), 24000)  # 0.5 s: under MIN_CLIP_SECONDS
-    result = run_cli(
-        "--data-dir", str(tmp_path), "--voices-dir", str(voices), "--clone-model", str(checkpoints / "base"),
-        "--design-model", "none", "--custom-voice-model", "none", "--device", "cpu", "--engine", "reference",
-        "--http-port", "0", cwd=tmp_path,
-    )
+    result = run_clone_alone(tmp_path, voices, checkpoints, "--http-port", "0")
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last == (f"No voices: add a clone voice (<id>.wav and its transcript <id>.txt) to {voices}, or enable "
