@@ -120,6 +120,66 @@ def test_unwritable_folders_fail_before_loading(tmp_path: Path) -> None:
         assert "Loading" not in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_voices_folder_whose_parent_is_missing_too_is_refused_before_loading(tmp_path: Path) -> None:
+    """``--voices-dir /data/voises/x`` (a typo in a folder above it): the whole path was
+    created silently, and the server served an empty library. Now start-up stops at once,
+    naming the folder and its missing parent, and creates nothing. The default's own path
+    spelled out (``DATA_DIR/voices``, as the Docker image passes it) is still created quietly."""
+    typo = tmp_path / "voises" / "mine"
+    result = run_cli("--data-dir", str(tmp_path / "data"), "--voices-dir", str(typo), cwd=tmp_path)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == (f"--voices-dir {typo}: the folder {typo} does not exist, nor its parent {typo.parent}: check the "
+                    f"path for a typo, or create the folder first (mkdir -p {typo})"), last
+    assert not typo.parent.exists()
+    assert "Loading" not in result.stderr and "Traceback" not in result.stderr
+    # The default's path named (the clone model alone, no studio, no clip: it stops at "No voices" next).
+    result = run_cli("--data-dir", str(tmp_path / "data"), "--voices-dir", str(tmp_path / "data" / "voices"),
+                     "--clone-model", "./no-such-folder", "--design-model", "none", "--custom-voice-model", "none",
+                     "--device", "cpu", "--local-files-only", cwd=tmp_path)
+    assert "No voices: " in result.stderr and (tmp_path / "data" / "voices").is_dir(), result.stderr[-2000:]
+    assert " WARNING " not in result.stderr, result.stderr[-2000:]
+
+
+async def test_a_new_voices_folder_is_named_in_a_warning_and_several_first_voices_say_which_rule_chose_the_default(
+    checkpoints: Path, tmp_path: Path
+) -> None:
+    """The real server with the clone model alone and ``--voices-dir`` naming a folder that
+    does not exist (``voises``: a typo) beside one that does: it was created silently, so the
+    user saw only "no voice yet". Now a WARNING names the new, empty folder by its absolute
+    path. Then three clips are copied in at once and found by one scan: the default voice was
+    logged as "the first voice added", which it was not (``amy``, copied second, is the first
+    by name); the log now says which rule chose it."""
+    import aiohttp
+
+    from .conftest import start_server, stop_server
+
+    typo = tmp_path / "voises"
+    srv = start_server(
+        checkpoints, typo, tmp_path / "server.log",
+        extra=["--no-zeroconf", "--design-model", "none", "--custom-voice-model", "none"],
+    )
+    try:
+        log = srv.output()
+        assert (f"WARNING wyoming_qwen3tts: --voices-dir {typo}: the folder {typo} did not exist, so it was created, "
+                "empty. If the path is mistyped, stop the server and name the right folder") in log, log[-3000:]
+        assert ("0 voice(s); default none yet: the first voice added (aria if there is one, else the first by name, "
+                "where several are added together)") in log, log[-3000:]
+        t = np.arange(2 * 24000) / 24000
+        for name, freq in (("zed", 150.0), ("amy", 200.0), ("bob", 250.0)):
+            sf.write(typo / f".{name}.wav", (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), 24000, format="WAV")
+            (typo / f".{name}.wav").rename(typo / f"{name}.wav")
+        async with aiohttp.ClientSession() as session, session.get(srv.http_url + "/v1/audio/voices") as resp:
+            listing = await resp.json()
+        assert listing["default"] == "amy" and [v["name"] for v in listing["voices"]] == ["amy", "bob", "zed"], listing
+        said = [line.split(": ", 1)[1] for line in srv.output().splitlines() if "service: Default voice:" in line]
+        assert said == ["Default voice: amy, the first by name of the 3 voices added together (--voice chooses another)"], said
+        assert srv.alive()
+    finally:
+        stop_server(srv)
+    assert "Traceback" not in srv.output()
+
+
 @pytest.mark.parametrize(("given", "voice"), [("Auto", None), ("AUTO", None), ("auto", None), ("", None), (" Aria ", "Aria")])
 def test_voice_auto_in_any_case_leaves_the_choice_to_the_server(given: str, voice: str | None) -> None:
     """The add-on writes ``voice: auto``; a user who types ``Auto`` must not be refused at

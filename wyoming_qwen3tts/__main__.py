@@ -35,7 +35,7 @@ from .handler import DEFAULT_MAX_CONNECTIONS
 from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED
 from .quiet import drop_default_config_notes, quiet_compilers, quiet_dependencies, restore_console, route_hub_logs
 from .startup import load_engines, no_voices_message, no_voices_warning, studio_address, survey_clips
-from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, DEFAULT_VOICE, TtsService, pick_default_voice
+from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, DEFAULT_RULE, DEFAULT_VOICE, TtsService, pick_default_voice
 from .studio import HA_INGRESS_PEER
 from .voices import ModelKind, Reference, VoiceCatalog
 from .ws_events import browser_can_offer_key, header_safe_key
@@ -166,7 +166,7 @@ def check_args(args: argparse.Namespace) -> None:
     _check_writable("--data-dir", Path(args.data_dir))
     _kernel_cache(Path(args.data_dir))
     if args.voices_dir is not None:
-        _check_writable("--voices-dir", Path(args.voices_dir), required=False)
+        _check_voices_dir(Path(args.voices_dir), Path(args.data_dir))
     if not 0 <= args.http_port <= 65535:
         raise SystemExit(f"--http-port must be 0..65535, got {args.http_port}")
     if args.api_key and not header_safe_key(args.api_key):
@@ -229,6 +229,35 @@ def _check_writable(flag: str, folder: Path, required: bool = True) -> None:
         if required:
             raise SystemExit(f"{flag} {folder}: cannot write there: {err.strerror or err}") from None
         _LOGGER.warning("%s %s is read-only (%s): voices are served, the voice studio cannot save there", flag, folder, err.strerror or err)
+
+
+def _check_voices_dir(folder: Path, data_dir: Path) -> None:
+    """Check the folder named with ``--voices-dir`` before the models load.
+
+    An existing folder is checked as ``_check_writable`` does (a read-only one is served,
+    with a warning). A folder that does not exist is created only where its parent does,
+    with a WARNING naming it: a mistyped name (``/data/voises``) would otherwise give an
+    empty library and nothing but "no voices" to notice it by. Where the parent is missing
+    too, start-up stops. ``data_dir/voices``, the default's own path (the Docker image names
+    it), is created quietly, as the default is.
+
+    Raises:
+        SystemExit: neither the folder nor its parent exists, or the folder cannot be created.
+    """
+    target = folder.resolve()
+    new = not folder.exists() and target != (data_dir / "voices").resolve()
+    if new and not target.parent.exists():
+        raise SystemExit(
+            f"--voices-dir {folder}: the folder {target} does not exist, nor its parent {target.parent}: "
+            f"check the path for a typo, or create the folder first (mkdir -p {target})"
+        )
+    _check_writable("--voices-dir", folder, required=False)
+    if new:
+        _LOGGER.warning(
+            "--voices-dir %s: the folder %s did not exist, so it was created, empty. If the path is mistyped, "
+            "stop the server and name the right folder; else put clone voices there (<id>.wav and its "
+            "transcript <id>.txt)", folder, target,
+        )
 
 
 async def _anchors(
@@ -312,7 +341,7 @@ async def main(argv: list[str] | None = None) -> None:
         await anchors.begin(service.render_design, rendering=getattr(engines.get(ModelKind.VOICE_DESIGN), "unservable", None) is None)
     await _prepare_clips(engines, catalog, anchors)
     follow_default_voice(service, engines)  # GGML: a default chosen from now on, prepared between requests
-    _LOGGER.info("%d voice(s); default %s", len(names), default_voice or "none yet: the first voice added")
+    _LOGGER.info("%d voice(s); default %s", len(names), default_voice or f"none yet: the first voice added ({DEFAULT_RULE}, where several are added together)")
     # The models and libraries loaded so far live as long as the process: keep them out of
     # every garbage collection (no pauses scanning them while serving, and no 10 s final
     # collection at exit, which would outlast Docker's stop grace).

@@ -246,10 +246,10 @@ class TtsService:
         chosen = pick_default_voice([v.name for v in voices])
         if chosen != current:
             self._default_voice = chosen
-            if current is None:
-                _LOGGER.info("Default voice: %s, the first voice added (--voice chooses another)", chosen)
-            elif chosen is None:
+            if chosen is None:
                 _LOGGER.info("Default voice: none, %s is gone and no voice is left", current)
+            elif current is None:
+                _LOGGER.info("Default voice: %s, %s (--voice chooses another)", chosen, first_default_reason(chosen, len(voices)))
             else:
                 _LOGGER.info("Default voice: %s, as %s is gone (--voice chooses one to keep)", chosen, current)
         return chosen
@@ -767,6 +767,22 @@ def pick_default_voice(names: list[str]) -> str | None:
     if not names:
         return None
     return DEFAULT_VOICE if DEFAULT_VOICE in names else sorted(names)[0]
+
+
+#: How ``pick_default_voice`` chooses, in the log's words.
+DEFAULT_RULE = f"{DEFAULT_VOICE} if there is one, else the first by name"
+
+
+def first_default_reason(chosen: str, added: int) -> str:
+    """Why a server that had no voice took ``chosen`` as its default from the ``added``
+    voices (at least one) that came in together, for the log line that names it: "the first
+    voice added", or for several (a copy of clips into the voices folder, found by one scan)
+    which rule of ``pick_default_voice`` chose it among them."""
+    if added == 1:
+        return "the first voice added"
+    if chosen == DEFAULT_VOICE:
+        return f"of the {added} voices added together, {DEFAULT_VOICE} (taken first when there is one)"
+    return f"the first by name of the {added} voices added together"
 
 
 def native_language(voice: Voice) -> str:
