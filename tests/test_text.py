@@ -11,6 +11,7 @@ from sentence_stream import SentenceBoundaryDetector
 
 from wyoming_qwen3tts import text as text_module
 from wyoming_qwen3tts.writing import MAX_ESCAPE_CHARS
+from wyoming_qwen3tts.markdown import MAX_EMPHASIS_CHARS
 from wyoming_qwen3tts.text import (
     MAX_SEGMENT_SECONDS,
     MarkdownReader,
@@ -344,6 +345,9 @@ def test_a_sentence_is_released_as_soon_as_a_rule_or_the_next_sentence_makes_it_
         ("It is 1,000 km (about 600 mi, roughly) away.", ["It is 1,000 km (about 600 mi, roughly) away."]),
         ("Done. Then, later, more.", ["Done.", "Then, later, more."]),  # only the first sentence
         ("好的，我已经打开了灯。还有别的吗？", ["好的，", "我已经打开了灯。", "还有别的吗？"]),
+        ("Rating: *", ["Rating: *"]),  # no segment of a lone symbol, which has nothing to say
+        ("好的，*", ["好的，*"]),
+        ("Note: ** and *x*", ["Note:", "** and x"]),
         ("はい、電気をつけました。", ["はい、", "電気をつけました。"]),
         ("Gerne, ich habe das Licht eingeschaltet.", ["Gerne,", "ich habe das Licht eingeschaltet."]),
         ("D'accord : la lumière est allumée.", ["D'accord:", "la lumière est allumée."]),
@@ -601,16 +605,64 @@ def test_products_say_their_operator_and_emphasis_does_not(raw: str, expected: l
         ("A*B and a*b", "AB and ab"),  # CommonMark: "A", italic "B and a", "b"
         ("***a** b*, *a **b***", "a b, a b"),
         ("*Note:* 4.5* stars", "Note: 4.5* stars"),
+        # a "*" run that opens and that nothing closes on its line
+        ("Rating: *", "Rating: *"),
+        ("a *b", "a *b"),
+        ("*a", "*a"),
+        ("**a and a **b", "**a and a **b"),
+        ("a* b, 5 * 3, 2*3, a ** b", "a* b, 5 × 3, 2×3, a ** b"),
+        ("*a **b*", "a **b"),  # the run inside the one closed is text
+        ("***a**", "*a"),  # the star of three that no closer took
+        ("A*B", "A*B"),
+        ("x *y z\nnext *w*", "x *y z next w"),  # not closed over a line break
+        ("- *item\n- **bold**", "*item. bold."),
+        ("*Note: a *b*", "*Note: a b"),
     ],
 )
-def test_a_star_that_closes_nothing_is_kept(raw: str, clean: str) -> None:
+def test_a_star_run_that_is_no_emphasis_is_kept(raw: str, clean: str) -> None:
     """A "*" after a word with none open before it on its line is no emphasis (CommonMark's
     reading); every "*" that followed a word was dropped, so "Rated 5* by users" lost its
-    star. Whole and streamed, cut anywhere."""
+    star. So is one that opens and is never closed on its line: it was dropped at once, so
+    "a *b" was read "a b". Whole and streamed, cut anywhere."""
     assert clean_text(raw) == clean
     for deltas in every_split(raw):
         assert " ".join(segments(*deltas)) == clean, deltas
         assert " ".join(segments(*deltas, streamed=True)) == clean, deltas
+
+
+def read(*deltas: str) -> list[str]:
+    """What a ``MarkdownReader`` has returned after each delta, and after ``close``, spaces tidied."""
+    reader, emitted, out = MarkdownReader(), "", []
+    for delta in [*deltas, None]:
+        emitted += reader.feed(delta) if delta is not None else reader.close()
+        out.append(" ".join(emitted.split()))
+    return out
+
+
+@pytest.mark.parametrize(("raw", "clean"), [("**", "**"), ("Rating: *", "Rating: *"), ("a *b", "a *b")])
+def test_a_star_run_with_nothing_speakable_is_kept_by_the_reader(raw: str, clean: str) -> None:
+    """The reader keeps the stars of a run that is no emphasis however the text is cut
+    (``clean_text`` then drops a text with no word to say, "**" alone)."""
+    for deltas in every_split(raw):
+        assert read(*deltas)[-1] == clean, deltas
+
+
+def test_only_the_text_after_an_open_star_run_waits_for_its_closer() -> None:
+    """Text before a "*" that opens is released at once, the text after it once its closer
+    comes (emphasis, markers dropped) or its line ends (text, its star kept), or after
+    ``MAX_EMPHASIS_CHARS`` without a closer; a "*" that cannot open holds nothing back."""
+    assert read("Sure. *Really ", "sure") == ["Sure.", "Sure.", "Sure. *Really sure"]  # (never closed)
+    assert read("Sure. *Really ", "sure* it is")[1] == "Sure. Really sure it is"
+    assert read("a *b c\n", "d")[0] == "a *b c"
+    assert read("5 * 3 is ", "x")[0] == "5 * 3 is"
+    assert read("Rated 5* by ", "x")[0] == "Rated 5* by"
+    words = "word " * (MAX_EMPHASIS_CHARS // 5)  # (a closer after them comes too late)
+    late = f"a *b {words}c* d"
+    assert read(late[:300], late[300:]) == ["a", f"a *b {words}c* d", f"a *b {words}c* d"]  # not to the line end
+    in_time = f"a *b {words[5:]}c* d"
+    assert read(in_time[:300], in_time[300:]) == ["a", f"a b {words[5:]}c d", f"a b {words[5:]}c d"]
+    for deltas in splits(late) + splits(in_time):
+        assert read(*deltas)[-1] == read("".join(deltas))[-1], deltas
 
 
 #: Pieces of LLM-style markdown in several scripts, for random texts below.

@@ -11,12 +11,16 @@ even cut across deltas (``writing.drop_escapes``). Symbols that carry meaning (�
 currency signs, @, &, a "*" that is no emphasis: "5 * 3", "2*3", "Rated 5* by users") and all
 numbers, dates and times are left to the model, which reads them in context.
 
-A "*" run is emphasis as CommonMark's flanking rules say (``_star_run``): it may open when a
-word follows it, close when a word precedes it; one that can only close is emphasis only when
-an opener of its length is open on its line ("Rated 5*", "5* by users" keep their star, as
-CommonMark keeps them), and "A*B and a*b" is "A" + italic "B and a" + "b", as the spec reads
-it. One that can only open is dropped at once (the reader does not hold the rest of the line
-back to see whether it closes: "a *b" is read "a b", where CommonMark keeps the star).
+A "*" run is emphasis as CommonMark's flanking rules say (``_Emphasis.run``): it may open
+when a word follows it, close when a word precedes it; one that can only close is emphasis
+only when an opener of its length is open on its line ("Rated 5*", "5* by users" keep their
+star, as CommonMark keeps them), and "A*B and a*b" is "A" + italic "B and a" + "b", as the
+spec reads it. One that opens is emphasis only once a closer comes, on its line and within
+``MAX_EMPHASIS_CHARS``; else it is text, as CommonMark keeps it ("a *b", "**a", "Rating: *").
+So the speech text after a run that opens waits for its closer, at most until its line ends
+or ``MAX_EMPHASIS_CHARS`` have passed; the text before it is not held, nor is any text for
+a "*" that cannot open (spaced, arithmetic, after a word). Emphasis does not go on over a
+line break, as CommonMark's may within a paragraph.
 
 A line's start is read first (``_line_kind``: fence, rule, heading, item, quote, table or
 plain), then its inline tokens (``_INLINE_RE``: code, links, URLs, markup, emphasis
@@ -122,7 +126,7 @@ class MarkdownReader:
         self._hidden: re.Pattern[str] | None = None  # the end of a hidden element or comment
         self._comma = False  # a table cell ended: a comma before the next words
         self._escape = ""  # raw text of a terminal escape sequence that may still go on
-        self._stars: list[int] = []  # lengths of the "*" runs open as emphasis on this line
+        self._emphasis = _Emphasis()  # the "*" runs open on this line, and the text they hold
 
     def feed(self, delta: str) -> str:
         """Add a delta; return the speech text it completed (possibly "")."""
@@ -144,7 +148,6 @@ class MarkdownReader:
         out = self._lines(final=True)[0]
         out += self._line(self._buf, complete=True)[0] if self._buf or self._kind else ""
         self._buf, self._fence, self._hidden = "", None, None
-        self._stars.clear()
         return out + self._end_block(period=False)
 
     def _lines(self, final: bool) -> tuple[str, bool]:
@@ -204,6 +207,8 @@ class MarkdownReader:
             used = len(text)
         else:
             speech, used = self._inline_text(text[start:], complete)
+            if complete:  # (runs still open are text)
+                speech += self._emphasis.end()
             out += self._emit(speech)
             used += start
         if complete:
@@ -222,7 +227,7 @@ class MarkdownReader:
                     pos = len(text) if complete else hidden_upto(text, pos)
                     return out, pos
                 pos, self._hidden, self._left = end.end(), None, text[end.end() - 1]
-            speech, used, self._hidden = _inline_prefix(text[pos:], complete, self._left, self._stars)
+            speech, used, self._hidden = _inline_prefix(text[pos:], complete, self._left, self._emphasis)
             out += speech
             self._left = text[pos + used - 1] if used else self._left
             pos += used
@@ -233,7 +238,6 @@ class MarkdownReader:
         """At a newline: structural lines end as sentences; a plain line that ends with
         sentence or clause punctuation does too; other line breaks are spaces."""
         kind, self._kind, self._left = self._kind, None, " "
-        self._stars.clear()
         if kind in _STRUCTURAL:
             return self._end_block(period=True)
         core = self._tail.rstrip(CLOSERS)
@@ -309,13 +313,13 @@ def _table_row(line: str) -> str:
 
 
 def _inline_prefix(
-    text: str, complete: bool, left: str, stars: list[int]
+    text: str, complete: bool, left: str, emphasis: _Emphasis
 ) -> tuple[str, int, re.Pattern[str] | None]:
     """Speech text of the longest decided prefix of (the rest of) a line, its length, and
     the end to look for when it ends with the start of a comment or hidden element.
 
     ``left`` is the raw character before ``text`` on its line (" " at the line start);
-    ``stars``, the "*" runs open as emphasis on the line before it (``_star_run``; updated).
+    ``emphasis``, the "*" runs open on the line before it and the text they hold (updated).
     Undecided, and held back: a link or code span not closed yet, a last word that is or
     may become a URL, markup characters at the end (``**`` may continue), and a ``<`` or
     ``&`` that may still become a tag or an entity.
@@ -323,8 +327,8 @@ def _inline_prefix(
     if complete:
         for token in _INLINE_RE.finditer(left + text, 1):  # (as _inline reads it)
             if hidden := hides(token):
-                return _inline(text[: token.end() - 1], left, stars), token.end() - 1, hidden
-        return _inline(text, left, stars), len(text), None
+                return _inline(text[: token.end() - 1], left, emphasis), token.end() - 1, hidden
+        return _inline(text, left, emphasis), len(text), None
     cut = word = floor = i = 0  # floor: the end of the last entity, never cut inside
     while i < len(text):
         if i and _splits(text[i - 1]):
@@ -337,7 +341,7 @@ def _inline_prefix(
                 break  # a reference without ';' may go on ("&amp" -> "&ampx", "&#6" -> "&#65")
             if match and match["url"] is None:  # a tag, comment, mail address or entity
                 if hidden := hides(match):
-                    return _inline(text[: match.end()], left, stars), match.end(), hidden
+                    return _inline(text[: match.end()], left, emphasis), match.end(), hidden
                 i = cut = floor = match.end()  # (an entity may be part of a URL: the word goes on)
                 word = word if match["entity"] else i
                 continue
@@ -363,7 +367,7 @@ def _inline_prefix(
             while cut > max(word, floor) and not (text[cut - 1].isalnum() or _splits(text[cut - 1])):
                 cut -= 1  # markup before it is decided with what follows
             break
-    return _inline(text[:cut], left, stars), cut, None
+    return _inline(text[:cut], left, emphasis), cut, None
 
 
 def _splits(char: str) -> bool:
@@ -371,24 +375,27 @@ def _splits(char: str) -> bool:
     return char.isspace() or bool(CJK_RE.match(char)) or char in "。！？，、：；"
 
 
-def _inline(text: str, left: str = " ", stars: list[int] | None = None) -> str:
+def _inline(text: str, left: str = " ", emphasis: _Emphasis | None = None) -> str:
     """Inline markdown of decided text -> speech text (see the module docstring); ``left``
     is the raw character before ``text``, which the patterns' lookbehinds see as they
-    would in the whole line ("2" + "http://": no URL, as in "2http://"); ``stars``, the
-    lengths of the "*" runs open as emphasis before it on its line (updated; none if None)."""
-    stars = [] if stars is None else stars
+    would in the whole line ("2" + "http://": no URL, as in "2http://"). With ``emphasis``
+    (the "*" runs open before ``text`` on its line, updated), the speech text after a run
+    still open is held there; without, ``text`` is all there is (a cell, a link's text)."""
+    own = emphasis is None
+    emphasis = _Emphasis() if emphasis is None else emphasis
     line, last = left + text, 1
-    out: list[str] = []
     for match in _INLINE_RE.finditer(line, 1):
-        out += (line[last : match.start()], _inline_sub(match, stars))
+        emphasis.add(line[last : match.start()])
+        emphasis.add(_inline_sub(match, emphasis))
         last = match.end()
-    out.append(line[last:])
-    return _EMOJI_RE.sub(" ", "".join(out))
+    emphasis.add(line[last:])
+    emphasis.read(len(text))
+    return _EMOJI_RE.sub(" ", emphasis.end() if own else emphasis.decided())
 
 
-def _inline_sub(match: re.Match[str], stars: list[int]) -> str:
+def _inline_sub(match: re.Match[str], emphasis: _Emphasis) -> str:
     """What one token of ``_INLINE_RE`` is read as; ``match.string`` starts with the raw
-    character before the text; ``stars``: the "*" runs open as emphasis (updated)."""
+    character before the text; ``emphasis``: the "*" runs open on the line (updated)."""
     if match["code"]:
         code = match["code_text"].strip()
         return code if len(code) <= MAX_SPOKEN_CODE_CHARS else " "
@@ -419,41 +426,103 @@ def _inline_sub(match: re.Match[str], stars: list[int]) -> str:
     if marker[0] == "*" and _OPERAND_RE.match(text, match.end()) and (before.isdigit() or before == ")"):
         return marker  # "-5*-3", "2*$3": a signed number or an amount after it is arithmetic too
     if marker[0] == "*":
-        return _star_run(marker, before, after, stars)
+        return emphasis.run(marker, before, after, match.start() - 1)
     return ""
 
 
 #: What may follow a "*" between numbers: a sign or currency sign, then a digit.
 _OPERAND_RE = re.compile(r"[-+−]?[$€£¥₹]?\d")
 
+#: Characters of a line after a "*" run that opens emphasis within which its closer must
+#: begin; a run not closed by then is text. Long enough for an italic paragraph (a role-play
+#: action, a disclaimer), short enough that a lone "*" in a long line ("a *b ...") holds the
+#: speech after it back by about two segments at most, not to the end of its line.
+MAX_EMPHASIS_CHARS = 600
 
-def _star_run(marker: str, before: str, after: str, stars: list[int]) -> str:
-    """A run of "*" (not arithmetic) read by CommonMark's flanking rules: "" when it opens
-    or closes emphasis, else itself, as text. It may open when ``after`` (the raw character
-    after it; " " at the line's end) is no space, and is a letter or digit or ``before`` is a
-    space or punctuation; it may close in the mirror case. One that may only close closes the
-    innermost open run of its length, or takes its length off an open run of 3 or more
-    ("***a** b*"), or, of 3 or more, closes the innermost runs its length adds up to ("*a
-    **b***"); with none it is text ("Rated 5* by users"). One that may open is pushed
-    onto ``stars`` (the lengths of the open runs, innermost last) unless it closes one."""
-    opens = not after.isspace() and (after.isalnum() or before.isspace() or not before.isalnum())
-    closes = not before.isspace() and (before.isalnum() or after.isspace() or not after.isalnum())
-    size = len(marker)
-    if closes:
-        for index in range(len(stars) - 1, -1, -1):
-            if stars[index] == size or stars[index] >= 3 > size:
-                rest = stars[index] - size
-                del stars[index:]
-                stars.extend([rest] if rest else [])
-                return ""
-        inner = [sum(stars[index:]) for index in range(len(stars))]
-        if size >= 3 and size in inner:  # "*a **b***": closes the two
-            del stars[inner.index(size) :]
+
+class _Emphasis:
+    """The "*" runs open as emphasis on a line, and the speech text held since the first of
+    them: whether a run is emphasis is known only once its closer comes, so the text after
+    an open run waits for it, with the run's stars in their place; a run that is never
+    closed (by the line's end, or within ``MAX_EMPHASIS_CHARS``) keeps its stars there.
+
+    Positions are counted in the characters of the line read so far (``read``), so the
+    runs and their ends are the same however the line arrived.
+    """
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []  # speech text since the first open run (all, without one)
+        self._runs: list[tuple[int, int, int]] = []  # (stars left, index in _parts, position)
+        self._column = 0  # characters of the line read before the current text
+
+    def add(self, speech: str) -> None:
+        """Speech text that follows what was added before."""
+        if speech:
+            self._parts.append(speech)
+
+    def read(self, chars: int) -> None:
+        """The current text, ``chars`` long, is read: the next starts after it; runs whose
+        closer could only begin after their limit are text."""
+        self._column += chars
+        self._expire(self._column)
+
+    def decided(self) -> str:
+        """The speech text no open run holds back (taken)."""
+        held = self._runs[0][1] if self._runs else len(self._parts)
+        if not held:
             return ""
-    if opens:
-        stars.append(size)
-        return ""
-    return marker
+        out = "".join(self._parts[:held])
+        del self._parts[:held]
+        self._runs = [(left, slot - held, position) for left, slot, position in self._runs]
+        return out
+
+    def end(self) -> str:
+        """The line ends: all the speech text held, runs still open kept as their stars."""
+        out = "".join(self._parts)
+        self._parts, self._runs, self._column = [], [], 0
+        return out
+
+    def run(self, marker: str, before: str, after: str, position: int) -> str:
+        """A run of "*" (not arithmetic) at ``position`` in the current text, read by
+        CommonMark's flanking rules: "" when it opens or closes emphasis (an opening one
+        stands in the held text as its stars until it closes), else itself, as text.
+
+        It may open when ``after`` (the raw character after it; " " at the line's end) is
+        no space, and is a letter or digit or ``before`` is a space or punctuation; it may
+        close in the mirror case. One that may close closes the innermost open run of its
+        length, or takes its length off an open run of 3 or more ("***a** b*"), or, of 3 or
+        more, closes the innermost runs its length adds up to ("*a **b***"); the runs
+        inside the one it closes stay text ("*a **b*"). One that closes none is text when it
+        cannot open ("Rated 5* by users")."""
+        position += self._column
+        self._expire(position)
+        opens = not after.isspace() and (after.isalnum() or before.isspace() or not before.isalnum())
+        closes = not before.isspace() and (before.isalnum() or after.isspace() or not after.isalnum())
+        size, runs = len(marker), self._runs
+        if closes:
+            for index in range(len(runs) - 1, -1, -1):
+                left, slot, start = runs[index]
+                if left == size or left >= 3 > size:
+                    del runs[index:]  # (the runs inside it stay as their stars)
+                    self._parts[slot] = "*" * (left - size)
+                    runs.extend([(left - size, slot, start)] if left > size else [])
+                    return ""
+            inner = [sum(left for left, _, _ in runs[index:]) for index in range(len(runs))]
+            if size >= 3 and size in inner:  # "*a **b***": closes the two
+                for _, slot, _ in runs[inner.index(size) :]:
+                    self._parts[slot] = ""
+                del runs[inner.index(size) :]
+                return ""
+        if opens:
+            runs.append((size, len(self._parts), position))
+            self._parts.append(marker)
+            return ""
+        return marker
+
+    def _expire(self, position: int) -> None:
+        """Runs that opened more than ``MAX_EMPHASIS_CHARS`` before ``position`` are text."""
+        while self._runs and self._runs[0][2] + MAX_EMPHASIS_CHARS < position:
+            del self._runs[0]
 
 
 def _tag(name: str | None, attributes: str, closing: bool) -> str:

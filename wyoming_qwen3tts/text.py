@@ -13,9 +13,9 @@ speakable; neither ever emits half a markup token:
    all-caps or short capitalised word that is no known abbreviation before ``". "``
    ("called TTS. This", "Yes. I"), a quote or ``¿``/``¡`` opening the next sentence. For
    streamed text the first segment may end at a clause boundary (comma, colon, semicolon,
-   dash; CJK ``，：；、``) so that speech starts before the first sentence is complete;
-   later segments stay whole sentences. The asterisks the reader kept are hidden from
-   sentence-stream, which drops them. Sentences longer than ``MAX_SEGMENT_SECONDS`` of
+   dash; CJK ``，：；、``) that words follow, so that speech starts before the first sentence
+   is complete; later segments stay whole sentences. The asterisks the reader kept are
+   hidden from sentence-stream, which drops them. Sentences longer than ``MAX_SEGMENT_SECONDS`` of
    speech are split at clauses or words; run-on text (no sentence end in sight: a long
    reply without full stops, a list of words) is released as it streams, a segment at a
    time, once more than a segment's worth of it waits (``run_on_cut``), at the same places
@@ -107,6 +107,13 @@ _MAX_SEGMENT_TICKS = round(MAX_SEGMENT_SECONDS * _TICKS_PER_SECOND)
 #: that may have to be released, where no space or clause mark comes sooner (a long word,
 #: Chinese without punctuation). Bounds what sentence-stream holds to a segment and this.
 RUN_ON_CHECK_CHARS = 32
+#: Speech after a clause mark where the first segment of streamed text may end: a letter or
+#: digit after fewer than ``RUN_ON_CHECK_CHARS`` other characters (spaces not counted), or
+#: that many of them. Symbols up to the text's end ("Rating: *", "好的，*") stay with the
+#: clause: alone they would be a segment with nothing to say, and dropped.
+_SPEECH_FOLLOWS_RE = re.compile(
+    rf"(?:\s*[^\w\s]){{0,{RUN_ON_CHECK_CHARS - 1}}}\s*\w|(?:\s*[^\w\s]){{{RUN_ON_CHECK_CHARS}}}"
+)
 #: Where run-on text may be cut, best first: after clause or sentence punctuation (and any
 #: closing quotes) followed by a space, after a spaced dash, after an em dash or CJK
 #: punctuation; then at the last space; then between CJK characters; else at a character.
@@ -292,7 +299,11 @@ class Segmenter:
             start = self._checks(text, start, begin, pieces, out)
             pos = end
             if not match.group().isspace():  # CJK punctuation or an em dash: decide right after it
-                if self._clause_ends(end):
+                if (clause := self._clause_ends(end, final)) is None:
+                    pieces.append(text[start:begin])  # what follows the mark decides: hold it
+                    start = begin
+                    break
+                if clause:
                     pieces.append(text[start:end] + "\n\n")
                     start = self._marked(end)
                 else:
@@ -305,7 +316,11 @@ class Segmenter:
                 self._first_clause = False
                 self._marked(end)
                 continue
-            if self._clause_ends(begin):
+            if (clause := self._clause_ends(begin, final, after=end)) is None:
+                pieces.append(text[start:begin])  # what follows the space decides: hold it
+                start = begin
+                break
+            if clause:
                 pieces.append(text[start:begin] + "\n\n")
                 start = self._marked(end)
                 continue
@@ -398,9 +413,11 @@ class Segmenter:
             self._detector = SentenceBoundaryDetector()  # the same text, a sentence mark at the cut
             out += self._segments(self._detector.add_chunk(f"{held[:cut]}\n\n{held[cut:]}"))
 
-    def _clause_ends(self, end: int) -> bool:
+    def _clause_ends(self, end: int, final: bool, after: int | None = None) -> bool | None:
         """True (once) when the first segment of streamed text may end at ``end``: a clause
-        mark there, enough words before it, no sentence end and no open bracket before it."""
+        mark there, enough words before it, no sentence end and no open bracket before it,
+        and speech after it, from ``after`` (``end`` if None; ``_SPEECH_FOLLOWS_RE``): None
+        while what has come after it is no speech yet and more may come."""
         if not self._first_clause:
             return False
         if not _CLAUSE_END_RE.search(self._text, max(0, end - 3), end):
@@ -408,6 +425,8 @@ class Segmenter:
         self._advance(self._text, end)
         if self._brackets[0] > self._brackets[1] or self._half_words < 2 * FIRST_CLAUSE_MIN_WORDS:
             return False
+        if not _SPEECH_FOLLOWS_RE.match(self._text, end if after is None else after):
+            return False if final else None
         self._first_clause = False
         return True
 
