@@ -300,6 +300,10 @@ async def test_harness_sequence_replayed(ws_server: Server) -> None:
 
 
 async def test_bad_input_gets_error_events_and_the_session_goes_on(ws_server: Server) -> None:
+    """Every refusal but the ones that end the session leaves it open (README): a refused
+    ``request.start`` opened no request, its error (in place of ``request.configured``)
+    names the id the server gave that attempt, and a good ``request.start`` on the same
+    socket then opens a request of its own id that speaks its whole text."""
     async with aiohttp.ClientSession(timeout=_GUARD) as http:
         session = await connect(http, ws_server)
 
@@ -323,8 +327,9 @@ async def test_bad_input_gets_error_events_and_the_session_goes_on(ws_server: Se
         # /v1/audio/speech's body as it is: its text belongs in input_text.append.
         await refused({"type": "request.start", "voice": "ryan", "input": "Hi."}, "invalid-event")
         assert "input_text.append" in session.events[-1]["error"]["message"]
+        refusals = [e for e in session.events if e["type"] == "error"]
         await session.send({"type": "request.start", "voice": "ryan"})
-        await session.until("request.configured")
+        request_id = (await session.until("request.configured"))["request_id"]
         await refused({"type": "request.start", "voice": "ryan"}, "already-configured")
         await refused({"type": "input_text.append", "sequence": 5, "text": "Hi."}, "invalid-sequence")
         await refused({"type": "input_text.append", "sequence": 0, "text": 7}, "invalid-event")
@@ -337,6 +342,11 @@ async def test_bad_input_gets_error_events_and_the_session_goes_on(ws_server: Se
     # Nothing was lost: the accepted text's whole audio, then the usual end.
     done = session.events[-1]
     assert done["type"] == "response.done" and done["stop_reason"] == "stop" and close_code == 1000
+    # Events before any request.start name no request; each refused start its own attempt's.
+    assert [e["request_id"] for e in refusals[:4]] == [None] * 4, refusals
+    attempts = [e["request_id"] for e in refusals[4:]]
+    assert len(attempts) == 4 and all(a.startswith("ws-") for a in attempts) and len(set(attempts)) == 4, attempts
+    assert request_id not in attempts and done["request_id"] == request_id
     assert session.pcm == await wyoming_streamed(ws_server, ["Hello there."], "ryan")
     assert "Traceback" not in ws_server.output()
 
