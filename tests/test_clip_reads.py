@@ -85,6 +85,29 @@ async def test_refresh_async_reads_new_clips_on_a_worker_thread(tmp_path: Path, 
     assert catalog.find("cy") is not None
 
 
+async def test_a_file_the_folder_does_not_read_or_a_better_twin_is_seen_at_once_and_never_opened(
+    tmp_path: Path, reads: list[tuple[str, bool]]
+) -> None:
+    """A MIDI file copied in was no file of the scan: the catalogue was not ``stale`` and the
+    file never listed. Now it is seen by ``stale`` and listed in ``skipped`` by the next
+    ``refresh_async``, without being opened (its format alone skips it); a WAV copied in
+    beside ``ann.mp3`` takes over the voice ``ann`` (lossless before lossy) and is read off
+    the loop's thread, once."""
+    t = np.arange(int(1.5 * 24000)) / 24000
+    sf.write(tmp_path / "ann.mp3", (0.3 * np.sin(2 * np.pi * 190 * t)).astype(np.float32), 24000, format="MP3")
+    catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
+    reads.clear()
+    (tmp_path / "song.mid").write_bytes(b"MThd\0\0\0\6\0\0\0\1\0\x60")
+    assert catalog.stale()
+    await catalog.refresh_async()
+    assert reads == [] and [clip.file for clip in catalog.skipped()] == ["song.mid"]
+    _write_clip(tmp_path, "ann")
+    await catalog.refresh_async()
+    assert reads == [("ann", False)] and [clip.file for clip in catalog.skipped()] == ["ann.mp3", "song.mid"]
+    reference = catalog.get("ann").reference
+    assert reference is not None and reference.transcript == "Hello there, this is a clip."
+
+
 async def test_a_lookup_during_another_threads_reads_waits_for_them_off_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -648,7 +648,8 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
                  "default_served": True}
         skipped = json.loads(body).pop("skipped")
         assert status == 200 and {k: v for k, v in json.loads(body).items() if k != "skipped"} == empty  # the folder: the studio's hint names it
-        assert [(c["name"], c["file"]) for c in skipped] == [("broken", "broken.wav"), ("hush", "hush.wav")], skipped
+        assert [(c["name"], c["file"]) for c in skipped] == [
+            ("broken", "broken.wav"), ("hush", "hush.wav"), ("tab\there", "tab\there.wav")], skipped
         status, described = await call(srv, "GET", "/openapi.json", auth=False)
         document = json.loads(described)
         listing = {**document["components"]["schemas"]["VoiceList"], "components": document["components"]}
@@ -983,6 +984,55 @@ async def test_a_clip_named_with_spaces_or_decomposed_accents_is_listed_spoken_r
     status, body = await call(studio, "DELETE", "/v1/audio/voices/trail%20moved")
     assert status == 200, body
     assert not {"trail", "trail moved", nfc} & set(await voices_of(studio))
+
+
+async def test_clips_skipped_for_their_name_or_format_are_listed_and_deleted_alone_as_the_page_asks(
+    studio: Server, folders: tuple[Path, Path]
+) -> None:
+    """``twin.mp3`` beside the ``twin.wav`` spoken, a clip whose name holds a tab, and a MIDI
+    file were in the log only (the MIDI file not even there): the listing's ``skipped``, the
+    studio page's Skipped files, did not show them, so a user saw no reason why they gave no
+    voice. Now each is listed with its reason, in the listing's schema, and the page's Delete
+    (``DELETE /v1/audio/voices/{name}?skipped=true``) removes it (with its transcript where
+    no voice reads that) and never the clip spoken or its transcript."""
+    voices = folders[0]
+    sf.write(voices / "twin.wav", tone(2.0), 24000)
+    (voices / "twin.txt").write_text(CLONE_TRANSCRIPT)
+    (voices / "twin.mp3").write_bytes(encoded(tone(2.0, freq=260.0), "mp3"))
+    sf.write(voices / "tab\tname.wav", tone(2.0), 24000)
+    (voices / "tab\tname.txt").write_text("Tabbed.")
+    (voices / "tune.mid").write_bytes(b"MThd\0\0\0\6\0\0\0\1\0\x60")
+    ours = {"twin.mp3", "tab\tname.wav", "tune.mid"}
+    try:
+        status, body = await call(studio, "GET", "/v1/audio/voices")
+        listing = json.loads(body)
+        skipped = {c["file"]: c for c in listing["skipped"] if c["file"] in ours}
+        assert skipped == {
+            "twin.mp3": {"name": "twin", "file": "twin.mp3", "reason": "twin.wav gives the same voice name and is used "
+                         "instead (lossless .wav is preferred to lossy .mp3); rename or remove this file"},
+            "tab\tname.wav": {"name": "tab\tname", "file": "tab\tname.wav",
+                              "reason": "its name holds control characters; rename the file"},
+            "tune.mid": {"name": "tune", "file": "tune.mid", "reason": skipped["tune.mid"]["reason"]},
+        }, listing["skipped"]
+        assert skipped["tune.mid"]["reason"].startswith("the voices folder does not read .mid files; save the clip "
+                                                        "as tune.wav (or .flac, "), skipped
+        status, described = await call(studio, "GET", "/openapi.json")
+        document = json.loads(described)
+        jsonschema.validate(listing, {**document["components"]["schemas"]["VoiceList"], "components": document["components"]})
+
+        for name, file in [("twin", "twin.mp3"), ("tab%09name", "tab\tname.wav"), ("tune", "tune.mid")]:
+            status, body = await call(studio, "DELETE", f"/v1/audio/voices/{name}?skipped=true")
+            assert status == 200 and json.loads(body)["skipped"] == file, body
+        assert sorted(p.name for p in voices.iterdir() if p.stem in ("twin", "tab\tname", "tune")) == [
+            "twin.txt", "twin.wav"]
+        status, body = await call(studio, "GET", "/v1/audio/voices")
+        assert not ours & {c["file"] for c in json.loads(body)["skipped"]}, body
+        assert (await voices_of(studio))["twin"]["summary"] == "Cloned voice twin (reference transcript)"
+    finally:
+        for leftover in ("twin.mp3", "tab\tname.wav", "tab\tname.txt", "tune.mid"):
+            (voices / leftover).unlink(missing_ok=True)
+        status, _ = await call(studio, "DELETE", "/v1/audio/voices/twin")
+        assert status == 200
 
 
 # --- voices in the place of another of their name ---------------------------------------------

@@ -22,12 +22,16 @@ from wyoming_qwen3tts.anchors import (
 )
 from wyoming_qwen3tts.library import LOCK_FILE, MAX_NAME_CHARS, VoiceEditError, VoiceLibrary, check_name, decode_clip
 from wyoming_qwen3tts.voices import (
+    AUDIO_SUFFIXES,
+    MAX_TRANSCRIPT_CHARS_PER_SECOND,
     ModelKind,
     Reference,
+    SkippedClip,
     UnknownVoiceError,
     VoiceCatalog,
     VoiceSource,
     load_presets,
+    overlong_transcript_reason,
 )
 
 ALL = {ModelKind.BASE, ModelKind.VOICE_DESIGN, ModelKind.CUSTOM_VOICE}
@@ -101,7 +105,9 @@ def test_a_transcript_without_its_clip_is_reported_once_and_named_when_asked_for
 ) -> None:
     """``orphan.txt`` with no ``orphan.wav`` (the clip not copied yet, or misnamed) is logged at
     WARNING once, a request for it says what to add, and the clip arriving makes it a voice
-    (the new-user trial: it was ignored without a word, then "Unknown voice 'orphan'")."""
+    (the new-user trial: it was ignored without a word, then "Unknown voice 'orphan'"). What
+    to add names every format the folder reads: it said "orphan.wav or orphan.flac", though
+    an MP3 or M4A clip is read too."""
     write_voice(tmp_path, "icl")
     (tmp_path / "orphan.txt").write_text("What the clip would say.")
 
@@ -110,10 +116,14 @@ def test_a_transcript_without_its_clip_is_reported_once_and_named_when_asked_for
 
     with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
         catalog = VoiceCatalog(tmp_path, ALL)
-        assert len(warnings()) == 1
-        with pytest.raises(UnknownVoiceError, match=r"'Orphan' has a transcript \(orphan.txt\) but no clip beside it: "
-                                                     r"add orphan.wav or orphan.flac"):
+        formats = f"orphan.wav (or {', '.join(AUDIO_SUFFIXES[1:])})"  # every format the folder reads
+        assert ".mp3, " in formats and ".aiff, " in formats and ".m4a, " in formats
+        assert warnings() == [f"Transcript {tmp_path / 'orphan.txt'} has no clip beside it: not a voice yet; add an "
+                              f"audio clip {formats}"]
+        with pytest.raises(UnknownVoiceError) as asked:
             catalog.get("Orphan")
+        assert str(asked.value).startswith(f"Voice 'Orphan' has a transcript (orphan.txt) but no clip beside it: add "
+                                           f"an audio clip {formats} to the voices folder; available: "), asked.value
         write_voice(tmp_path, "other")
         catalog.refresh()
         assert warnings() == []  # unchanged: not logged again
@@ -171,10 +181,12 @@ def test_clone_files_of_one_name_or_with_control_characters_are_reported_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two clips naming one voice (``GOODIE.wav`` and ``goodie.wav``; ``dup.flac`` and
-    ``dup.wav``): the first in name order is used (with ``goodie.txt``, its transcript in
-    any case) and the other named in a WARNING; a clip
-    whose name holds a control character (a newline would split every log line naming it) is
-    skipped with a WARNING that shows it escaped. Each once, not again at a rescan."""
+    ``dup.wav``): the first by ``clip_preference`` is used (of one format the first in name
+    order, with ``goodie.txt``, its transcript in any case; WAV before FLAC) and the other
+    named in a WARNING; a clip whose name holds a control character (a newline would split
+    every log line naming it) is skipped with a WARNING that shows it escaped. Each once, not
+    again at a rescan. All three are in the studio's Skipped files (``skipped``) with the
+    reason: they were only in the log, so the page did not say why they gave no voice."""
     write_voice(tmp_path, "goodie", freq=200.0)
     write_voice(tmp_path, "GOODIE", freq=300.0, transcript=None)
     write_voice(tmp_path, "dup")
@@ -190,8 +202,16 @@ def test_clone_files_of_one_name_or_with_control_characters_are_reported_once(
         assert goodie is not None and goodie.transcript == "Hello there."
         same = taken_logs(caplog, logging.WARNING, "same voice name")
         assert len(same) == 2, same
-        assert any("using 'GOODIE.wav', ignoring 'goodie.wav'" in m for m in same)
-        assert any("using 'dup.flac', ignoring 'dup.wav'" in m for m in same)
+        assert any("using 'GOODIE.wav', ignoring 'goodie.wav' (the first by file name is used)" in m for m in same)
+        assert ("Clone voice files 'dup.wav' and 'dup.flac' have the same voice name: using 'dup.wav', ignoring "
+                "'dup.flac' (.wav comes before .flac in the order of formats: .wav, .flac, ") in " ".join(same), same
+        assert {clip.file: clip.reason for clip in catalog.skipped()} == {
+            "dup.flac": "dup.wav gives the same voice name and is used instead (.wav comes before .flac in the order "
+                        f"of formats: {', '.join(AUDIO_SUFFIXES)}); rename or remove this file",
+            "goodie.wav": "GOODIE.wav gives the same voice name and is used instead (the first by file name is used); "
+                          "rename or remove this file",
+            "new\nline.wav": "its name holds control characters; rename the file",
+        }
         with pytest.raises(UnknownVoiceError):
             catalog.get("new\nline")
         catalog.refresh(force=True)
@@ -972,7 +992,9 @@ def test_a_transcript_saved_by_windows_notepad_is_read_or_its_skip_names_the_tra
     codec can't decode byte 0xe9", a reason the studio's Skipped list showed under the clip.
     Now UTF-8 with or without a byte-order mark and UTF-16 with one are read; any other
     bytes skip the voice at WARNING with a reason that names the transcript and says to save
-    it as UTF-8 (in the log, the studio's ``skipped``, a request's refusal)."""
+    it as UTF-8 (in the log, the studio's ``skipped``, a request's refusal). The refusals
+    around that reason blamed the clip ("a clone whose clip could not be used ...; replace
+    the file"; "Upload a good clip ... to replace it"): now they name the transcript."""
     text = "Café au lait, s'il vous plaît."
     write_voice(tmp_path, "u16", transcript=None)
     (tmp_path / "u16.txt").write_bytes(text.encode("utf-16"))  # with its byte-order mark, as Notepad writes
@@ -998,24 +1020,72 @@ def test_a_transcript_saved_by_windows_notepad_is_read_or_its_skip_names_the_tra
         (logging.WARNING, f"Skipping clone voice {tmp_path / 'cut.wav'}: {cut}"),
         (logging.WARNING, f"Skipping clone voice {tmp_path / 'lat.wav'}: {lat}"),
     ], said
-    with pytest.raises(UnknownVoiceError, match=r"\(lat.wav: its transcript lat.txt is not UTF-8 text, .*save it as UTF-8\)"):
+    with pytest.raises(UnknownVoiceError) as asked:
         catalog.get("lat")
+    assert str(asked.value).startswith(f"Voice 'lat' is a clone whose transcript could not be used (lat.wav: {lat}); "
+                                       "available: "), asked.value
+    assert [clip.transcript for clip in catalog.skipped()] == ["cut.txt", "lat.txt"]
+    with pytest.raises(VoiceEditError) as refused:  # a preset or rename onto the name
+        VoiceLibrary(catalog, None).check_free("lat")
+    assert refused.value.code == "name-taken" and (
+        f"it is skipped ({lat}). Save its transcript lat.txt again as UTF-8 to make it a voice, upload a clip named "
+        "'lat' under 'Clone a voice' to replace both, or delete it first") in str(refused.value), refused.value
     (tmp_path / "lat.txt").write_text(text, encoding="utf-8")  # saved again as UTF-8: a voice at once
     catalog.refresh()
     reference = catalog.get("lat").reference
     assert reference is not None and reference.transcript == text
 
 
-def _write_m4a(path: Path, audio: np.ndarray, rate: int) -> None:
-    """An AAC clip in an M4A file (what a phone's voice recorder saves), by PyAV."""
+#: How ``_write_with_pyav`` writes a clip of each suffix of ``AUDIO_SUFFIXES``: (PyAV's
+#: container format, codec, sample rate in Hz, codec options), as the apps that save each
+#: one would (an M4A of AAC as a phone's voice recorder saves, an AMR voice memo at 8 kHz...).
+_PYAV_WRITERS: dict[str, tuple[str, str, int, dict[str, int]]] = {
+    ".wav": ("wav", "pcm_s16le", 24000, {}),
+    ".flac": ("flac", "flac", 24000, {}),
+    ".aiff": ("aiff", "pcm_s16be", 44100, {}),
+    ".aif": ("aiff", "pcm_s16be", 22050, {}),
+    ".aifc": ("aiff", "pcm_s16be", 24000, {}),
+    ".caf": ("caf", "alac", 24000, {}),
+    ".w64": ("w64", "pcm_s16le", 24000, {}),
+    ".wv": ("wv", "wavpack", 24000, {}),
+    ".tta": ("tta", "tta", 24000, {}),
+    ".au": ("au", "pcm_s16be", 24000, {}),
+    ".mp3": ("mp3", "mp3", 24000, {}),
+    ".ogg": ("ogg", "libopus", 48000, {}),
+    ".oga": ("ogg", "libopus", 48000, {}),
+    ".opus": ("opus", "libopus", 48000, {}),
+    ".m4a": ("ipod", "aac", 24000, {}),
+    ".m4b": ("ipod", "aac", 24000, {}),
+    ".mp4": ("mp4", "aac", 24000, {}),
+    ".aac": ("adts", "aac", 24000, {}),
+    ".wma": ("asf", "wmav2", 44100, {"bit_rate": 64000}),
+    ".webm": ("webm", "libopus", 48000, {}),
+    ".mka": ("matroska", "libopus", 48000, {}),
+    ".3gp": ("3gp", "aac", 24000, {}),
+    ".amr": ("amr", "libopencore_amrnb", 8000, {}),
+    ".mp2": ("mp2", "mp2", 24000, {}),
+    ".ac3": ("ac3", "ac3", 48000, {}),
+}
+
+
+def _write_with_pyav(path: Path, seconds: float, freq: float = 200.0) -> None:
+    """A ``seconds`` long tone of level 0.3 in the format of ``path``'s suffix
+    (``_PYAV_WRITERS``), written by PyAV."""
     import av
 
-    with av.open(str(path), "w", format="ipod") as container:
-        stream = container.add_stream("aac", rate=rate, layout="mono")
-        frame = av.AudioFrame.from_ndarray(audio.reshape(1, -1), format="flt", layout="mono")
-        frame.sample_rate = rate
-        for packet in [*stream.encode(frame), *stream.encode(None)]:
-            container.mux(packet)
+    container_format, codec, rate, options = _PYAV_WRITERS[path.suffix.lower()]
+    t = np.arange(int(seconds * rate)) / rate
+    frame = av.AudioFrame.from_ndarray((0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32).reshape(1, -1),
+                                       format="flt", layout="mono")
+    frame.sample_rate = rate
+    with av.open(str(path), "w", format=container_format) as container:
+        stream = container.add_stream(codec, rate=rate, layout="mono")
+        for option, value in options.items():
+            setattr(stream, option, value)
+        resampler = av.AudioResampler(format=stream.codec_context.format.name, layout="mono", rate=rate)
+        for piece in [*resampler.resample(frame), None]:
+            for packet in stream.encode(piece):
+                container.mux(packet)
 
 
 def test_clips_in_the_formats_the_studio_takes_are_voices_when_copied_into_the_folder(
@@ -1035,7 +1105,7 @@ def test_clips_in_the_formats_the_studio_takes_are_voices_when_copied_into_the_f
     (tmp_path / "grandma.txt").write_text("Hello, it is Grandma.")
     sf.write(tmp_path / "grandpa.ogg", tone, 24000, format="OGG", subtype="VORBIS")
     sf.write(tmp_path / "Uncle.OPUS", tone, 24000, format="OGG", subtype="OPUS")
-    _write_m4a(tmp_path / "aunt.m4a", tone, 24000)
+    _write_with_pyav(tmp_path / "aunt.m4a", 2.0)
     (tmp_path / "broken.mp3").write_bytes(b"ID3 not really an mp3" * 10)
     with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
         catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
@@ -1054,6 +1124,157 @@ def test_clips_in_the_formats_the_studio_takes_are_voices_when_copied_into_the_f
     library = VoiceLibrary(catalog, None)
     library.delete("grandma")
     assert not (tmp_path / "grandma.mp3").exists() and not (tmp_path / "grandma.txt").exists()
+
+
+def test_every_audio_format_the_folder_reads_is_a_voice_and_audio_it_does_not_read_is_skipped_with_a_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An AIFF, CAF, WMA, M4B or MP4 clip copied into the voices folder was ignored without a
+    word, though FFmpeg reads each (a clip of each is written here by PyAV). Now every
+    suffix of ``AUDIO_SUFFIXES`` is a voice, and a file that looks like audio but is in a
+    format the folder does not read (a MIDI file, an Audacity project) is skipped with a
+    WARNING once and listed in ``skipped``, its reason naming the formats it reads; a request
+    for its name says why. Other files (a picture) stay unmentioned."""
+    for suffix in _PYAV_WRITERS:
+        _write_with_pyav(tmp_path / f"clip{suffix.replace('.', '_')}{suffix.upper()}", 1.5)
+    (tmp_path / "song.mid").write_bytes(b"MThd\0\0\0\6\0\0\0\1\0\x60")
+    (tmp_path / "Take.AUP3").write_bytes(b"SQLite format 3\0")
+    (tmp_path / "cover.jpg").write_bytes(b"\xff\xd8\xff\xe0 not audio")
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
+        said = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+        caplog.clear()
+        catalog.refresh(force=True)
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []  # once
+    clones = {v.name: v.reference for v in catalog.voices()}
+    assert sorted(clones) == sorted(f"clip{s.replace('.', '_')}" for s in _PYAV_WRITERS), sorted(clones)
+    assert set(_PYAV_WRITERS) == set(AUDIO_SUFFIXES)  # a new suffix needs a clip here
+    for name, reference in clones.items():
+        assert reference is not None and abs(len(reference.audio) / reference.sample_rate - 1.5) < 0.1, name
+        assert float(np.abs(reference.audio).max()) > 0.2, name
+    formats = ", ".join(AUDIO_SUFFIXES[1:])
+    mid = f"the voices folder does not read .mid files; save the clip as song.wav (or {formats})"
+    aup = f"the voices folder does not read .aup3 files; save the clip as Take.wav (or {formats})"
+    assert said == [
+        (logging.WARNING, f"Skipping clone voice {tmp_path / 'Take.AUP3'}: {aup}"),
+        (logging.WARNING, f"Skipping clone voice {tmp_path / 'song.mid'}: {mid}"),
+    ], said
+    assert catalog.skipped() == [SkippedClip("Take", "Take.AUP3", aup), SkippedClip("song", "song.mid", mid)]
+    with pytest.raises(UnknownVoiceError, match=r"'song' is a clone whose clip could not be used \(song.mid: the "
+                                                r"voices folder does not read .mid files"):
+        catalog.get("song")
+    # The studio deletes such a file like any skipped clip, and its name is free again.
+    library = VoiceLibrary(catalog, None)
+    assert library.delete("song") == SkippedClip("song", "song.mid", mid)
+    assert not (tmp_path / "song.mid").exists() and library.check_free("song") == "song"
+
+
+def test_of_two_clips_of_one_voice_name_the_better_source_is_spoken_and_the_other_is_listed_and_deletable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``kim.mp3`` and ``kim.wav``: the first in file-name order was spoken, the lossy MP3.
+    Now one rule (``clip_preference``) picks the clip of a voice name, whether the names
+    differ in suffix or in case (``LEE.mp3`` and ``lee.flac``): the format first, lossless
+    before lossy, then the name. The log says once which file is ignored and why; the
+    ignored file is in ``skipped`` with that reason; deleting the skipped files of the name
+    (the studio's ``?skipped=true``) removes only it, never the clip spoken or its
+    transcript; without ``?skipped`` the voice goes with every file of its name."""
+    t = np.arange(int(1.5 * 24000)) / 24000
+    sf.write(tmp_path / "kim.mp3", 0.5 * np.sin(2 * np.pi * 300 * t), 24000, format="MP3")
+    sf.write(tmp_path / "kim.wav", 0.2 * np.sin(2 * np.pi * 200 * t), 24000)
+    (tmp_path / "kim.txt").write_text("Kim speaking.")
+    sf.write(tmp_path / "LEE.mp3", 0.5 * np.sin(2 * np.pi * 300 * t), 24000, format="MP3")
+    sf.write(tmp_path / "lee.flac", 0.2 * np.sin(2 * np.pi * 200 * t), 24000, format="FLAC")
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
+        said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        caplog.clear()
+        catalog.refresh(force=True)
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []  # once
+    for name in ("kim", "LEE"):  # the lossless clip: a peak of 0.2, not the MP3's 0.5
+        reference = catalog.get(name).reference
+        assert reference is not None and float(np.abs(reference.audio).max()) < 0.25, name
+    assert catalog.get("kim").name == "kim" and catalog.get("lee").name == "lee"
+    assert catalog.get("kim").reference.transcript == "Kim speaking."  # type: ignore[union-attr]
+    assert said == [
+        "Clone voice files 'lee.flac' and 'LEE.mp3' have the same voice name (names are case-insensitive; spaces "
+        "around a name and how its accents are encoded do not count): using 'lee.flac', ignoring 'LEE.mp3' "
+        "(lossless .flac is preferred to lossy .mp3); rename or remove one",
+        "Clone voice files 'kim.wav' and 'kim.mp3' have the same voice name: using 'kim.wav', ignoring 'kim.mp3' "
+        "(lossless .wav is preferred to lossy .mp3); rename or remove one",
+    ], said
+    assert catalog.skipped() == [
+        SkippedClip("LEE", "LEE.mp3", "lee.flac gives the same voice name and is used instead (lossless .flac is "
+                                      "preferred to lossy .mp3); rename or remove this file"),
+        SkippedClip("kim", "kim.mp3", "kim.wav gives the same voice name and is used instead (lossless .wav is "
+                                      "preferred to lossy .mp3); rename or remove this file"),
+    ]
+    library = VoiceLibrary(catalog, None)
+    assert library.delete("KIM", skipped=True).file == "kim.mp3"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.stem == "kim") == ["kim.txt", "kim.wav"]
+    assert catalog.get("kim").reference.transcript == "Kim speaking."  # type: ignore[union-attr]
+    assert [clip.file for clip in catalog.skipped()] == ["LEE.mp3"]
+    with pytest.raises(VoiceEditError) as caught:
+        library.delete("kim", skipped=True)
+    assert caught.value.code == "unknown-voice"
+    assert library.delete("lee").name == "lee"  # the voice, and every clip of its name
+    assert not [p for p in tmp_path.iterdir() if p.stem.casefold() == "lee"] and catalog.skipped() == []
+
+
+def test_a_clip_skipped_for_the_control_characters_in_its_name_is_listed_and_deleted_with_its_transcript(
+    tmp_path: Path,
+) -> None:
+    """A clip whose name holds a newline was only logged: the studio's Skipped files did not
+    show it, and nothing could delete it from the page. Now it is listed, and deleting the
+    skipped files of its name removes it and its transcript, and nothing else."""
+    write_voice(tmp_path, "new\nline", transcript="Two lines.")
+    write_voice(tmp_path, "new line", transcript="One line.")
+    catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
+    reason = "its name holds control characters; rename the file"
+    assert catalog.skipped() == [SkippedClip("new\nline", "new\nline.wav", reason)]
+    assert [v.name for v in catalog.voices()] == ["new line"]
+    assert VoiceLibrary(catalog, None).delete("new\nline", skipped=True).file == "new\nline.wav"
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["new line.txt", "new line.wav"]
+    assert catalog.skipped() == [] and catalog.get("new line").reference.transcript == "One line."  # type: ignore[union-attr]
+
+
+def test_a_transcript_far_longer_than_its_clip_could_hold_is_warned_of_once_and_still_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 25,000-character transcript beside a 2 s clip (a whole script pasted in) was taken
+    without a word. A transcript is what its clip says: now one over
+    ``MAX_TRANSCRIPT_CHARS_PER_SECOND`` characters a second of the clip the voice uses is
+    warned of once per file (the voice is still served with it: the user decides); fast
+    real speech (20 characters a second of English; the fastest talkers on record reach
+    57) is far from it, and so is a transcript whose clip the voice cuts at 20 s."""
+    assert MAX_TRANSCRIPT_CHARS_PER_SECOND > 57
+    (tmp_path / "script.wav").write_bytes(_tone_wav(2.0))
+    (tmp_path / "script.txt").write_text("All the world's a stage. " * 1000)
+    (tmp_path / "fast.wav").write_bytes(_tone_wav(2.0))
+    (tmp_path / "fast.txt").write_text("Quick brown fox, lazy dog! " * 4 + "\n" * 50)  # 107 characters: 54 a second
+    (tmp_path / "long.wav").write_bytes(_tone_wav(30.0))  # the voice uses 20 s of it
+    (tmp_path / "long.txt").write_text("Twenty characters... " * 45)  # 30 s at 31 a second
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
+        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        caplog.clear()
+        write_voice(tmp_path, "other")
+        catalog.refresh()
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+        (tmp_path / "script.txt").write_text("To be or not to be. " * 1000)  # edited, still too long
+        catalog.refresh()
+        again = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == [
+        f"Clone voice {tmp_path / 'script.wav'}: its transcript script.txt is 24,999 characters long, more than "
+        "2.0 s of speech could hold (at most 160: 80 characters a second, where fast speech is 15 to 20); a transcript "
+        "should be what the clip says, word for word: cut it to that, or remove it to clone from the sound of the "
+        "voice alone (it is used all the same)"
+    ], warned
+    assert len(again) == 1 and "script.txt is 19,999 characters long" in again[0], again
+    assert {v.name for v in catalog.voices()} == {"script", "fast", "long", "other"} and catalog.skipped() == []
+    assert catalog.get("script").reference.transcript.startswith("To be")  # type: ignore[union-attr]
+    cut = overlong_transcript_reason("long.txt", "word " * 400, 20.0)  # a clip cut to the 20 s used: said so
+    assert cut is not None and "more than 20.0 s of speech (the first 20 s of the clip, all a voice uses) could" in cut
 
 
 def test_a_constant_offset_or_one_click_in_silence_is_silent_for_the_folder_and_the_studio(

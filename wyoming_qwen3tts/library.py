@@ -41,18 +41,21 @@ from .voices import (
     MAX_REFERENCE_SECONDS,
     MIN_CLIP_SECONDS,
     MIN_SOUND_SECONDS,
+    UNREAD_AUDIO_SUFFIXES,
     ModelKind,
     NoAudioTrackError,
     SkippedClip,
     Voice,
     VoiceCatalog,
     VoiceSource,
+    clip_preference,
     clone_files,
     decode_audio,
     has_control_characters,
     name_key,
     silent_reason,
     sound_seconds,
+    transcript_names,
 )
 
 #: Largest uploaded clip, in bytes (20 MB: a 20 s WAV at 48 kHz stereo 32-bit is 7.7 MB).
@@ -69,6 +72,10 @@ LOCK_FILE = ".studio.lock"
 #: Seconds a change waits for another server's change to the same voices folder (each
 #: holds the lock for a few file writes, milliseconds on a local disk).
 LOCK_TIMEOUT_S = 10.0
+#: The suffixes of the files that hold a voice name in the voices folder besides transcripts:
+#: clips, and files that look like clips but that the catalogue does not read (it skips them
+#: with that reason, so they hold their name as an unusable clip does).
+_CLIP_SUFFIXES = AUDIO_SUFFIXES + UNREAD_AUDIO_SUFFIXES
 _WINDOWS_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
 
 
@@ -216,15 +223,16 @@ def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:
 def _named_files(folder: Path, name: str) -> list[Path]:
     """Every file of ``folder`` that names the clone voice ``name``, sorted: the clip the
     catalogue speaks, the clips it ignores because they give the same voice name
-    (``KIMBERLY.wav`` and ``kimberly.flac``: the first in name order is used, the log names
-    the others), and every transcript of that name (``voices.name_key``: in any case or
-    Unicode form), read or not. Hidden files and names with control characters, which the
-    catalogue skips, are never among them."""
+    (``KIMBERLY.wav`` and ``kimberly.flac``: the first by ``voices.clip_preference`` is
+    used, the log and the catalogue's ``skipped`` name the others), files of that name in an
+    audio format the folder does not read (``kimberly.mid``), and every transcript of that
+    name (``voices.name_key``: in any case or Unicode form), read or not. Hidden files and
+    names with control characters, which the catalogue skips, are never among them."""
     key = name_key(name)
     return sorted(
         p for p in folder.iterdir()
         if not p.name.startswith(".")
-        and p.suffix.lower() in AUDIO_SUFFIXES + (".txt",)
+        and p.suffix.lower() in _CLIP_SUFFIXES + (".txt",)
         and not has_control_characters(p.stem)
         and name_key(p.stem) == key
     )
@@ -347,17 +355,22 @@ class VoiceLibrary:
             for path in self.catalog.voices_dir.iterdir():  # unreadable clips too: the same name rule
                 if renaming is not None and name_key(path.stem) == name_key(renaming.name):
                     continue
-                if name_key(path.stem) == name_key(name) and path.suffix.lower() in AUDIO_SUFFIXES:
+                if name_key(path.stem) == name_key(name) and path.suffix.lower() in _CLIP_SUFFIXES:
                     skipped = self.catalog.skipped_clip(name)
                     if skipped is None:
                         message = f"A file {path.name!r} already exists in the voices folder"
                         raise VoiceEditError(409, "name-taken", message, "name")
                     if replace_skipped:
                         continue  # an upload replaces it: it serves no voice
+                    fix = (  # the clip is fine: its transcript is not
+                        f"Save its transcript {skipped.transcript} again as UTF-8 to make it a voice, upload a clip "
+                        f"named {skipped.name!r} under 'Clone a voice' to replace both"
+                        if skipped.transcript else
+                        f"Upload a good clip named {skipped.name!r} under 'Clone a voice' to replace it"
+                    )
                     message = (
                         f"A file {skipped.file!r} of the voices folder has that name, but it is no voice: it is "
-                        f"skipped ({skipped.reason}). Upload a good clip named {skipped.name!r} under 'Clone a "
-                        f"voice' to replace it, or delete it first (DELETE /v1/audio/voices/"
+                        f"skipped ({skipped.reason}). {fix}, or delete it first (DELETE /v1/audio/voices/"
                         f"{quote(skipped.name, safe='')}; the studio's Skipped files list)"
                     )
                     raise VoiceEditError(409, "name-taken", message, "name")
@@ -609,39 +622,56 @@ class VoiceLibrary:
         clips of the same voice name the catalogue ignores, and every transcript of the name.
 
         A name that is no voice but a skipped clip's (``VoiceCatalog.skipped``: too short,
-        silent, unreadable) deletes that clip's files (the clip and its transcripts), so that
+        silent, unreadable...) deletes that clip's files (the clip and its transcripts), so that
         a user without access to the folder can clear it. ``skipped``: delete the skipped
-        clip of the name even where the name is a voice (a preset or speaker of that name is
-        served): the voice is kept.
+        clips of the name even where the name is a voice (``_delete_skipped``): the voice and
+        its files are kept (a preset or speaker of that name; a clone voice whose clip is
+        preferred to the skipped one, ``kim.wav`` over ``kim.mp3``).
 
         Returns:
-            the deleted voice, or the deleted skipped clip.
+            the deleted voice, or the deleted skipped clip (the one that would give the
+            voice, ``VoiceCatalog.skipped_clip``, else the first of the name).
 
         Raises:
             VoiceEditError: as ``editable``; as ``locked``; 500 ``write-failed``; 404
                 ``unknown-voice`` when ``skipped`` and no skipped clip has that name.
         """
         with self.locked():
-            clip = self.catalog.skipped_clip(name)
-            if clip is not None and (skipped or self.catalog.find(name) is None):
-                return self._delete_skipped(clip)
+            clips = self.catalog.skipped_files(name)
+            if clips and (skipped or self.catalog.find(name) is None):
+                return self._delete_skipped(name, clips)
             if skipped:
                 message = f"There is no skipped clip {name!r} in the voices folder"
                 raise VoiceEditError(404, "unknown-voice", message, "voice")
             return self._delete(name)
 
-    def _delete_skipped(self, clip: SkippedClip) -> SkippedClip:
-        """Remove every file of a skipped clip's name (``_named_files``), audio first, under the lock."""
-        files = _named_files(self.folder, clip.name)
+    def _delete_skipped(self, name: str, clips: list[SkippedClip]) -> SkippedClip:
+        """Remove the skipped ``clips`` of the voice name ``name`` (``VoiceCatalog.skipped_files``),
+        audio first, under the lock. Where a clone voice of that name is served (the clips were
+        skipped for its name: ``kim.mp3`` beside the ``kim.wav`` spoken) only they go, never the
+        clip spoken or its transcript; else every file of the name goes too
+        (``_named_files``: other clips and transcripts, which would otherwise be read again),
+        and the transcripts of the skipped clips (``voices.transcript_names``: also those of a
+        name with control characters)."""
+        folder = self.folder
+        voice = self.catalog.find(name)
+        files = {folder / clip.file for clip in clips}  # never the clip spoken: it is not skipped
+        if voice is None or voice.source is not VoiceSource.CLONE or name_key(voice.name) != name_key(name):
+            texts = [p.name for p in folder.iterdir() if p.suffix.lower() == ".txt"]
+            files |= {folder / text for clip in clips for text in transcript_names(folder / clip.file, texts)}
+            files |= set(_named_files(folder, name))
+        main = next((clip for clip in clips if clip == self.catalog.skipped_clip(name)), clips[0])
+        shown = ", ".join(repr(clip.file) for clip in clips)
         try:
-            for path in sorted(files, key=lambda p: p.suffix.lower() == ".txt"):
+            for path in sorted(files, key=lambda p: (p.suffix.lower() == ".txt", p.name)):
                 path.unlink(missing_ok=True)
         except OSError as err:
-            raise VoiceEditError(500, "write-failed", f"Cannot delete {clip.file!r}: {err}") from None
-        _LOGGER.info("Voice studio: skipped clip %s deleted (it was skipped: %s); files removed: %s", clip.file,
-                     clip.reason, ", ".join(p.name for p in files) or "none")
+            raise VoiceEditError(500, "write-failed", f"Cannot delete {shown}: {err}") from None
+        _LOGGER.info("Voice studio: skipped clips %s deleted (%s); files removed: %s", shown,
+                     "; ".join(f"{clip.file}: {clip.reason}" for clip in clips),
+                     ", ".join(sorted(p.name for p in files)) or "none")
         self.catalog.refresh(force=True)
-        return clip
+        return main
 
     def _delete(self, name: str) -> Voice:
         """``delete`` under the lock."""
@@ -684,7 +714,7 @@ class VoiceLibrary:
         named = _named_files(folder, voice.name)
         others = [p.name for p in named if p not in moved and p.suffix.lower() in AUDIO_SUFFIXES]
         if others:
-            spoken = next((p.name for p in named if p.suffix.lower() in AUDIO_SUFFIXES), "?")
+            spoken = min((p for p in moved if p.suffix.lower() in AUDIO_SUFFIXES), key=clip_preference).name
             message = (
                 f"Other clips of the voices folder name the voice {voice.name!r} too ({', '.join(others)}; "
                 f"{spoken} is the one spoken): a rename would leave them to speak as {voice.name!r}. "

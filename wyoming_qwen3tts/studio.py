@@ -10,8 +10,9 @@ Routes (``/v1/*`` under the HTTP door's API-key rules; every error is OpenAI's J
 * ``PATCH /v1/audio/voices/{id}`` ``{"name": new}``: rename a clone voice or user preset.
 * ``DELETE /v1/audio/voices/{id}``: delete one (shipped presets and built-in speakers
   cannot be deleted; the default voice neither), or the files of a clip the server skips
-  (too short, silent, unreadable: the listing's ``skipped``). An upload of a skipped
-  clip's name replaces it.
+  (too short, silent, unreadable, a format it does not read, or its name: another clip gives
+  it, control characters in it; the listing's ``skipped``). An upload of a skipped clip's
+  name replaces it.
 * ``POST /v1/audio/designs`` ``{"description", "language", "text"?, "count"?, "seed"?}``:
   VoiceDesign candidates, each with its own seed, rendered exactly as an anchor would be.
   ``GET /v1/audio/designs/{id}/sample`` plays one; ``POST /v1/audio/designs/{id}/keep``
@@ -202,10 +203,11 @@ def listed_voice(service: TtsService, voice: Voice) -> dict[str, Any]:
 
 
 def listed_skipped(service: TtsService) -> list[dict[str, str]]:
-    """The clips of the voices folder that are no voice (``VoiceCatalog.skipped``), as
+    """The clips of the voices folder that are no voice (``VoiceCatalog.skipped``: unusable,
+    or skipped for their name, such as ``kim.mp3`` beside the ``kim.wav`` spoken), as
     ``GET /v1/audio/voices`` lists them under ``skipped``: ``{"name", "file", "reason"}``
-    each, by file name. ``DELETE /v1/audio/voices/{name}`` removes one; an upload of
-    its name replaces it."""
+    each, by file name. ``DELETE /v1/audio/voices/{name}?skipped=true`` removes those of a
+    name (never the files of a voice spoken); an upload of its name replaces an unusable one."""
     return [{"name": c.name, "file": c.file, "reason": c.reason} for c in service.catalog.skipped()]
 
 
@@ -331,7 +333,8 @@ async def delete(request: web.Request) -> web.Response:
 
     A name that is no voice but a skipped clip's (the listing's ``skipped``) deletes that
     clip and its transcripts: ``{"deleted": name, "skipped": file}``. ``?skipped=true``
-    deletes the skipped clip of a name a preset or speaker serves (the voice stays)."""
+    deletes the skipped clips of a name that a voice serves (the voice and its files stay:
+    a preset, a speaker, or a clone whose clip is preferred to the skipped one)."""
     service, library = request.app[_SERVICE_KEY], request.app[_LIBRARY_KEY]
     only_skipped = request.query.get("skipped", "").lower() in ("1", "true", "yes")
     gone = await _edit(request, library.delete, request.match_info["voice"], only_skipped)

@@ -2,9 +2,13 @@
 
 Three sources, one namespace of voice names:
 
-* **Clone library** (Base model): ``<voices-dir>/<id>.wav`` (or ``.flac``, ``.mp3``, ``.ogg``...:
-  ``AUDIO_SUFFIXES``) with an optional ``<id>.txt`` transcript. With a transcript the model clones in ICL mode; without one it
-  uses the speaker embedding only (x-vector).
+* **Clone library** (Base model): ``<voices-dir>/<id>.wav`` (or ``.flac``, ``.aiff``, ``.mp3``, ``.ogg``,
+  ``.m4a``, ``.wma``...: ``AUDIO_SUFFIXES``) with an optional ``<id>.txt`` transcript. With a transcript the model
+  clones in ICL mode; without one it uses the speaker embedding only (x-vector). Of two clips of one voice name
+  (``kim.wav`` and ``kim.mp3``, ``KIM.wav`` and ``kim.wav``) the better source is used (``clip_preference``:
+  lossless formats first) and the other is skipped; every file that gives no voice (unusable, a name another clip
+  gives or with control characters in it, an audio format the folder does not read) is in the log and in
+  ``VoiceCatalog.skipped`` (the studio's Skipped files).
 * **VoiceDesign presets**: ``presets.toml`` shipped in ``voices/`` plus an optional
   ``<voices-dir>/presets.toml`` that adds or overrides entries (see the shipped file). A
   preset may fix its anchor's ``seed`` and ``anchor_text`` (see ``anchors``).
@@ -70,6 +74,15 @@ MIN_CLIP_SECONDS = 1.0
 #: clips are held to ``MIN_CLIP_SECONDS``, this lets a preset's rendered anchor of a short
 #: ``anchor_text`` through.
 MIN_REFERENCE_SECONDS = 0.5
+#: The most characters a transcript holds per second of its clip before the catalogue warns
+#: that it is no transcript of that clip (a whole script or chapter pasted in), counted with
+#: runs of white space as one: 80. Fast English speech is 15 to 20 characters a second (160
+#: to 210 words a minute at about 5.7 characters a word, its space counted), the fastest
+#: talkers on record (about 600 words a minute) reach 57, and Chinese or Japanese speech is
+#: 4 to 8 characters a second; so no transcript of what a clip says comes near it. The clip's
+#: seconds are those the voice uses (at most ``MAX_REFERENCE_SECONDS``). The studio's upload
+#: form has its own limit on the whole text (``library.MAX_TRANSCRIPT_CHARS``).
+MAX_TRANSCRIPT_CHARS_PER_SECOND = 80
 
 
 
@@ -141,6 +154,23 @@ class TranscriptEncodingError(ValueError):
         self.file = file
 
 
+def overlong_transcript_reason(file: str, transcript: str | None, seconds: float) -> str | None:
+    """Why the transcript ``transcript`` (its file name: ``file``) of a clip of ``seconds`` (the
+    seconds the voice uses) cannot be what the clip says: it holds more than
+    ``MAX_TRANSCRIPT_CHARS_PER_SECOND`` characters a second of clip. None: it can be (or there
+    is none). The catalogue warns with this once per file and still uses the transcript."""
+    chars = len(" ".join(transcript.split())) if transcript else 0
+    limit = int(MAX_TRANSCRIPT_CHARS_PER_SECOND * seconds)
+    if chars <= limit:
+        return None
+    cut = f" (the first {MAX_REFERENCE_SECONDS:g} s of the clip, all a voice uses)" if (
+        seconds >= MAX_REFERENCE_SECONDS - 0.01) else ""
+    return (f"its transcript {file} is {chars:,} characters long, more than {seconds:.1f} s of speech{cut} "
+            f"could hold (at most {limit:,}: {MAX_TRANSCRIPT_CHARS_PER_SECOND} characters a second, where fast speech "
+            "is 15 to 20); a transcript should be what the clip says, word for word: cut it to that, or remove it "
+            "to clone from the sound of the voice alone")
+
+
 def read_transcript(path: Path) -> str:
     """The text of the transcript at ``path``: UTF-8 (with or without a byte-order mark), or
     UTF-16 or UTF-32 with a byte-order mark (Windows Notepad's "Unicode"). Other encodings
@@ -160,13 +190,80 @@ def read_transcript(path: Path) -> str:
         raise TranscriptEncodingError(path.name, encoding) from None
 
 
-#: Clip formats the voices folder reads, by file suffix (in any case): the formats the voice
-#: studio's upload form offers (``web/index.html``), so a clip that can be uploaded can be
-#: copied in too. WAV and FLAC are read by libsndfile (soundfile), the others by FFmpeg
-#: (PyAV, as the studio decodes uploads: ``decode_audio``).
-AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".webm")
+#: Clip formats the voices folder reads that are (usually) lossless, by file suffix (in any
+#: case), best first: WAV, FLAC, AIFF (and AIFF-C), Core Audio, Sony Wave64, WavPack, TTA, Sun
+#: AU. See ``AUDIO_SUFFIXES``.
+LOSSLESS_SUFFIXES = (".wav", ".flac", ".aiff", ".aif", ".aifc", ".caf", ".w64", ".wv", ".tta", ".au")
+#: Lossy clip formats the voices folder reads: MP3, Ogg (Vorbis, Opus), AAC in MP4 (``.m4a``, an
+#: audiobook's ``.m4b``, a video's ``.mp4``, a phone's ``.3gp``) or raw, WMA, WebM, Matroska
+#: audio, AMR (a phone's voice memo), MPEG-1 Layer II, AC-3. See ``AUDIO_SUFFIXES``.
+LOSSY_SUFFIXES = (
+    ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".m4b", ".mp4", ".aac", ".wma", ".webm", ".mka", ".3gp", ".amr", ".mp2",
+    ".ac3",
+)
+#: Clip formats the voices folder reads, by file suffix (in any case): every format of the
+#: voice studio's upload form (``web/index.html``), so a clip that can be uploaded can be
+#: copied in too, and the other audio formats FFmpeg reads that phones, recorders and audio
+#: editors save (each checked by a test with a file PyAV wrote). WAV and FLAC are read by
+#: libsndfile (soundfile), the others by FFmpeg (PyAV, as the studio decodes uploads:
+#: ``decode_audio``). The order is the order of preference between two clips of one voice
+#: name (``clip_preference``): lossless formats first (the better source), then lossy ones.
+AUDIO_SUFFIXES = LOSSLESS_SUFFIXES + LOSSY_SUFFIXES
+#: Suffixes of files that look like audio but that the voices folder does not read: MIDI
+#: (notes, no recording), Audacity projects (the audio is in a folder beside them), iTunes'
+#: copy-protected AAC, and rare formats no test checks (Monkey's Audio, Musepack, Speex,
+#: RealAudio, DSD, GSM: most have no encoder in PyAV to make one). Such a file is no voice: the
+#: catalogue skips it with that reason (``unread_format_reason``) instead of ignoring it
+#: without a word, as it does every other file that is no clip or transcript.
+UNREAD_AUDIO_SUFFIXES = (
+    ".mid", ".midi", ".kar", ".aup", ".aup3", ".m4p", ".ape", ".mpc", ".spx", ".ra", ".ram", ".rm", ".dsf", ".dff",
+    ".gsm",
+)
+#: The suffixes of the files the clone library's scan looks at: clips, files that look like
+#: clips, transcripts.
+_SCANNED_SUFFIXES = AUDIO_SUFFIXES + UNREAD_AUDIO_SUFFIXES + (".txt",)
 #: The suffixes of ``AUDIO_SUFFIXES`` read by soundfile (the rest by ``decode_audio``).
 _SOUNDFILE_SUFFIXES = (".wav", ".flac")
+
+
+def clip_file_names(stem: str) -> str:
+    """The clip file names the voices folder reads for ``stem``, for messages that say what
+    to add: ``"kim.wav (or .flac, .aiff, ..., .ac3)"``, every suffix of ``AUDIO_SUFFIXES``
+    in its order, so that the advice stays in step with what the folder reads."""
+    return f"{stem}{AUDIO_SUFFIXES[0]} (or {', '.join(AUDIO_SUFFIXES[1:])})"
+
+
+def unread_format_reason(name: str) -> str:
+    """Why the file ``name`` (a suffix of ``UNREAD_AUDIO_SUFFIXES``) is no clone voice, in the
+    shape of ``too_short_reason``: in the log, the listing's ``skipped``, a request's refusal."""
+    path = Path(name)
+    return (f"the voices folder does not read {path.suffix.lower()} files; save the clip as "
+            f"{clip_file_names(path.stem)}")
+
+
+def clip_preference(path: Path) -> tuple[int, str]:
+    """The sort key that orders clips of one voice name (``name_key``) best first: the first
+    of them is the one the catalogue reads, the others are skipped. By format, in the order
+    of ``AUDIO_SUFFIXES`` (lossless before lossy: ``kim.wav`` before ``kim.mp3``), then
+    a file of ``UNREAD_AUDIO_SUFFIXES`` (or any other suffix), then by file name in code
+    point order (``KIM.wav`` before ``kim.wav``)."""
+    suffix = path.suffix.lower()
+    rank = AUDIO_SUFFIXES.index(suffix) if suffix in AUDIO_SUFFIXES else len(AUDIO_SUFFIXES)
+    return rank, path.name
+
+
+def preference_reason(used: Path, ignored: Path) -> str:
+    """Why the clip ``used`` is read rather than ``ignored``, another clip of its voice name
+    (``clip_preference`` orders ``used`` first), in a few words for the log and the listing's
+    ``skipped``."""
+    first, second = used.suffix.lower(), ignored.suffix.lower()
+    if second in UNREAD_AUDIO_SUFFIXES:
+        return unread_format_reason(ignored.name).split(";")[0]
+    if first == second:
+        return "the first by file name is used"
+    if first in LOSSLESS_SUFFIXES and second in LOSSY_SUFFIXES:
+        return f"lossless {first} is preferred to lossy {second}"
+    return f"{first} comes before {second} in the order of formats: {', '.join(AUDIO_SUFFIXES)}"
 
 
 class NoAudioTrackError(ValueError):
@@ -277,8 +374,8 @@ def transcript_name(clip: Path, names: Collection[str]) -> str | None:
 
 def clone_files(folder: Path, name: str) -> list[Path]:
     """The files of the clone voice ``name`` in ``folder``, sorted, as the catalogue reads
-    them: the clip that gives the voice (the first in name order whose voice name is
-    ``name``, see ``clone_name`` and ``name_key``: an NFD ``Renée.wav``, ``"trail .wav"``),
+    them: the clip that gives the voice (the first by ``clip_preference`` whose voice name
+    is ``name``, see ``clone_name`` and ``name_key``: an NFD ``Renée.wav``, ``"trail .wav"``),
     its twins of the same file stem (``kim.wav`` and ``kim.flac``), and the transcript the
     catalogue reads for it (``transcript_name``). Files the catalogue skips (hidden ones,
     names with control characters) are never among them. The studio renames and deletes
@@ -293,7 +390,7 @@ def clone_files(folder: Path, name: str) -> list[Path]:
     ]
     if not clips:
         return []
-    clip = clips[0]
+    clip = min(clips, key=clip_preference)
     twins = [p for p in clips if p.stem == clip.stem]
     text = transcript_name(clip, [p.name for p in files if p.suffix.lower() == ".txt"])
     return sorted(twins + ([folder / text] if text is not None else []))
@@ -527,26 +624,34 @@ _ClipKey = tuple[tuple[str, int, int, int], tuple[str, int, int, int] | None]
 
 @dataclass(frozen=True)
 class ClipSkip:
-    """Why a clip of the clone library is no voice (``why``, one phrase), and the level it is
-    logged at (``level``: WARNING for a user's choice of clip, ERROR for a broken file)."""
+    """Why a clip of the clone library is no voice (``why``, one phrase), the level it is
+    logged at (``level``: WARNING for a user's choice of clip, ERROR for a broken file), and
+    the transcript's file name when the fault is the transcript's, not the clip's
+    (``transcript``; None: the clip's)."""
 
     why: str
     level: int
+    transcript: str | None = None
 
 
 @dataclass(frozen=True)
 class SkippedClip:
-    """A clip of the clone library that is no voice because it cannot be used.
+    """A clip of the clone library that gives no voice.
 
     Attributes:
         name: the voice name it would give (``clone_name`` of its file's stem).
         file: its file name in the voices folder (no folders).
-        reason: why it is skipped, in words (too short, silent, unreadable).
+        reason: why it is skipped, in words: too short, silent, unreadable, a transcript not
+            saved as UTF-8, an audio format the folder does not read, or its name (another
+            clip gives that voice name, control characters in it, blank).
+        transcript: the transcript's file name when the fault is the transcript's (the clip
+            is fine: save the transcript again), else None.
     """
 
     name: str
     file: str
     reason: str
+    transcript: str | None = None
 
 
 def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip:
@@ -554,17 +659,21 @@ def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip
     cannot clone (never raises): shorter than ``MIN_CLIP_SECONDS`` or silent (a WARNING, as
     the studio refuses such an upload: a user's choice of clip, not a broken file;
     ``too_short_reason``, ``silent_reason``), a transcript not saved as UTF-8 (a WARNING
-    naming the transcript, ``TranscriptEncodingError``), or unreadable (an ERROR). The folder
+    naming the transcript, ``TranscriptEncodingError``), a format the folder does not read
+    (a suffix not in ``AUDIO_SUFFIXES``: a WARNING, ``unread_format_reason``, the file is not
+    opened), or unreadable (an ERROR). The folder
     scan (``VoiceCatalog``) and the start-up checks made before any model loads
     (``startup.check_default_voice``, ``startup.survey_clips``) both judge clips by this, so
     a clip is refused for the same reason before and after loading. Reads at most
     ``MAX_REFERENCE_SECONDS`` of audio; a reason may name ``path`` in full (soundfile's)."""
+    if path.suffix.lower() not in AUDIO_SUFFIXES:
+        return ClipSkip(unread_format_reason(path.name), logging.WARNING)
     try:
         reference = Reference.load(path, transcript)
     except ClipTooShortError as err:  # under MIN_REFERENCE_SECONDS: too short all the same
         return ClipSkip(too_short_reason(err.seconds), logging.WARNING)
     except TranscriptEncodingError as err:  # a user's file saved in another encoding: a WARNING too
-        return ClipSkip(str(err), logging.WARNING)
+        return ClipSkip(str(err), logging.WARNING, err.file)
     except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, never fatal
         return ClipSkip(str(err), logging.ERROR)
     seconds = len(reference.audio) / reference.sample_rate
@@ -615,6 +724,7 @@ class VoiceCatalog:
         self._clones: dict[str, Voice] = {}
         self._clone_problems: dict[str, str] = {}  # name key (``name_key``): why its clip was skipped
         self._skipped: dict[str, SkippedClip] = {}  # name key: the same, as the studio lists it
+        self._ignored: list[SkippedClip] = []  # the clips skipped for their name (``skipped``)
         self._orphans: dict[str, str] = {}  # name key: a transcript's file name, no clip beside it
         self._signature: tuple[tuple[str, int, int, int], ...] | None = None
         #: The broken clips already logged at ERROR, as (name, mtime ns, size, inode): a rescan
@@ -628,6 +738,9 @@ class VoiceCatalog:
         #: The clips with several transcripts already warned of, as the (name, mtime ns,
         #: size, inode) of the clip and of each transcript: said again at DEBUG only.
         self._transcripts_said: set[tuple[tuple[str, int, int, int], ...]] = set()
+        #: The clips whose transcript is too long for them (``overlong_transcript_reason``)
+        #: already warned of, by their ``_ClipKey``: said again at DEBUG only.
+        self._long_said: set[_ClipKey] = set()
         #: The presets and speakers that clone ids shadow, and the aliases names take, as last
         #: logged (``voices``).
         self._shadows_said: frozenset[tuple[str, str]] = frozenset()
@@ -687,14 +800,15 @@ class VoiceCatalog:
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def _clone_scan(self) -> tuple[list[Path], list[tuple[str, int, int, int]]] | None:
-        """The clone library's audio and transcript files and their (name, mtime ns, size,
-        inode), sorted by name; None when clones are not served or there is no folder."""
+        """The clone library's audio files (``AUDIO_SUFFIXES``, and those it does not read:
+        ``UNREAD_AUDIO_SUFFIXES``) and transcripts, and their (name, mtime ns, size, inode),
+        sorted by name; None when clones are not served or there is no folder."""
         if ModelKind.BASE not in self.kinds or self.voices_dir is None or not self.voices_dir.is_dir():
             return None
         signature_items: list[tuple[str, int, int, int]] = []
         files: list[Path] = []
         for path in sorted(self.voices_dir.iterdir()):
-            if path.name.startswith(".") or path.suffix.lower() not in AUDIO_SUFFIXES + (".txt",):
+            if path.name.startswith(".") or path.suffix.lower() not in _SCANNED_SUFFIXES:
                 continue  # hidden: e.g. a file being written
             try:  # a dangling link or a file removed meanwhile is skipped, never fatal
                 st = path.stat()
@@ -734,45 +848,54 @@ class VoiceCatalog:
         clones: dict[str, Voice] = {}
         problems: dict[str, str] = {}
         skipped: dict[str, SkippedClip] = {}
+        ignored: list[SkippedClip] = []  # skipped for their name: ``skipped``
         reported: set[tuple[str, int, int, int]] = set()
         transcripts_said: set[tuple[tuple[str, int, int, int], ...]] = set()
+        long_said: set[_ClipKey] = set()
         by_name = dict(zip((p.name for p in files), signature_items, strict=True))
         read: dict[_ClipKey, Reference | ClipSkip] = {}
-        clip_keys = {name_key(p.stem) for p in files if p.suffix.lower() in AUDIO_SUFFIXES}
-        texts = {p.name for p in files if p.suffix.lower() not in AUDIO_SUFFIXES}
+        clips = [p for p in files if p.suffix.lower() != ".txt"]
+        clip_keys = {name_key(p.stem) for p in clips}
+        texts = {p.name for p in files if p.suffix.lower() == ".txt"}
         orphans: dict[str, str] = {}
-        taken: dict[str, str] = {}  # voice name key (``name_key``): the clip file that gives it
+        chosen: dict[str, Path] = {}  # voice name key (``name_key``): the clip file that gives it
+        for path in sorted(clips, key=clip_preference):
+            if not has_control_characters(path.stem) and clone_name(path.stem):
+                chosen.setdefault(name_key(path.stem), path)
         for path, item in zip(files, signature_items, strict=True):
             key = name_key(path.stem)
-            if path.suffix.lower() not in AUDIO_SUFFIXES:
+            level = logging.DEBUG if item in self._reported else logging.WARNING
+            if path.suffix.lower() == ".txt":
                 if key not in clip_keys:  # a transcript alone: say so once, as a broken clip
-                    level = logging.DEBUG if item in self._reported else logging.WARNING
-                    _LOGGER.log(level, "Transcript %s has no clip beside it (%s.wav or .flac): not a voice yet",
-                                path, path.stem)
+                    _LOGGER.log(level, "Transcript %s has no clip beside it: not a voice yet; add an audio clip %s",
+                                path, clip_file_names(path.stem))
                     reported.add(item)
                     if key:
                         orphans[key] = path.name
                 continue
-            level = logging.DEBUG if item in self._reported else logging.WARNING
-            if has_control_characters(path.stem):
-                _LOGGER.log(level, "Skipping clone voice %r: its name holds control characters; rename the file",
-                            path.name)
-                reported.add(item)
-                continue
             name = clone_name(path.stem)
-            if not name:
-                _LOGGER.log(level, "Skipping clone voice %r: its name is blank; rename the file", path.name)
+            first = chosen.get(key)
+            if first != path:  # skipped for its name: said once, and listed
+                if has_control_characters(path.stem):
+                    why = "its name holds control characters; rename the file"
+                    _LOGGER.log(level, "Skipping clone voice %r: %s", path.name, why)
+                elif not name:
+                    why = "its name is blank; rename the file"
+                    _LOGGER.log(level, "Skipping clone voice %r: %s", path.name, why)
+                else:  # one voice per name
+                    assert first is not None
+                    spelled = "" if first.stem == path.stem else (
+                        " (names are case-insensitive; spaces around a name and how its accents are encoded do not "
+                        "count)")
+                    because = preference_reason(first, path)
+                    _LOGGER.log(level, "Clone voice files %r and %r have the same voice name%s: using %r, ignoring "
+                                "%r (%s); rename or remove one", first.name, path.name, spelled, first.name,
+                                path.name, because)
+                    why = (f"{first.name} gives the same voice name and is used instead ({because}); rename or remove "
+                           "this file")
                 reported.add(item)
+                ignored.append(SkippedClip(name, path.name, why))
                 continue
-            if key in taken:  # one voice per name
-                first = taken[key]
-                _LOGGER.log(level, "Clone voice files %r and %r have the same voice name (names are "
-                            "case-insensitive; spaces around a name and how its accents are encoded do not "
-                            "count): using %r, ignoring %r; rename or remove one", first, path.name, first,
-                            path.name)
-                reported.add(item)
-                continue
-            taken[key] = path.name
             text_names = transcript_names(path, texts)
             text_name = text_names[0] if text_names else None
             if len(text_names) > 1:  # kim.txt and kim.TXT: one is read, the log says which
@@ -797,9 +920,15 @@ class VoiceCatalog:
                 # for clients: the file's name, not the server's folders (soundfile names the path)
                 reason = clip.why.replace(str(path), path.name)
                 problems[key] = f"{path.name}: {reason}"
-                skipped[key] = SkippedClip(name, path.name, reason)
+                skipped[key] = SkippedClip(name, path.name, reason, clip.transcript)
                 continue
             reference = clip
+            long = overlong_transcript_reason(text_name or "", reference.transcript,
+                                              len(reference.audio) / reference.sample_rate)
+            if long is not None:  # still used: it may be right, the user decides
+                _LOGGER.log(logging.DEBUG if clip_key in self._long_said else logging.WARNING,
+                            "Clone voice %s: %s (it is used all the same)", path, long)
+                long_said.add(clip_key)
             mode = "reference transcript" if reference.transcript else "x-vector only, no transcript"
             clones[name] = Voice(
                 name=name,
@@ -812,10 +941,12 @@ class VoiceCatalog:
         self._clones = clones
         self._reported = reported
         self._transcripts_said = transcripts_said
+        self._long_said = long_said
         self._read = read
         served = {name_key(c) for c in clones}
         self._clone_problems = {key: why for key, why in problems.items() if key not in served}
         self._skipped = {key: clip for key, clip in skipped.items() if key not in served}
+        self._ignored = ignored
         self._orphans = {key: name for key, name in orphans.items() if key not in served}
         # Last: while the clips are read, ``stale`` still says so, and a door's
         # ``refresh_async`` waits for these reads instead of looking up the old catalogue.
@@ -830,10 +961,21 @@ class VoiceCatalog:
         return sorted(self._clone_problems.values())
 
     def skipped(self) -> list[SkippedClip]:
-        """``skipped_clips`` as records (name, file, reason), by file name: the clips no
-        clone voice speaks because they cannot be used. The studio lists them, deletes them
-        (``DELETE`` on the name) and replaces them (an upload of the name)."""
-        return sorted(self._skipped.values(), key=lambda clip: clip.file)
+        """Every clip of the clone library that gives no voice, as records (name, file,
+        reason), by file name: those of ``skipped_clips`` (they cannot be used: too short,
+        silent, unreadable, a transcript not saved as UTF-8, a format the folder does not
+        read), and those skipped for their name (``kim.mp3`` beside ``kim.wav``, which gives
+        the voice ``kim``: ``clip_preference``; control characters in it; blank). The studio
+        lists them, deletes them (``DELETE`` on the name with ``?skipped=true``,
+        ``skipped_files``) and replaces them (an upload of the name)."""
+        return sorted([*self._skipped.values(), *self._ignored], key=lambda clip: clip.file)
+
+    def skipped_files(self, name: str) -> list[SkippedClip]:
+        """The records of ``skipped`` whose voice name is ``name`` (compared by ``name_key``),
+        by file name: the clip that would give that voice but cannot be used
+        (``skipped_clip``), and the clips skipped for that name. Empty: none."""
+        key = name_key(name)
+        return [clip for clip in self.skipped() if name_key(clip.name) == key]
 
     def skipped_clip(self, name: str) -> SkippedClip | None:
         """The skipped clip that would give the voice ``name`` (compared by ``name_key``), or None."""
@@ -940,15 +1082,17 @@ class VoiceCatalog:
                         f"has not loaded (--design-model); available: {shown}"
                     )
         if wanted in self._clone_problems:  # its file is there, but could not be used
+            transcript = self._skipped[wanted].transcript if wanted in self._skipped else None
+            what, fix = ("transcript", "") if transcript else ("clip", "; replace the file in the voices folder")
             raise UnknownVoiceError(
-                f"Voice {name!r} is a clone whose clip could not be used ({self._clone_problems[wanted]}); "
-                f"replace the file in the voices folder; available: {shown}"
+                f"Voice {name!r} is a clone whose {what} could not be used ({self._clone_problems[wanted]}){fix}; "
+                f"available: {shown}"
             )
         if wanted in self._orphans:  # a transcript waiting for its clip
             txt = self._orphans[wanted]
             raise UnknownVoiceError(
-                f"Voice {name!r} has a transcript ({txt}) but no clip beside it: add "
-                f"{txt[:-4]}.wav or {txt[:-4]}.flac to the voices folder; available: {shown}"
+                f"Voice {name!r} has a transcript ({txt}) but no clip beside it: add an audio clip "
+                f"{clip_file_names(txt[:-4])} to the voices folder; available: {shown}"
             )
         problems = self._presets_problems
         hint = f". Note: {problems[0]}" + (f" (and {len(problems) - 1} more, see the log)" if len(problems) > 1 else "") if problems else ""
