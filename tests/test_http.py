@@ -445,6 +445,52 @@ async def test_catalogue_models_and_probes(server: Server) -> None:
     assert b'tts_prefill_eager_rows_total{model="base"} 0.0' in body  # no prompt over the buckets
 
 
+@pytest.mark.gpu
+def test_a_model_this_gpu_cannot_hold_is_not_listed(checkpoints: Path, voices_dir: Path, tmp_path: Path) -> None:
+    """A card with room for the Base model but not for the VoiceDesign model even alone (here
+    ``--gpu-memory`` between their needs, the VoiceDesign checkpoint wider than the tiny Base
+    one; on a real card, the 1.7B VoiceDesign model beside another program's memory): start-up
+    says so, and that model's requests are refused at once. ``GET /v1/models`` still listed it
+    (by its generic name and its folder's), so a client that picked a model from the list had
+    every request refused. Now it lists, and retrieves, only models that speak."""
+    import torch
+
+    from wyoming_qwen3tts.engine.loader import checkpoint_params, checkpoint_slot_bytes
+    from wyoming_qwen3tts.engine.sizing import GB, MIN_STREAMS, ModelNeed, slot_positions
+    from wyoming_qwen3tts.testing.checkpoint import build_checkpoint
+
+    from .conftest import CHECKPOINTS
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    design = build_checkpoint(CHECKPOINTS.parent / "ggml" / "voice_design", "voice_design", "ggml")  # test_ggml's folder
+
+    def need(checkpoint: Path) -> int:  # bytes, as start-up's plan counts them (bfloat16)
+        return ModelNeed("", checkpoint_params(checkpoint) * 2, checkpoint_slot_bytes(checkpoint, slot_positions(), 2)).footprint(MIN_STREAMS)
+
+    base_need, design_need = need(checkpoints / "base"), need(design)
+    assert base_need < design_need
+    extra = ["--no-zeroconf", "--anchors", "off", "--design-model", str(design), "--custom-voice-model", "none",
+             "--dtype", "bfloat16", "--weight-quant", "none", "--gpu-memory", f"{(base_need + design_need) / 2 / GB:.3f}"]
+    srv = start_server(checkpoints, voices_dir, tmp_path / "server.log", device="cuda", extra=extra)
+    try:
+        assert "Not served with this GPU memory: the voice_design model does not fit" in srv.output(), srv.output()[-3000:]
+        client = client_for(srv)
+        ids = {m.id for m in client.models.list()}
+        assert {"tts-1", "qwen3-tts-clone", "qwen3-tts-base", "base"} <= ids, ids
+        assert not {"qwen3-tts-voice-design", "voice_design"} & ids, ids
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("qwen3-tts-voice-design")
+        for model in sorted(ids):  # every model listed speaks
+            assert client.audio.speech.create(model=model, voice="clone", input=TEXT, response_format="pcm").read(), model
+        with pytest.raises(openai.APIError) as refused:  # the one left out is refused, saying why
+            client.audio.speech.create(model="qwen3-tts-voice-design", voice="aria", input=TEXT, response_format="pcm")
+        assert "cannot be served on this GPU" in str(refused.value), refused.value
+        assert srv.alive()
+    finally:
+        stop_server(srv)
+
+
 # --- errors -----------------------------------------------------------------------------
 
 
@@ -961,12 +1007,14 @@ async def test_ready_says_why_no_new_work_is_taken() -> None:
         assert (await client.post("/v1/audio/speech", json={"input": "Still served.", "response_format": "pcm"})).status == 200
 
 
-async def _clone_service(folder: Path) -> TtsService:
-    """A real ``TtsService`` on warmed scripted Base and VoiceDesign engines, its clone
-    library ``folder`` (stop it with ``service.stop``)."""
+async def _clone_service(folder: Path, design: Engine | None = None) -> TtsService:
+    """A real ``TtsService`` on warmed scripted Base and VoiceDesign engines (or ``design``
+    for the VoiceDesign model), its clone library ``folder`` (stop it with ``service.stop``)."""
     engines: dict[ModelKind, Engine] = {
         kind: _ScriptedEngine(kind, fail_after=4, pace_s=0.0) for kind in (ModelKind.BASE, ModelKind.VOICE_DESIGN)
     }
+    if design is not None:
+        engines[ModelKind.VOICE_DESIGN] = design
     for engine in engines.values():
         await asyncio.to_thread(engine.warm, Segment("warm", "auto", 2))
     return TtsService(VoiceCatalog(folder, set(engines)), engines, "aria", Metrics())
@@ -989,11 +1037,13 @@ async def test_a_clone_model_without_clone_voices_says_how_to_add_one(tmp_path: 
 
 
 @contextlib.asynccontextmanager
-async def clone_server(folder: Path, idle_timeout: float = 120.0) -> AsyncIterator[tuple[TtsService, int]]:
+async def clone_server(
+    folder: Path, idle_timeout: float = 120.0, design: Engine | None = None
+) -> AsyncIterator[tuple[TtsService, int]]:
     """``start_http`` (the server's own runner: its keep-alive and idle timeouts) on
-    127.0.0.1, on a real ``TtsService`` of scripted Base and VoiceDesign engines whose clone
-    library is ``folder``: (service, port)."""
-    service = await _clone_service(folder)
+    127.0.0.1, on a real ``TtsService`` of scripted Base and VoiceDesign engines (or
+    ``design``) whose clone library is ``folder``: (service, port)."""
+    service = await _clone_service(folder, design)
     try:
         runner = await start_http(service, "127.0.0.1", 0, None, idle_timeout=idle_timeout)
         try:
@@ -1002,6 +1052,31 @@ async def clone_server(folder: Path, idle_timeout: float = 120.0) -> AsyncIterat
             await runner.cleanup()
     finally:
         await asyncio.to_thread(service.stop)
+
+
+async def test_the_model_list_leaves_out_a_model_the_gpu_cannot_hold(tmp_path: Path) -> None:
+    """The side of ``test_a_model_this_gpu_cannot_hold_is_not_listed`` (a GPU test) that runs
+    without a GPU: the VoiceDesign engine start-up builds for a model the card cannot hold even
+    alone (an ``OnDemandEngine`` with its reason, never loaded) is left out of the list the
+    openai SDK reads, and cannot be retrieved; its requests are refused with that reason."""
+    from wyoming_qwen3tts.engine.on_demand import OnDemandEngine
+
+    def never(_shrink: float) -> Engine:
+        raise AssertionError("a model this GPU cannot hold is never loaded")
+
+    why = "the voice_design model does not fit in this GPU's 3.5 GB even alone"
+    design = OnDemandEngine(ModelKind.VOICE_DESIGN, 2, never, lambda _e: Segment("warm", "auto", 2), unservable=why)
+    await asyncio.to_thread(design.warm, Segment("warm", "auto", 2))
+    async with clone_server(tmp_path, design=design) as (_service, port):
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
+        ids = {m.id async for m in client.models.list()}
+        assert "qwen3-tts-clone" in ids and "qwen3-tts-voice-design" not in ids, ids
+        with pytest.raises(openai.NotFoundError):
+            await client.models.retrieve("qwen3-tts-voice-design")
+        with pytest.raises(openai.APIError) as refused:
+            await client.audio.speech.create(model="qwen3-tts-voice-design", voice="aria", input=TEXT, response_format="pcm")
+        assert why in str(refused.value), refused.value
+        await client.close()
 
 
 def _wav(seconds: float) -> bytes:

@@ -359,15 +359,18 @@ async def voices(request: web.Request) -> web.Response:
 
 def _model_list(service: TtsService, loaded: dict[str, ModelKind]) -> list[dict[str, Any]]:
     """OpenAI's model objects: the generic names, the loaded kinds' names and the loaded
-    models' own names (hub ids, folder names)."""
-    names = list(GENERIC_MODELS) + [name for name, kind in KIND_MODELS.items() if kind in service.kinds]
-    names += [name for name, kind in loaded.items() if kind in service.kinds]
+    models' own names (hub ids, folder names); of the loaded models only those a request can
+    use (``TtsService.servable_kinds``: not one the GPU cannot hold)."""
+    kinds = service.servable_kinds
+    names = list(GENERIC_MODELS) + [name for name, kind in KIND_MODELS.items() if kind in kinds]
+    names += [name for name, kind in loaded.items() if kind in kinds]
     return [{"id": n, "object": "model", "created": _CREATED, "owned_by": "wyoming-qwen3tts"} for n in names]
 
 
 async def models(request: web.Request) -> web.Response:
     """``GET /v1/models``: OpenAI's list; the generic names, the loaded kinds' names and the
-    loaded models' own names (their hub ids or folder names)."""
+    loaded models' own names (their hub ids or folder names), leaving out a model the GPU
+    cannot hold (``_model_list``)."""
     return web.json_response({"object": "list", "data": _model_list(request.app[_SERVICE_KEY], request.app[_NAMES_KEY])})
 
 
@@ -382,7 +385,7 @@ async def model(request: web.Request) -> web.Response:
     for item in _model_list(service, request.app[_NAMES_KEY]):
         if item["id"].lower() == wanted.strip().lower():  # as /v1/audio/speech reads ``model``
             return web.json_response(item)
-    if HUB_MODEL.match(wanted.strip().lower()) and model_kind(wanted) in service.kinds:
+    if HUB_MODEL.match(wanted.strip().lower()) and model_kind(wanted) in service.servable_kinds:
         return web.json_response({"id": wanted.strip(), "object": "model", "created": _CREATED, "owned_by": "wyoming-qwen3tts"})
     raise ApiError(404, f"The model {wanted!r} does not exist; see GET /v1/models", "model_not_found", "model")
 

@@ -533,7 +533,10 @@ def document(max_chars: int, api_key: bool = False) -> dict[str, Any]:
         ),
         "/v1/models": _get(
             "listModels", "OpenAI's model list",
-            {"200": _json({"$ref": "#/components/schemas/ModelList"}, "Generic and loaded model names.")},
+            {"200": _json(
+                {"$ref": "#/components/schemas/ModelList"},
+                "Generic names, and those of the loaded models a request can use (not one the GPU cannot hold).",
+            )},
         ),
         "/v1/models/{model}": {
             "get": {

@@ -226,6 +226,13 @@ class TtsService:
         return frozenset(self._engines)
 
     @property
+    def servable_kinds(self) -> frozenset[ModelKind]:
+        """The loaded model kinds a request can use: ``kinds`` less a model the GPU cannot
+        hold even alone (an ``OnDemandEngine``'s ``unservable``: found by the plan at start,
+        or when it first failed to load), whose requests are refused at once until a restart."""
+        return frozenset(kind for kind, engine in self._engines.items() if getattr(engine, "unservable", None) is None)
+
+    @property
     def default_voice(self) -> str | None:
         """The voice of requests that name none. An explicit default (``--voice``,
         ``default_explicit``) is kept as given. An automatic one (chosen at start, or the
