@@ -226,11 +226,15 @@ _SCANNED_SUFFIXES = AUDIO_SUFFIXES + UNREAD_AUDIO_SUFFIXES + (".txt",)
 _SOUNDFILE_SUFFIXES = (".wav", ".flac")
 
 
+#: The formats a message that says what to add names, besides ``.wav``: the ones people have
+#: (``AUDIO_SUFFIXES`` holds 25; listing every one made a refusal four lines long).
+_ADVISED_SUFFIXES = (".flac", ".mp3", ".m4a", ".ogg")
+
+
 def clip_file_names(stem: str) -> str:
     """The clip file names the voices folder reads for ``stem``, for messages that say what
-    to add: ``"kim.wav (or .flac, .aiff, ..., .ac3)"``, every suffix of ``AUDIO_SUFFIXES``
-    in its order, so that the advice stays in step with what the folder reads."""
-    return f"{stem}{AUDIO_SUFFIXES[0]} (or {', '.join(AUDIO_SUFFIXES[1:])})"
+    to add: ``"kim.wav (or .flac, .mp3, .m4a, .ogg, ...)"``."""
+    return f"{stem}{AUDIO_SUFFIXES[0]} (or {', '.join(_ADVISED_SUFFIXES)}, ...)"
 
 
 def unread_format_reason(name: str) -> str:
