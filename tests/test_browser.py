@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import io
 import os
+import re
 import threading
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -816,6 +818,54 @@ def test_skipped_files_are_listed_deleted_and_replaced_from_the_page_and_speak_w
         stop_server(srv)
 
 
+def wav_of(seconds: float) -> bytes:
+    """A WAV file of ``tone(seconds)``."""
+    wav = io.BytesIO()
+    sf.write(wav, tone(seconds), 24000, format="WAV")
+    return wav.getvalue()
+
+
+def refusal(status: int, code: str, message: str) -> dict[str, Any]:
+    """A stand-in for a refusal of the server, as ``route.fulfill``'s arguments."""
+    return {"status": status, "json": {"error": {"code": code, "message": message}}}
+
+
+def mark_rows(page: Page) -> None:
+    """Mark the listed rows, so that ``wait_rerendered`` can tell when the list is drawn anew."""
+    page.evaluate("document.querySelectorAll('#voices tbody tr').forEach((tr) => { tr.dataset.old = '1'; })")
+
+
+def wait_rerendered(page: Page) -> None:
+    wait_for(page, "document.querySelector('#voices tbody tr') && !document.querySelector('#voices tbody tr[data-old]')")
+
+
+def reload_list(page: Page) -> None:
+    """Reload the list of voices, as the page does after an action, and wait until it is drawn."""
+    mark_rows(page)
+    page.evaluate("loadVoices()")
+    wait_rerendered(page)
+
+
+def refused_skipped_delete(page: Page) -> Any:
+    """The listing gets a skipped clip ``tiny.wav`` whose delete is refused; press its Delete.
+    Returns its entry, whose status says the refusal."""
+
+    def skipped(route: Any) -> None:
+        body = route.fetch().json()
+        route.fulfill(json={**body, "skipped": [
+            {"name": "tiny", "file": "tiny.wav", "reason": "the clip is 0.50 s long, under the 1 s a clone clip needs"}]})
+
+    page.route("**/v1/audio/voices", skipped)
+    page.route(lambda url: "/v1/audio/voices/tiny" in url, lambda route: route.fulfill(
+        **refusal(409, "in-use", "tiny.wav cannot be deleted now")))
+    reload_list(page)
+    entry = page.locator("#voices-skipped li[data-skipped='tiny']")
+    page.once("dialog", lambda dialog: dialog.accept())
+    entry.get_by_role("button", name="Delete").click()
+    expect(entry.locator(".status")).to_contain_text("cannot be deleted")
+    return entry
+
+
 def assert_in_view_beside(page: Page, status: Any, pressed: Any, text: str) -> None:
     """``status`` says ``text``, marked as an error, inside the window, beside the button
     ``pressed`` (within 120 px of it up or down): where the user is looking."""
@@ -872,33 +922,26 @@ def test_refusals_of_rename_delete_design_and_keep_are_said_beside_their_buttons
     at the top of the page. Each refusal is now said beside the button pressed, in view, on
     a desktop and on a phone. The server's refusals are stood in for (its own are tested in
     test_studio.py), so nothing is changed."""
-    import io
-
-    wav = io.BytesIO()
-    sf.write(wav, tone(1.0), 24000, format="WAV")
     candidate = {"id": "c1", "seed": 7, "seconds": 1.0, "sample": "v1/audio/designs/c1/sample"}
-
-    def refuse(status: int, code: str, message: str) -> dict[str, Any]:
-        return {"status": status, "json": {"error": {"code": code, "message": message}}}
 
     def voice(route: Any) -> None:  # PATCH and DELETE of the voice "clone" are refused
         request = route.request
         if request.method == "PATCH":
-            route.fulfill(**refuse(409, "name-taken", "'aria' is already the name of the preset 'aria'"))
+            route.fulfill(**refusal(409, "name-taken", "'aria' is already the name of the preset 'aria'"))
         elif request.method == "DELETE":
-            route.fulfill(**refuse(409, "in-use", "The voice 'clone' cannot be deleted now"))
+            route.fulfill(**refusal(409, "in-use", "The voice 'clone' cannot be deleted now"))
         else:
             route.continue_()
 
-    designs = iter([refuse(400, "bad-description", "The description is too vague to design a voice"),
+    designs = iter([refusal(400, "bad-description", "The description is too vague to design a voice"),
                     {"json": {"description": "calm", "candidates": [candidate]}}])
-    keeps = iter([refuse(409, "name-taken", "'lena' is the name of a shipped preset; \"replace\": true overrides it"),
-                  refuse(507, "disk-full", "The voices folder is full")])
+    keeps = iter([refusal(409, "name-taken", "'lena' is the name of a shipped preset; \"replace\": true overrides it"),
+                  refusal(507, "disk-full", "The voices folder is full")])
 
     with logged_in(browser, studio, width=width, height=height) as page:
         page.route("**/v1/audio/voices/clone", voice)
         page.route("**/v1/audio/designs", lambda route: route.fulfill(**next(designs)))
-        page.route("**/v1/audio/designs/c1/sample", lambda route: route.fulfill(body=wav.getvalue(), content_type="audio/wav"))
+        page.route("**/v1/audio/designs/c1/sample", lambda route: route.fulfill(body=wav_of(1.0), content_type="audio/wav"))
         page.route("**/v1/audio/designs/c1/keep", lambda route: route.fulfill(**next(keeps)))
 
         page.fill("#try-text", "")
@@ -950,27 +993,161 @@ def test_refusals_of_rename_delete_design_and_keep_are_said_beside_their_buttons
         page.screenshot(path=f"/tmp/studio-keep-refused-{width}.png")
 
         page.route("**/v1/audio/voices/clone/sample", lambda route: route.fulfill(
-            **refuse(503, "overloaded", "The server is busy: try again in a moment")))
+            **refusal(503, "overloaded", "The server is busy: try again in a moment")))
         play = row(page, "clone").get_by_role("button", name="▶ Play")
         play.click()
         played = row(page, "clone").locator(".row-status")
         expect(played).to_contain_text("busy")
         assert_in_view_beside(page, played, play, "The server is busy: try again in a moment")
 
-        def skipped(route: Any) -> None:  # the listing with a skipped clip, whose delete is refused
-            body = route.fetch().json()
-            route.fulfill(json={**body, "skipped": [
-                {"name": "tiny", "file": "tiny.wav", "reason": "the clip is 0.50 s long, under the 1 s a clone clip needs"}]})
-
-        page.route("**/v1/audio/voices", skipped)
-        page.route(lambda url: "/v1/audio/voices/tiny" in url, lambda route: route.fulfill(
-            **refuse(409, "in-use", "tiny.wav cannot be deleted now")))
-        page.evaluate("loadVoices()")
-        entry = page.locator("#voices-skipped li[data-skipped='tiny']")
-        page.once("dialog", lambda dialog: dialog.accept())
-        entry.get_by_role("button", name="Delete").click()
-        expect(entry.locator(".status")).to_contain_text("cannot be deleted")
+        entry = refused_skipped_delete(page)
         assert_in_view_beside(page, entry.locator(".status"), entry.get_by_role("button", name="Delete"),
                               "tiny.wav cannot be deleted now")
         page.screenshot(path=f"/tmp/studio-skipped-refused-{width}.png")
+        page.unroute_all()
+
+
+@pytest.mark.parametrize(("width", "height"), [(1280, 800), (390, 844)])
+def test_play_of_a_voice_without_a_clip_says_its_refusal_beside_the_row(
+    browser: Browser, studio: Server, width: int, height: int
+) -> None:
+    """Play of a built-in speaker (no clip: the page speaks a greeting through
+    /v1/audio/speech) said its refusal in the Try a voice box, a card away from the row (out
+    of view on a phone); Play of a preset whose anchor fails said it beside the row, then
+    the list reload that Play does after a preset's anchor wiped it. Both stay beside the
+    pressed Play, in view, and the next Play that works clears them. The server's refusals
+    are stood in for."""
+    busy = "The server is busy: try again in a moment"
+    with logged_in(browser, studio, width=width, height=height) as page:
+        page.route("**/v1/audio/speech", lambda route: route.fulfill(**refusal(503, "overloaded", busy)))
+        play = row(page, "ryan").get_by_role("button", name="▶ Play")
+        play.click()
+        played = row(page, "ryan").locator(".row-status")
+        expect(played).to_contain_text("busy")
+        assert_in_view_beside(page, played, play, busy)
+        expect(page.locator("#try-status")).not_to_contain_text("busy")
+        page.screenshot(path=f"/tmp/studio-play-speaker-refused-{width}.png")
+        page.unroute("**/v1/audio/speech")
+        play.click()  # the greeting is spoken now: the refusal goes
+        wait_for(page, "window.studioStats.streamDone")
+        expect(played).not_to_contain_text("busy")
+        expect(played).not_to_have_class(re.compile(r"\berror\b"))
+        expect(page.locator("#message")).to_be_hidden()  # its copy at the top of the page too
+        page.screenshot(path=f"/tmp/studio-play-speaker-spoken-{width}.png")
+
+        def anchor_failed(route: Any) -> None:  # the listing of a server that failed to render aria's anchor
+            body = route.fetch().json()
+            voices = [{**v, "served": "designed-live", "anchor": "failed"} if v["name"] == "aria" else v for v in body["voices"]]
+            route.fulfill(json={**body, "voices": voices})
+
+        failed = "The anchor of 'aria' could not be rendered: out of memory"
+        page.route("**/v1/audio/voices", anchor_failed)
+        page.route("**/v1/audio/voices/aria/sample", lambda route: route.fulfill(**refusal(500, "anchor-failed", failed)))
+        reload_list(page)
+        mark_rows(page)
+        play = row(page, "aria").get_by_role("button", name="▶ Play")
+        play.click()
+        wait_rerendered(page)  # Play of a preset whose anchor was not ready reloads the list
+        anchor = row(page, "aria").locator(".row-status")
+        assert_in_view_beside(page, anchor, play, failed)
+        page.screenshot(path=f"/tmp/studio-play-anchor-refused-{width}.png")
+        page.unroute("**/v1/audio/voices/aria/sample")
+        page.route("**/v1/audio/voices/aria/sample", lambda route: route.fulfill(
+            body=wav_of(1.0), content_type="audio/wav"))
+        play.click()
+        wait_for(page, "window.studioStats.samplesEnded >= 1")
+        expect(anchor).not_to_contain_text("anchor")
+        expect(page.locator("#message")).to_be_hidden()
+        page.unroute_all()
+
+
+@pytest.mark.parametrize(("width", "height"), [(1280, 800), (390, 844)])
+def test_a_rows_error_stays_through_reloads_of_the_list_until_the_user_acts_on_the_row(
+    browser: Browser, studio: Server, width: int, height: int
+) -> None:
+    """A row's refusal vanished when the list was drawn again (Reload, or the reload after
+    any other action: an upload, a keep, a Play of a preset), and an answer that came after
+    such a reload was written into the row no longer on screen: a user who looked away never
+    saw why. Now a row's error stays through reloads, in view beside the button pressed,
+    until a button of that row is pressed again, its × dismisses it, or the row leaves the
+    list; a refused rename, whose form a reload closes, moves to the row's line; a skipped
+    file's refusal stays likewise. The server's refusals are stood in for."""
+    cannot = "The voice 'clone' cannot be deleted now"
+    taken = "'aria' is already the name of the preset 'aria'"
+    held: list[Any] = []
+
+    def voice(route: Any) -> None:  # PATCH and DELETE of "clone" are refused; held: answered later
+        if route.request.method == "PATCH":
+            route.fulfill(**refusal(409, "name-taken", taken))
+        elif route.request.method == "DELETE":
+            held.append(route)
+        else:
+            route.continue_()
+
+    def refuse_delete() -> Any:
+        page.once("dialog", lambda dialog: dialog.accept())
+        remove = row(page, "clone").get_by_role("button", name="Delete")
+        remove.click()
+        while not held:
+            page.wait_for_timeout(50)
+        held.pop().fulfill(**refusal(409, "in-use", cannot))
+        expect(line).to_contain_text("cannot be deleted")
+        return remove
+
+    with logged_in(browser, studio, width=width, height=height) as page:
+        page.route("**/v1/audio/voices/clone", voice)
+        line = row(page, "clone").locator(".row-status")
+        refuse_delete()
+        reload_list(page)
+        assert_in_view_beside(page, line, row(page, "clone").get_by_role("button", name="Delete"), cannot)
+        page.screenshot(path=f"/tmp/studio-delete-refused-reloaded-{width}.png")
+        row(page, "clone").get_by_role("button", name="Try").click()  # acting on the row again clears it
+        expect(line).to_have_text("")
+
+        # The answer comes after the list was drawn again: it is said in the row on screen.
+        page.once("dialog", lambda dialog: dialog.accept())
+        row(page, "clone").get_by_role("button", name="Delete").click()
+        while not held:
+            page.wait_for_timeout(50)
+        reload_list(page)
+        held.pop().fulfill(**refusal(409, "in-use", cannot))
+        expect(line).to_contain_text("cannot be deleted")
+        assert_in_view_beside(page, line, row(page, "clone").get_by_role("button", name="Delete"), cannot)
+
+        line.get_by_role("button", name="Dismiss").click()  # put away: it stays away
+        expect(line).to_have_text("")
+        expect(page.locator("#message")).to_be_hidden()  # its copy at the top of the page too
+        reload_list(page)
+        expect(line).to_have_text("")
+
+        refuse_delete()
+        page.route("**/v1/audio/voices", lambda route: route.fulfill(json={
+            **(body := route.fetch().json()), "voices": [v for v in body["voices"] if v["name"] != "clone"]}))
+        reload_list(page)  # the row is gone (deleted elsewhere), and its error with it
+        expect(row(page, "clone")).to_have_count(0)
+        page.unroute("**/v1/audio/voices")
+        reload_list(page)
+        expect(line).to_have_text("")
+
+        row(page, "clone").get_by_role("button", name="Rename").click()
+        row(page, "clone").locator("input").fill("aria")
+        row(page, "clone").get_by_role("button", name="Save").click()
+        expect(row(page, "clone").locator(".rename-status")).to_contain_text(taken)
+        reload_list(page)  # the form is closed: the refusal is said in the row's line
+        expect(row(page, "clone").locator("input")).to_have_count(0)
+        assert_in_view_beside(page, line, row(page, "clone").get_by_role("button", name="Rename"), "Not renamed: " + taken)
+        page.screenshot(path=f"/tmp/studio-rename-refused-reloaded-{width}.png")
+        row(page, "clone").get_by_role("button", name="Rename").click()  # acting again: it goes
+        expect(line).to_have_text("")
+        row(page, "clone").locator("input").fill("aria")
+        row(page, "clone").get_by_role("button", name="Save").click()
+        expect(row(page, "clone").locator(".rename-status")).to_contain_text(taken)
+        row(page, "clone").get_by_role("button", name="Cancel").click()  # put away: not kept
+        expect(line).to_have_text("")
+
+        entry = refused_skipped_delete(page)
+        reload_list(page)
+        assert_in_view_beside(page, entry.locator(".status"), entry.get_by_role("button", name="Delete"),
+                              "tiny.wav cannot be deleted now")
+        page.screenshot(path=f"/tmp/studio-skipped-refused-reloaded-{width}.png")
         page.unroute_all()

@@ -15,7 +15,8 @@ const GREETINGS = {
 
 const $ = (id) => document.getElementById(id);
 const state = {voices: [], defaultVoice: null, defaultPinned: false, defaultServed: true, voicesFolder: null, skipped: [],
-    models: null, playingButton: null, tryAbort: null, recorded: null};
+    models: null, playingButton: null, tryAbort: null, speakLine: null, recorded: null,
+    voiceLines: new Map(), skippedLines: new Map()};
 // What a voice of the user's takes the place of (the listing's "shadows"), as the page names it.
 const BENEATH = {shipped: "shipped preset", user: "preset", builtin: "built-in speaker"};
 const OVERRIDE_MARKS = {shipped: "overrides the shipped preset", user: "overrides your preset",
@@ -97,14 +98,49 @@ function fail(error) {
 // success is said here too. An error or a result stays until the form changes or the user
 // tries again; a neutral note ("uploading…") has no kind.
 function setStatus(node, text, kind) {
+    // The error it replaces goes from the top of the page too, if that still says it.
+    const message = $("message");
+    if (node.dataset.error && !message.hidden && message.textContent === node.dataset.error) say("");
+    if (kind === "error") node.dataset.error = text;
+    else delete node.dataset.error;
     node.textContent = text;
     node.classList.add("status");
     node.classList.toggle("error", kind === "error");
     node.classList.toggle("ok", kind === "ok");
     if (kind === "error") node.setAttribute("role", "alert");
     else node.removeAttribute("role");
+    // A row's line keeps its error across reloads of the list (rowLine): the user may put it away.
+    if (kind === "error" && "keep" in node.dataset) {
+        const dismiss = el("button", {type: "button", className: "dismiss", textContent: "×", title: "Dismiss"});
+        dismiss.setAttribute("aria-label", "Dismiss");
+        dismiss.addEventListener("click", () => setStatus(node, ""));
+        node.append(" ", dismiss);
+    }
     // An error that ended below the window's edge (a wrapped line under the button) is brought in.
     if (kind === "error" && node.isConnected) node.scrollIntoView({block: "nearest"});
+}
+
+// A row's own status line (a voice's Play, Rename and Delete; a skipped file's Delete) is one
+// node per row, kept in "lines" (key: the row's name) and moved into the row each time the
+// list is drawn again (Reload, or the reload after any action): an answer that comes after a
+// redraw lands in the row on screen, and what the line says stays. The rule for an error
+// there: it stays until the user presses a button of that row again (the press clears it,
+// and the new action says its own note or result), dismisses it with its ×, or the row leaves
+// the list (the voice or file is gone; a later row of the same name starts blank). A refused
+// rename, whose form a redraw closes, moves to this line (renderVoices). Notes and results
+// stay too, until the next action replaces them.
+function rowLine(lines, drawn, key, className) {
+    const node = lines.get(key) || el("span", {className: className});
+    node.dataset.keep = "";
+    drawn.set(key, node);
+    return node;
+}
+
+// Pressing a button of a row clears the error of its line, before the button acts.
+function clearOnPress(row, line) {
+    row.addEventListener("click", (event) => {
+        if (event.target.closest("button") && line.classList.contains("error")) setStatus(line, "");
+    }, true);
 }
 
 // The error said beside the button pressed (and at the top of the page, as before).
@@ -260,15 +296,18 @@ function renderSkipped() {
     const box = $("voices-skipped");
     box.hidden = state.skipped.length === 0;
     const list = el("ul", {className: "skipped-list"});
+    const drawn = new Map();
     for (const clip of state.skipped) {
+        const line = rowLine(state.skippedLines, drawn, clip.name, "status");
         const item = el("li", {}, [
             el("code", {className: "skipped-file", textContent: clip.file}), document.createTextNode(": " + clip.reason + " "),
-            button("Delete", (event) => deleteSkipped(clip, event.currentTarget.closest("li")), "danger"),
+            button("Delete", () => deleteSkipped(clip, line), "danger"), line,
         ]);
-        item.append(el("span", {className: "status"}));
+        clearOnPress(item, line);
         item.dataset.skipped = clip.name;
         list.append(item);
     }
+    state.skippedLines = drawn;
     box.replaceChildren(
         el("strong", {textContent: "Skipped files. "}),
         document.createTextNode("These clips of the voices folder are no voice. Delete one here, or upload a good " +
@@ -278,9 +317,8 @@ function renderSkipped() {
     );
 }
 
-async function deleteSkipped(clip, item) {
+async function deleteSkipped(clip, status) {
     if (!confirm(`Delete ${clip.file} (and its transcript) from the voices folder? It is no voice: ${clip.reason}.`)) return;
-    const status = item.querySelector(".status");
     setStatus(status, "deleting…");
     try {
         await api(voiceUrl(clip.name) + "?skipped=true", {method: "DELETE"});
@@ -291,7 +329,14 @@ async function deleteSkipped(clip, item) {
 
 function renderVoices() {
     const body = $("voices").querySelector("tbody");
+    const refusedRenames = [...body.querySelectorAll(".rename-status.error")]
+        .map((status) => [nameKey(status.closest("tr").dataset.voice), status.textContent]);
     body.replaceChildren();
+    for (const [key, text] of refusedRenames) {  // its form is closed now: the row's line says it
+        const line = state.voiceLines.get(key);
+        if (line) setStatus(line, "Not renamed: " + text, "error");
+    }
+    const drawn = new Map();
     for (const voice of state.voices) {
         const [kindText, kindClass] = KINDS[voice.kind] || [voice.kind, ""];
         const isDefault = sameName(voice.name, state.defaultVoice);
@@ -311,7 +356,7 @@ function renderVoices() {
         const editable = (voice.source === "user" || voice.source === "clone")
             && (!isDefault || !state.defaultPinned || Boolean(beneath));
         // This row's own status line: what its Play, Rename or Delete was refused with.
-        const rowStatus = el("span", {className: "status row-status"});
+        const rowStatus = rowLine(state.voiceLines, drawn, nameKey(voice.name), "status row-status");
         const actions = el("td", {className: "actions"}, [
             button("▶ Play", (event) => playSample(voice, event.currentTarget, rowStatus)),
             button("Try", () => { chooseTryVoice(voice.name); $("try-text").focus(); }),
@@ -332,8 +377,10 @@ function renderVoices() {
             actions,
         ]);
         row.dataset.voice = voice.name;
+        clearOnPress(row, rowStatus);
         body.append(row);
     }
+    state.voiceLines = drawn;
     $("voice-count").textContent = state.voices.length + (state.voices.length === 1 ? " voice" : " voices");
     renderEmptyHint();
     renderSkipped();
@@ -373,7 +420,7 @@ function startRename(voice, cell) {
         } catch (error) { failAt(status, error); }
     }, "primary");
     clearOnChange(status, [input]);
-    const cancel = button("Cancel", () => renderVoices());
+    const cancel = button("Cancel", () => { setStatus(status, ""); renderVoices(); });  // not kept: put away
     input.addEventListener("keydown", (event) => {
         if (event.key === "Enter") save.click();
         if (event.key === "Escape") cancel.click();
@@ -421,21 +468,22 @@ function resetPlayButton() {
     state.playingButton = null;
 }
 
-async function playBlob(url, buttonNode, status) {
+// Plays the clip at url; its note (while it loads) and its error are said in status, the row's line.
+async function playBlob(url, buttonNode, status, note) {
     resetPlayButton();
-    if (status) setStatus(status, "");
+    setStatus(status, note || "");
     state.playingButton = buttonNode;
     buttonNode.textContent = "… loading";
     try {
         const blob = await (await api(url)).blob();
+        setStatus(status, "");
         if (player.src) URL.revokeObjectURL(player.src);
         player.src = URL.createObjectURL(blob);
         buttonNode.textContent = "■ Playing";
         await player.play();
     } catch (error) {
         resetPlayButton();
-        if (status) failAt(status, error);
-        else fail(error);
+        failAt(status, error);
     }
 }
 
@@ -446,14 +494,13 @@ function playSample(voice, buttonNode, status) {
         return;
     }
     if (voice.served === "speaker" || voice.anchor === "off") {  // no clip: speak a greeting instead
-        speak(voice.name, GREETINGS[voice.languages[0]] || GREETINGS.en);
+        speak(voice.name, GREETINGS[voice.languages[0]] || GREETINGS.en, status);
         return;
     }
-    if (voice.kind === "voice_design" && voice.anchor !== "ready" && voice.anchor !== "off") {
-        say(`Rendering the anchor of ${voice.name} first: this takes a moment.`);
-    }
-    playBlob(voiceUrl(voice.name) + "/sample", buttonNode, status).then(() => {
-        if (voice.kind === "voice_design" && voice.anchor !== "ready") loadVoices();
+    const rendering = voice.kind === "voice_design" && voice.anchor !== "ready";
+    const note = rendering ? "rendering its anchor first: this takes a moment…" : "";
+    playBlob(voiceUrl(voice.name) + "/sample", buttonNode, status, note).then(() => {
+        if (rendering) loadVoices();
     });
 }
 
@@ -461,12 +508,18 @@ function playSample(voice, buttonNode, status) {
 
 let audioContext = null;
 
-async function speak(voiceName, text) {
+// Streams voiceName saying text; its notes and error are said in line: the Try box's status,
+// or the line of the row whose Play speaks a greeting. One speech at a time: the last one's
+// note, said elsewhere, goes (not its error).
+async function speak(voiceName, text, line) {
     stopSpeaking();
+    const last = state.speakLine;
+    if (last && last !== line && !last.classList.contains("error")) setStatus(last, "");
+    state.speakLine = line;
     const controller = new AbortController();
     state.tryAbort = controller;
     $("try-stop").disabled = false;
-    setStatus($("try-status"), "waiting for the first audio…");
+    setStatus(line, "waiting for the first audio…");
     Object.assign(window.studioStats, {streamBytes: 0, streamChunks: 0, streamDone: false});
     if (!audioContext) audioContext = new AudioContext({sampleRate: SAMPLE_RATE});
     await audioContext.resume();
@@ -501,12 +554,12 @@ async function speak(voiceName, text) {
             window.studioStats.streamBytes += whole;
             window.studioStats.streamChunks += 1;
             const seconds = window.studioStats.streamBytes / 2 / SAMPLE_RATE;
-            $("try-status").textContent = `playing: ${seconds.toFixed(1)} s received`;
+            line.textContent = `playing: ${seconds.toFixed(1)} s received`;
         }
         window.studioStats.streamDone = true;
-        $("try-status").textContent = `done: ${(window.studioStats.streamBytes / 2 / SAMPLE_RATE).toFixed(1)} s`;
+        line.textContent = `done: ${(window.studioStats.streamBytes / 2 / SAMPLE_RATE).toFixed(1)} s`;
     } catch (error) {
-        failAt($("try-status"), error);
+        if (!controller.signal.aborted) failAt(line, error);  // stopped: stopSpeaking said so
     } finally {
         if (state.tryAbort === controller) {
             state.tryAbort = null;
@@ -516,7 +569,10 @@ async function speak(voiceName, text) {
 }
 
 function stopSpeaking() {
-    if (state.tryAbort) state.tryAbort.abort();
+    if (state.tryAbort) {
+        state.tryAbort.abort();
+        setStatus(state.speakLine, "stopped");
+    }
     state.tryAbort = null;
     if (audioContext) { audioContext.close(); audioContext = null; }
     $("try-stop").disabled = true;
@@ -526,9 +582,9 @@ $("try-speak").addEventListener("click", () => {
     const text = $("try-text").value.trim();
     if (!text) { setStatus($("try-status"), "Type something to say first.", "error"); return; }
     say("");
-    speak($("try-voice").value, text);
+    speak($("try-voice").value, text, $("try-status"));
 });
-$("try-stop").addEventListener("click", () => { stopSpeaking(); setStatus($("try-status"), "stopped"); });
+$("try-stop").addEventListener("click", stopSpeaking);
 clearOnChange($("try-status"), [$("try-voice"), $("try-text")]);
 
 // --- cloning: upload or record --------------------------------------------------------------
