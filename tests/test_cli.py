@@ -262,9 +262,9 @@ def test_a_default_voice_whose_clip_is_silent_or_whose_transcript_is_not_utf8_ex
     assert "Loading" not in result.stderr and "Traceback" not in result.stderr
     with pytest.raises(SystemExit) as refused:
         check_default_voice("LAT", voices, {ModelKind.BASE})
-    assert str(refused.value) == (
-        "--voice 'LAT': a clone whose clip could not be used (lat.wav: its transcript lat.txt is not UTF-8 text, it "
-        "was saved in another encoding; save it as UTF-8); replace the file in the voices folder; valid voices: clone")
+    assert str(refused.value) == (  # the transcript named as the fault, as the catalogue names it (not the clip)
+        "--voice 'LAT': a clone whose transcript could not be used (lat.wav: its transcript lat.txt is not UTF-8 text, "
+        "it was saved in another encoding; save it as UTF-8); valid voices: clone")
     (voices / "lat.txt").write_text("Caf\u00e9 au lait.", encoding="utf-16")  # Notepad's "Unicode": read
     check_default_voice("lat", voices, {ModelKind.BASE})
 
@@ -613,7 +613,10 @@ async def test_a_real_server_reads_notepad_transcripts_and_mp3_clips_and_says_wh
     and speak; a Windows-1252 transcript and a constant-offset "clip" are listed under
     ``skipped`` with reasons naming the transcript / saying silent, a request for the first
     is refused naming its transcript, and nothing is logged at ERROR (the transcript was an
-    ERROR blaming the clip; the MP3 was "no clip beside it"; the offset clip was a voice)."""
+    ERROR blaming the clip; the MP3 was "no clip beside it"; the offset clip was a voice).
+    ``--voice kim`` with a silent ``kim.mp3`` beside a good ``kim.wav``: the check before
+    loading judged the first by file name, ``kim.mp3``, and stopped start-up, though the
+    catalogue speaks ``kim.wav`` (lossless first: ``voices.clip_preference``). It starts."""
     import json
     import urllib.error
     import urllib.request
@@ -631,18 +634,23 @@ async def test_a_real_server_reads_notepad_transcripts_and_mp3_clips_and_says_wh
     sf.write(voices / "grandma.mp3", audio, rate, format="MP3")
     (voices / "grandma.txt").write_text("Hello, it is Grandma.")
     sf.write(voices / "dc.wav", np.full(3 * 24000, 0.5, np.float32), 24000)
+    (voices / "kim.wav").write_bytes(clip)
+    sf.write(voices / "kim.mp3", np.zeros(3 * 24000, np.float32), 24000, format="MP3")  # silent
     srv = start_server(
         checkpoints, voices, tmp_path / "server.log",
-        extra=["--no-zeroconf", "--design-model", "none", "--custom-voice-model", "none"],
+        extra=["--no-zeroconf", "--design-model", "none", "--custom-voice-model", "none", "--voice", "kim"],
     )
     try:
         with urllib.request.urlopen(srv.http_url + "/v1/audio/voices", timeout=60) as resp:
             listing = json.loads(resp.read())
-        assert sorted(v["name"] for v in listing["voices"]) == ["grandma", "u16"], listing
+        assert sorted(v["name"] for v in listing["voices"]) == ["grandma", "kim", "u16"], listing
+        assert listing["default"] == "kim" and listing["default_served"], listing
         skipped = {s["file"]: s["reason"] for s in listing["skipped"]}
         assert skipped == {
             "dc.wav": "the clip is silent: only 0.00 s of it is louder than -43 dBFS, under the 0.1 s a clone clip needs",
             "lat.wav": "its transcript lat.txt is not UTF-8 text, it was saved in another encoding; save it as UTF-8",
+            "kim.mp3": "kim.wav gives the same voice name and is used instead (lossless .wav is preferred to lossy "
+                       ".mp3); rename or remove this file",
         }, skipped
         for voice, status in (("grandma", 200), ("u16", 200), ("lat", 404)):
             body = {"input": "Hi", "model": "qwen3-tts-clone", "response_format": "pcm", "voice": voice}

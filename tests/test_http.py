@@ -17,6 +17,7 @@ import logging
 import re
 import threading
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -483,9 +484,17 @@ def test_a_model_this_gpu_cannot_hold_is_not_listed(checkpoints: Path, voices_di
             client.models.retrieve("qwen3-tts-voice-design")
         for model in sorted(ids):  # every model listed speaks
             assert client.audio.speech.create(model=model, voice="clone", input=TEXT, response_format="pcm").read(), model
-        with pytest.raises(openai.APIError) as refused:  # the one left out is refused, saying why
-            client.audio.speech.create(model="qwen3-tts-voice-design", voice="aria", input=TEXT, response_format="pcm")
-        assert "cannot be served on this GPU" in str(refused.value), refused.value
+        for model in ("qwen3-tts-voice-design", "tts-1"):  # the one left out, and its presets: refused, saying why
+            with pytest.raises(openai.NotFoundError) as refused:
+                client.audio.speech.create(model=model, voice="aria", input=TEXT, response_format="pcm")
+            assert "cannot be served on this GPU" in str(refused.value), refused.value
+        with urllib.request.urlopen(f"{srv.http_url}/v1/audio/voices", timeout=60) as resp:
+            listing = json.loads(resp.read())
+        assert listing["default"] == "clone", listing["default"]  # not aria: a voice that can be spoken
+        request = urllib.request.Request(f"{srv.http_url}/v1/audio/speech", data=json.dumps(
+            {"input": TEXT, "response_format": "pcm"}).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=300) as resp:  # no voice, as Home Assistant asks
+            assert resp.headers["X-Voice"] == "clone" and resp.read()
         assert srv.alive()
     finally:
         stop_server(srv)
@@ -1054,29 +1063,125 @@ async def clone_server(
         await asyncio.to_thread(service.stop)
 
 
-async def test_the_model_list_leaves_out_a_model_the_gpu_cannot_hold(tmp_path: Path) -> None:
-    """The side of ``test_a_model_this_gpu_cannot_hold_is_not_listed`` (a GPU test) that runs
-    without a GPU: the VoiceDesign engine start-up builds for a model the card cannot hold even
-    alone (an ``OnDemandEngine`` with its reason, never loaded) is left out of the list the
-    openai SDK reads, and cannot be retrieved; its requests are refused with that reason."""
+def _unservable_design(why: str) -> Engine:
+    """The VoiceDesign engine start-up builds for a model the card cannot hold even alone: an
+    ``OnDemandEngine`` flagged with ``why``, never loaded (as ``startup.load_engines`` flags it
+    from the memory plan)."""
     from wyoming_qwen3tts.engine.on_demand import OnDemandEngine
 
     def never(_shrink: float) -> Engine:
         raise AssertionError("a model this GPU cannot hold is never loaded")
 
-    why = "the voice_design model does not fit in this GPU's 3.5 GB even alone"
-    design = OnDemandEngine(ModelKind.VOICE_DESIGN, 2, never, lambda _e: Segment("warm", "auto", 2), unservable=why)
+    return OnDemandEngine(ModelKind.VOICE_DESIGN, 2, never, lambda _e: Segment("warm", "auto", 2), unservable=why)
+
+
+@contextlib.asynccontextmanager
+async def wyoming_door(service: TtsService) -> AsyncIterator[int]:
+    """The Wyoming door (the server's ``Connections``) on 127.0.0.1 for ``service``: its port."""
+    from wyoming_qwen3tts.handler import Connections, WyomingLimits
+
+    connections = Connections(service, WyomingLimits(write_timeout=5, idle_timeout=60))
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await connections(reader, writer).run()
+
+    listener = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield int(listener.sockets[0].getsockname()[1])
+    finally:
+        listener.close()
+        await connections.shutdown(1.0)
+
+
+#: What the start-up plan says of a VoiceDesign model the card cannot hold even alone.
+_TOO_BIG = "the voice_design model does not fit in this GPU's 3.5 GB even alone"
+
+
+async def test_the_model_list_leaves_out_a_model_the_gpu_cannot_hold(tmp_path: Path) -> None:
+    """The side of ``test_a_model_this_gpu_cannot_hold_is_not_listed`` (a GPU test) that runs
+    without a GPU: the VoiceDesign engine start-up builds for a model the card cannot hold even
+    alone (an ``OnDemandEngine`` with its reason, never loaded) is left out of the list the
+    openai SDK reads, and cannot be retrieved. Its requests were queued, then failed with 500
+    ``generation-failed``: now each is refused before it is queued with 404 ``model_not_found``
+    (as a model the server has not loaded), the same reason, and the field at fault (``model``
+    when it was named, else ``voice``). The voice listing marks its presets ``unservable``."""
+    design = _unservable_design(_TOO_BIG)
     await asyncio.to_thread(design.warm, Segment("warm", "auto", 2))
-    async with clone_server(tmp_path, design=design) as (_service, port):
+    async with clone_server(tmp_path, design=design) as (service, port):
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
         ids = {m.id async for m in client.models.list()}
         assert "qwen3-tts-clone" in ids and "qwen3-tts-voice-design" not in ids, ids
         with pytest.raises(openai.NotFoundError):
             await client.models.retrieve("qwen3-tts-voice-design")
-        with pytest.raises(openai.APIError) as refused:
-            await client.audio.speech.create(model="qwen3-tts-voice-design", voice="aria", input=TEXT, response_format="pcm")
-        assert why in str(refused.value), refused.value
+        reason = f"The voice_design model cannot be served on this GPU: {_TOO_BIG}"
+        for model, param in (("qwen3-tts-voice-design", "model"), ("tts-1", "voice")):
+            with pytest.raises(openai.NotFoundError) as refused:
+                await client.audio.speech.create(model=model, voice="aria", input=TEXT, response_format="pcm")
+            error = refused.value.body
+            assert isinstance(error, dict) and (error["code"], error["param"]) == ("model_not_found", param), error
+            assert error["message"].startswith(reason), error
         await client.close()
+        async with aiohttp.ClientSession(timeout=_GUARD) as session:
+            async with session.get(f"http://127.0.0.1:{port}/v1/audio/voices") as resp:
+                listed = {v["name"]: v for v in (await resp.json())["voices"]}
+        assert listed["aria"]["unservable"] == reason and listed["lena"]["unservable"] == reason, listed["aria"]
+
+
+async def test_a_voice_the_gpu_cannot_speak_is_neither_the_default_nor_announced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A card that cannot hold the VoiceDesign model even alone: the automatic default voice
+    was still ``aria`` (a preset, taken first when there is one), so every request naming no
+    voice (Home Assistant names none) failed, and Wyoming's ``info`` announced every preset.
+    Now the default is a voice that can be spoken (the clone ``kim``, said in the log),
+    ``info`` announces only those, and a preset asked for over Wyoming gets an ``error`` with
+    code ``model_not_found`` and the reason, before anything is queued. A default pinned with
+    --voice is kept, and the log says (once, at ERROR) that it cannot be spoken and what to do."""
+    caplog.set_level(logging.INFO, logger="wyoming_qwen3tts")
+    sf.write(tmp_path / "kim.wav", np.frombuffer(_wav(2.0)[44:], "<i2").astype(np.float32) / 32768, SAMPLE_RATE)
+    (tmp_path / "kim.txt").write_text("Words.")
+    design = _unservable_design(_TOO_BIG)
+    await asyncio.to_thread(design.warm, Segment("warm", "auto", 2))
+    async with clone_server(tmp_path, design=design) as (service, port):
+        async with aiohttp.ClientSession(timeout=_GUARD) as session:
+            async with session.post(f"http://127.0.0.1:{port}/v1/audio/speech", json={"input": TEXT, "response_format": "pcm"}) as resp:
+                assert resp.status == 200 and resp.headers["X-Voice"] == "kim", await resp.text()
+            async with session.get(f"http://127.0.0.1:{port}/v1/audio/voices") as resp:
+                assert (await resp.json())["default"] == "kim"
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Default voice: kim")]
+        assert said and "aria" in said[0] and "cannot be served on this GPU" in said[0], said
+        async with wyoming_door(service) as wyoming, AsyncTcpClient("127.0.0.1", wyoming) as client:
+            from wyoming.info import Describe, Info
+
+            await client.write_event(Describe().event())
+            info = Info.from_event(await _read_one(client))
+            assert {v.name for v in info.tts[0].voices} == {"kim"}, info
+            await client.write_event(Synthesize(text=TEXT).event())  # no voice: the default
+            assert AudioChunk.is_type((await _read_one(client, "audio-chunk")).type)
+        async with wyoming_door(service) as wyoming, AsyncTcpClient("127.0.0.1", wyoming) as client:
+            await client.write_event(Synthesize(text=TEXT, voice=SynthesizeVoice(name="aria")).event())
+            error = Error.from_event(await _read_one(client))
+            assert error.code == "model_not_found" and _TOO_BIG in error.text, error
+    pinned = TtsService(service.catalog, {ModelKind.VOICE_DESIGN: _unservable_design(_TOO_BIG)}, "aria", Metrics(),
+                        default_explicit=True)
+    try:
+        caplog.clear()
+        for _ in range(2):
+            assert pinned.default_voice == "aria"
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and errors[0].startswith("The default voice aria (--voice aria) cannot be spoken"), errors
+        assert _TOO_BIG in errors[0] and "--voice" in errors[0], errors
+    finally:
+        await asyncio.to_thread(pinned.stop, 1.0)
+
+
+async def _read_one(client: AsyncTcpClient, wanted: str | None = None) -> Any:
+    """The next event (of type ``wanted``, skipping others), within a hang guard."""
+    while True:
+        event = await asyncio.wait_for(client.read_event(), 60)
+        assert event is not None, "the server closed the connection"
+        if wanted is None or event.type == wanted:
+            return event
 
 
 def _wav(seconds: float) -> bytes:
@@ -1190,3 +1295,37 @@ async def test_an_unknown_reference_voice_lists_only_the_clone_voices(tmp_path: 
             message = error["message"]
             assert message.startswith(f"Unknown voice {name!r}{listed}"), message
             assert "alina" not in message and "available: a" not in message.replace(repr(name), ""), message
+
+
+async def test_a_default_voice_skipped_for_its_transcript_is_refused_naming_the_transcript(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The --voice default ``lat``, whose clip is fine but whose transcript was saved as
+    Windows-1252: a request naming no voice was refused with "its clip is skipped ...
+    Replace the clip", and the log said "its clip lat.wav is skipped" and to put the clip
+    back. The fault is the transcript's: now both name it and say to save it again as UTF-8."""
+    caplog.set_level(logging.INFO, logger="wyoming_qwen3tts")
+    clip = np.frombuffer(_wav(2.0)[44:], "<i2").astype(np.float32) / 32768
+    for name in ("kim", "lat"):
+        sf.write(tmp_path / f"{name}.wav", clip, SAMPLE_RATE)
+    (tmp_path / "kim.txt").write_text("Words.")
+    (tmp_path / "lat.txt").write_bytes("Caf\u00e9 au lait.".encode("cp1252"))
+    engines: dict[ModelKind, Engine] = {ModelKind.BASE: _ScriptedEngine(ModelKind.BASE, fail_after=4, pace_s=0.0)}
+    await asyncio.to_thread(engines[ModelKind.BASE].warm, Segment("warm", "auto", 2))
+    service = TtsService(VoiceCatalog(tmp_path, set(engines)), engines, "lat", Metrics(), default_explicit=True)
+    try:
+        async with TestClient(TestServer(create_app(service))) as client:
+            resp = await client.post("/v1/audio/speech", json={"input": TEXT, "response_format": "pcm"})
+            error = (await resp.json())["error"]
+        assert resp.status == 404 and (error["code"], error["param"]) == ("default-voice-gone", "voice"), error
+        assert error["message"] == ("The default voice 'lat' (--voice) cannot be used: its transcript lat.txt could not "
+                                    "be read (see the server log). Save it again as UTF-8, or choose another default "
+                                    "voice"), error
+        warned = [r.getMessage() for r in caplog.records if "is no longer served" in r.getMessage()]
+        assert len(warned) == 1 and warned[0].startswith(
+            "The default voice lat (--voice lat) is no longer served: its transcript lat.txt could not be used, so its "
+            "clip lat.wav is skipped (its transcript lat.txt is not UTF-8 text"), warned
+        assert "until you save its transcript lat.txt again as UTF-8, or choose another default voice" in warned[0]
+        assert "put its clip back" not in warned[0] and "available: kim" in warned[0], warned
+    finally:
+        await asyncio.to_thread(service.stop)

@@ -338,7 +338,10 @@ async def main(argv: list[str] | None = None) -> None:
         default_explicit=bool(args.voice),  # the add-on's voice: auto passes no --voice
     )
     if anchors is not None:  # a VoiceDesign model that can never load renders none: stored ones still serve
-        await anchors.begin(service.render_design, rendering=getattr(engines.get(ModelKind.VOICE_DESIGN), "unservable", None) is None)
+        await anchors.begin(service.render_design, rendering=service.unservable(ModelKind.VOICE_DESIGN) is None)
+    # Now that the stored anchors are known: an automatic default is a voice that can be spoken
+    # (not a preset of a VoiceDesign model this GPU cannot hold); a --voice one that cannot is said at ERROR.
+    default_voice = service.default_voice
     await _prepare_clips(engines, catalog, anchors)
     follow_default_voice(service, engines)  # GGML: a default chosen from now on, prepared between requests
     _LOGGER.info("%d voice(s); default %s", len(names), default_voice or f"none yet: the first voice added ({DEFAULT_RULE}, where several are added together)")

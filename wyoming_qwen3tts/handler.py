@@ -299,7 +299,8 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
     async def _dispatch(self, event: Event) -> None:
         if Describe.is_type(event.type):
             await self._service.catalog.refresh_async()
-            await self._write(build_info(self._service.catalog.voices(), self._service.backend).event())
+            # Only voices that can be spoken: not those of a model this GPU cannot hold.
+            await self._write(build_info(self._service.speakable_voices(), self._service.backend).event())
         elif SynthesizeStart.is_type(event.type):
             await self._start_stream(event)
         elif SynthesizeChunk.is_type(event.type):

@@ -58,6 +58,7 @@ from .service import (
     EmptyTextError,
     GenerationError,
     LanguageError,
+    ModelUnservableError,
     OverloadedError,
     RequestError,
     ServerStoppingError,
@@ -92,7 +93,7 @@ def _as_api_error(err: RequestError) -> ApiError:
         return ApiError(413, str(err), err.code, error_param(err))
     if isinstance(err, EmptyTextError):
         return ApiError(400, str(err), err.code, error_param(err))
-    if isinstance(err, VoiceNotFoundError):
+    if isinstance(err, (VoiceNotFoundError, ModelUnservableError)):  # the latter: as a model not loaded
         return ApiError(404, str(err), err.code, error_param(err))
     if isinstance(err, LanguageError):
         return ApiError(400, str(err), err.code, error_param(err))
@@ -118,6 +119,10 @@ async def speech(request: web.Request) -> web.StreamResponse:
         raise ApiError(
             503, "The models are still warming up; retry shortly", "not-ready", kind="server_error"
         )
+    unservable = service.unservable(params.kind) if params.kind is not None else None
+    if unservable is not None:  # a model GET /v1/models leaves out: refused as one not loaded
+        raise ApiError(404, f"{unservable}. Choose another model (GET /v1/models lists those this server can use)",
+                       ModelUnservableError.code, "model")
     await service.catalog.refresh_async()  # new clips read off the loop
     name = pick_voice(service, params)
     stream = service.speak(

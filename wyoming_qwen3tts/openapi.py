@@ -76,6 +76,14 @@ _SCHEMAS: dict[str, Any] = {
             "source": {"type": "string", "enum": ["shipped", "user", "clone", "builtin"]},
             "served": {"type": "string", "enum": ["anchor", "designed-live", "clone", "speaker"]},
             "anchor": {"type": "string", "enum": ["ready", "pending", "waiting", "failed", "off"]},
+            "unservable": {
+                "type": "string",
+                "description": (
+                    "Present only for a voice that cannot be spoken here: why (its model cannot be served on this "
+                    "GPU). Its requests are refused with code model_not_found; Wyoming's info leaves it out, and it is "
+                    "never the automatic default voice."
+                ),
+            },
             "overrides": {
                 "type": "boolean",
                 "description": "User presets only: it overrides a shipped preset of its name, which deleting it brings back.",
@@ -279,8 +287,10 @@ def _speech_operation() -> dict[str, Any]:
             },
             "400": _error("Malformed body, wrong type or value, nothing speakable."),
             "404": _error(
-                "Unknown voice (code unknown-voice), reference voice or model; no voice at all yet (no-voices); "
-                "a request naming no voice while the --voice default is no longer served (default-voice-gone)."
+                "Unknown voice (code unknown-voice), reference voice or model (model_not_found); no voice at all yet "
+                "(no-voices); a request naming no voice while the --voice default is no longer served "
+                "(default-voice-gone); a model, or a voice or instructions whose model, this GPU cannot hold even "
+                "alone (model_not_found, param model, voice or instructions: GET /v1/models leaves that model out)."
             ),
             "413": _error("Input over the server's limit, or a body over its size limit."),
             "429": _error("Too many requests open: retry after Retry-After seconds.", retry=True),

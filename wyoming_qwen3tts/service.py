@@ -37,7 +37,8 @@ DEFAULT_MAX_CHARS = 10_000
 #: Default cap on requests open at once over both doors (generating or waiting their turn).
 DEFAULT_MAX_QUEUE = 32
 #: Voice used when a request names none and ``--voice`` names none either, if the catalogue
-#: has it (else the first voice by name: ``pick_default_voice``).
+#: has it and it can be spoken (else the first such voice by name: ``pick_default_voice``,
+#: ``TtsService.default_voice``).
 DEFAULT_VOICE = "aria"
 #: What an out-of-memory error tells the client and the log to change.
 OOM_ADVICE = (
@@ -93,6 +94,24 @@ class DefaultVoiceGoneError(VoiceNotFoundError):
     (HTTP 404, param ``voice``), with its own code."""
 
     code = "default-voice-gone"
+
+
+class ModelUnservableError(RequestError):
+    """The request needs a model the GPU cannot hold even alone (``TtsService.unservable``):
+    refused before it is queued, as a model the server has not loaded is (HTTP 404, OpenAI's
+    code ``model_not_found``). The message says why (the start-up plan's reason) and what
+    to ask for instead.
+
+    Attributes:
+        param: the request field at fault: ``voice`` (its voice, or the default voice, is
+            spoken by that model) or ``instructions`` (they design a voice with it).
+    """
+
+    code = "model_not_found"
+
+    def __init__(self, message: str, param: str = "voice") -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class LanguageError(RequestError):
@@ -152,6 +171,7 @@ __all__ = [
     "EmptyTextError",
     "GenerationError",
     "LanguageError",
+    "ModelUnservableError",
     "NoVoicesError",
     "OverloadedError",
     "RequestError",
@@ -212,6 +232,7 @@ class TtsService:
         self._default_voice = default_voice
         self._default_explicit = default_explicit and default_voice is not None
         self._pinned_gone = False  # the explicit default is no longer served (logged once)
+        self._pinned_mute_said = False  # the explicit default cannot be spoken on this GPU (logged once)
         self.studio = studio
         self.metrics = metrics
         self.max_chars = max_chars
@@ -230,17 +251,46 @@ class TtsService:
         """The loaded model kinds a request can use: ``kinds`` less a model the GPU cannot
         hold even alone (an ``OnDemandEngine``'s ``unservable``: found by the plan at start,
         or when it first failed to load), whose requests are refused at once until a restart."""
-        return frozenset(kind for kind, engine in self._engines.items() if getattr(engine, "unservable", None) is None)
+        return frozenset(kind for kind in self._engines if self.unservable(kind) is None)
+
+    def unservable(self, kind: ModelKind) -> str | None:
+        """Why the loaded model ``kind`` cannot serve a request, in one sentence ("The
+        voice_design model cannot be served on this GPU: <the plan's reason>"), while it is
+        flagged so (an ``OnDemandEngine``'s ``unservable``: by the plan at start, or when it
+        first failed to load; until a restart); None when it can, or is not loaded."""
+        why = getattr(self._engines.get(kind), "unservable", None)
+        return None if why is None else f"The {kind.value} model cannot be served on this GPU: {why}"
+
+    def unspeakable(self, voice: Voice) -> str | None:
+        """Why ``voice`` cannot be spoken on this server (``unservable`` of its model), or None
+        when it can. A preset whose VoiceDesign model cannot be served is still spoken where
+        its anchor is stored and the Base model serves (``open`` clones the anchor)."""
+        why = self.unservable(voice.kind)
+        if why is None or voice.kind is not ModelKind.VOICE_DESIGN or self.anchors is None:
+            return why
+        if self.unservable(ModelKind.BASE) is None and ModelKind.BASE in self._engines:
+            if self.anchors.state(voice) is AnchorState.READY:
+                return None
+        return why
+
+    def speakable_voices(self) -> list[Voice]:
+        """The catalogue's voices that can be spoken here (``unspeakable``: not those of a model
+        the GPU cannot hold), in catalogue order: those Wyoming's ``info`` announces, and those
+        the automatic default voice is chosen from. Does not re-read the voices folder."""
+        return [voice for voice in self.catalog.voices() if self.unspeakable(voice) is None]
 
     @property
     def default_voice(self) -> str | None:
         """The voice of requests that name none. An explicit default (``--voice``,
         ``default_explicit``) is kept as given. An automatic one (chosen at start, or the
         first time it is needed by a server that started with no voice) follows the rule
-        of ``pick_default_voice`` at each read: while the voice it names is in the
-        catalogue it stays; once that voice is gone (its clip deleted or renamed, in the
-        studio or the folder) another is picked by the same rule, and the change is logged
-        once. None while the catalogue holds no voice at all. Reading it does not re-read
+        of ``pick_default_voice`` among the voices that can be spoken (``speakable_voices``:
+        not a preset of a VoiceDesign model this GPU cannot hold; among all voices where none
+        can) at each read: while the voice it names is in the catalogue and can be spoken it
+        stays; once that voice is gone (its clip deleted or renamed, in the studio or the
+        folder) or cannot be spoken another is picked by the same rule, and the change is
+        logged once. An explicit default that cannot be spoken is kept, and said once at
+        ERROR (``_check_pinned``). None while the catalogue holds no voice at all. Reading it does not re-read
         the voices folder (the doors refresh the catalogue); it costs one pass over the
         catalogue's voices."""
         if self._default_explicit:
@@ -248,24 +298,43 @@ class TtsService:
             return self._default_voice
         voices = self.catalog.voices()
         current = self._default_voice
-        if current is not None and any(v.name == current for v in voices):
+        held = next((v for v in voices if v.name == current), None)
+        mute = self.unspeakable(held) if held is not None else None
+        if held is not None and mute is None:
             return current
-        chosen = pick_default_voice([v.name for v in voices])
+        spoken = [v.name for v in voices if self.unspeakable(v) is None]
+        chosen = pick_default_voice(spoken or [v.name for v in voices])  # none spoken: the refusal says why
         if chosen != current:
             self._default_voice = chosen
             if chosen is None:
                 _LOGGER.info("Default voice: none, %s is gone and no voice is left", current)
             elif current is None:
                 _LOGGER.info("Default voice: %s, %s (--voice chooses another)", chosen, first_default_reason(chosen, len(voices)))
+            elif mute is not None:
+                _LOGGER.info("Default voice: %s, as %s cannot be spoken (%s; --voice chooses one to keep)", chosen,
+                             current, mute)
             else:
                 _LOGGER.info("Default voice: %s, as %s is gone (--voice chooses one to keep)", chosen, current)
         return chosen
 
     def _check_pinned(self) -> bool:
         """Whether the explicit default voice is served now; logs a WARNING once when it
-        stops being served, and once when it is back."""
+        stops being served, and once when it is back; an ERROR once when its model cannot be
+        served on this GPU (``unspeakable``: it is still "served", and its requests are
+        refused with ``ModelUnservableError``)."""
         assert self._default_voice is not None
-        served = self.catalog.find(self._default_voice) is not None
+        voice = self.catalog.find(self._default_voice)
+        served = voice is not None
+        mute = self.unspeakable(voice) if voice is not None and not self._pinned_mute_said else None
+        if mute is not None:
+            self._pinned_mute_said = True
+            name = self._default_voice
+            _LOGGER.error(
+                "The default voice %s (--voice %s) cannot be spoken: %s. Requests that name no voice are refused "
+                "until you choose a default voice of another model (--voice, the add-on's voice option; these can "
+                "be spoken: %s) and restart, or free the GPU memory that model needs and restart", name, name, mute,
+                shown_names([v.name for v in self.speakable_voices()]),
+            )
         if served == self._pinned_gone:  # it changed
             self._pinned_gone = not served
             if served:
@@ -290,23 +359,28 @@ class TtsService:
         the voice, what is wrong and what to do; the log holds the detail."""
         name = self._default_voice
         clip = self.catalog.skipped_clip(name) if name is not None else None
+        # The skipped record names the transcript where it is the fault (the clip is fine).
+        transcript = clip.transcript if clip is not None else None
         if not log:
+            if transcript is not None:
+                return (f"The default voice {name!r} (--voice) cannot be used: its transcript {transcript} could not "
+                        "be read (see the server log). Save it again as UTF-8, or choose another default voice")
             if clip is not None:
                 return (f"The default voice {name!r} (--voice) cannot be used: its clip is skipped (see the server "
                         "log). Replace the clip, or choose another default voice")
             return (f"The default voice {name!r} (--voice) is no longer in the voices folder. Put it back, or "
                     "choose another default voice")
-        if clip is not None:
-            why = f"its clip {clip.file} is skipped ({clip.reason})"
+        if clip is not None and transcript is not None:
+            why = f"its transcript {transcript} could not be used, so its clip {clip.file} is skipped ({clip.reason})"
+            put_back = f"save its transcript {transcript} again as UTF-8"
         else:
-            why = "no clip or preset of that name is in the voices folder any more"
-        names = sorted(v.name for v in self.catalog.voices())
-        shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
-        fix = (
-            f"put its clip back ({name}.wav and its transcript {name}.txt in the voices folder"
-            + (", or upload one in the voice studio" if self.studio else "")
-            + "), or choose another default voice (--voice, the add-on's voice option) and restart"
-        )
+            why = (f"its clip {clip.file} is skipped ({clip.reason})" if clip is not None
+                   else "no clip or preset of that name is in the voices folder any more")
+            put_back = (f"put its clip back ({name}.wav and its transcript {name}.txt in the voices folder"
+                        + (", or upload one in the voice studio" if self.studio else "") + ")")
+        names = [v.name for v in self.catalog.voices()]
+        shown = shown_names(names)
+        fix = f"{put_back}, or choose another default voice (--voice, the add-on's voice option) and restart"
         served = f"; requests that name a voice are served (available: {shown})" if names else "; no voice is left"
         return (f"The default voice {name} (--voice {name}) is no longer served: {why}. Requests that name no "
                 f"voice are refused until you {fix}{served}")
@@ -419,7 +493,7 @@ class TtsService:
         """
         if language == AUTO or native_language(default) in (language, AUTO):
             return default
-        natives = [v for v in self.catalog.voices() if native_language(v) == language]
+        natives = [v for v in self.speakable_voices() if native_language(v) == language]
         # Voices of the default's kind first (a preset for a preset; for a built-in speaker,
         # the default on the CPU, another speaker rather than a preset designed live), then
         # presets; stable: catalogue order.
@@ -442,6 +516,8 @@ class TtsService:
             ServerStoppingError: ``shutdown`` was called.
             OverloadedError: ``max_queue`` requests are open already.
             VoiceNotFoundError, LanguageError: the request cannot be served.
+            ModelUnservableError: the model that would speak it cannot be served on this GPU
+                (``unservable``): refused before anything is queued.
         """
         if self._stopping:
             raise ServerStoppingError("The server is shutting down")
@@ -478,17 +554,41 @@ class TtsService:
             anchor = self.anchors.reference_for(voice)  # missing: asked for, designed live meanwhile
             if anchor is not None:
                 kind, instruct, reference = ModelKind.BASE, None, anchor
+        # No voice named and a description: a voice designed for this request alone.
+        one_off = bool(request.instructions) and not request.voice and voice.kind is ModelKind.VOICE_DESIGN
+        why = self.unservable(kind)
+        if why is not None:  # refused now, never queued for a model that fails every request
+            raise self._unservable_refusal(kind, why, request, voice, one_off)
         seed = next((s for s in (request.seed, self.seed) if s is not None), None)
         if seed is None:
             seed = random.randrange(2**31)
         job = self._schedulers[kind].open_job(asyncio.get_running_loop())
-        # No voice named and a description: a voice designed for this request alone.
-        one_off = bool(request.instructions) and not request.voice and voice.kind is ModelKind.VOICE_DESIGN
         stream = SpeechStream(
             self, job, voice, language, instruct, seed, request.door, streamed, reference, designed=one_off
         )
         self._open.add(stream)
         return stream
+
+    def _unservable_refusal(
+        self, kind: ModelKind, why: str, request: SpeechRequest, voice: Voice, one_off: bool
+    ) -> ModelUnservableError:
+        """The refusal of ``request``, whose ``voice`` (or one-off design) needs the model
+        ``kind``, which cannot be served on this GPU (``why``: ``unservable``'s sentence): the field at fault
+        and what to ask for instead. A request naming no voice (Home Assistant's) gets a short
+        message (the log has the detail: ``_check_pinned``)."""
+        others = f" (these can be spoken: {shown_names([v.name for v in self.speakable_voices()])})"
+        if one_off:
+            return ModelUnservableError(f"{why}. A voice designed from instructions alone needs it: name a voice of "
+                                        f"another model instead{others}", "instructions")
+        if request.instructions and self.unspeakable(voice) is None:  # spoken as it is, not designed anew
+            return ModelUnservableError(f"{why}. The instructions design voice {voice.name!r} anew with it: send "
+                                        "none to speak it as it is", "instructions")
+        if not request.voice:
+            return ModelUnservableError(f"The default voice {voice.name!r} cannot be spoken: the {kind.value} model "
+                                        "cannot be served on this GPU (see the server log). Name a voice of another "
+                                        "model, or choose another default voice (--voice)")
+        return ModelUnservableError(f"{why}. Voice {voice.name!r} needs it: name a voice of another model "
+                                    f"instead{others}")
 
     @property
     def open_streams(self) -> int:
@@ -546,7 +646,8 @@ class TtsService:
         """How a voice is served, for ``/v1/audio/voices``: ``source`` (shipped, user, clone,
         builtin), ``served`` ("anchor": the Base model clones the preset's anchor;
         "designed-live"; "clone"; "speaker") and, for presets, ``anchor`` (ready, pending,
-        waiting, failed, off)."""
+        waiting, failed, off) and, for a voice that cannot be spoken on this GPU, ``unservable``:
+        why (``unspeakable``)."""
         info: dict[str, object] = {"source": voice.source.value}
         if voice.kind is ModelKind.VOICE_DESIGN:
             state = self.anchors.state(voice) if self.anchors is not None else AnchorState.OFF
@@ -555,6 +656,9 @@ class TtsService:
             info["anchor"] = state.value
         else:
             info["served"] = "clone" if voice.kind is ModelKind.BASE else "speaker"
+        mute = self.unspeakable(voice)
+        if mute is not None:
+            info["unservable"] = mute
         return info
 
     def speak(self, request: SpeechRequest, text: str, arrived: float | None = None) -> SpeechStream:
@@ -565,7 +669,8 @@ class TtsService:
                 start of its ``timeline``); None: now.
 
         Raises:
-            EmptyTextError, TextTooLongError, VoiceNotFoundError, LanguageError.
+            EmptyTextError, TextTooLongError, VoiceNotFoundError, LanguageError,
+            ModelUnservableError (``open``).
         """
         check_text(text, self.max_chars)
         stream = self.open(request, streamed=False)
@@ -766,6 +871,13 @@ class SpeechStream:
             m.real_time_factor.labels(self._door).observe((time.perf_counter() - self._opened) / audio_s)
         for wait in self._job.queue_waits:
             m.queue_wait.labels(self._door).observe(wait)
+
+
+def shown_names(names: list[str], most: int = 12) -> str:
+    """Voice ``names`` for a message, by name: the first ``most``, then how many in all;
+    "none" for none."""
+    ordered = sorted(names)
+    return ", ".join(ordered[:most]) + (f", ... ({len(ordered)} in all)" if len(ordered) > most else "") or "none"
 
 
 def pick_default_voice(names: list[str]) -> str | None:

@@ -36,7 +36,7 @@ from .engine.sizing import (
 from .metrics import Metrics
 from .voices import (
     AUDIO_SUFFIXES, MIN_CLIP_SECONDS, PRESETS_FILE, ClipSkip, ModelKind, Reference, VoiceCatalog, VoiceSource,
-    clone_name, has_control_characters, load_presets, name_key, read_clone_clip, transcript_name,
+    clip_preference, clone_name, has_control_characters, load_presets, name_key, read_clone_clip, transcript_name,
 )
 
 _LOGGER = logging.getLogger("wyoming_qwen3tts")
@@ -376,20 +376,22 @@ def survey_clips(voices_dir: Path) -> tuple[bool, list[str]]:
 
 
 def _clone_clips(voices_dir: Path) -> list[tuple[Path, Reference | ClipSkip | None]]:
-    """Every audio file of the voices folder (``_clip_files``) and how the folder scan reads
-    it (``read_clone_clip``, with the transcript the catalogue gives it): None for a file the
-    catalogue reads no voice from (a name with control characters, a blank name, a second
-    clip of a voice name already taken, which the catalogue ignores)."""
+    """Every audio file of the voices folder (``_clip_files``, by file name) and how the folder
+    scan reads it (``read_clone_clip``, with the transcript the catalogue gives it): None for a
+    file the catalogue reads no voice from (a name with control characters, a blank name, a
+    clip of a voice name another clip gives: of ``kim.mp3`` and ``kim.wav`` the catalogue reads
+    the one ``clip_preference`` puts first, ``kim.wav``, whatever ``kim.mp3`` holds)."""
     clips = _clip_files(voices_dir)
     texts = [p.name for p in voices_dir.iterdir() if p.suffix.lower() == ".txt"] if clips else []
-    taken: set[str] = set()
+    chosen: dict[str, Path] = {}  # voice name key: the clip that gives it, as the catalogue chooses
+    for clip in sorted(clips, key=clip_preference):
+        if not has_control_characters(clip.stem) and clone_name(clip.stem):
+            chosen.setdefault(name_key(clip.stem), clip)
     found: list[tuple[Path, Reference | ClipSkip | None]] = []
     for clip in clips:
-        key = name_key(clip.stem)
-        if has_control_characters(clip.stem) or not clone_name(clip.stem) or key in taken:
+        if chosen.get(name_key(clip.stem)) != clip:
             found.append((clip, None))
             continue
-        taken.add(key)
         text = transcript_name(clip, texts)
         found.append((clip, read_clone_clip(clip, clip.with_name(text) if text else None)))
     return found
@@ -455,11 +457,11 @@ def check_default_voice(
     if custom and speakers is not None and wanted in speakers:
         return
     clones: list[str] = []
-    unusable: dict[str, tuple[str, str]] = {}  # name_key: a clip the catalogue skips (file, why)
+    unusable: dict[str, tuple[str, str, str | None]] = {}  # name_key: a clip the catalogue skips (file, why, transcript)
     if ModelKind.BASE in kinds:
         for clip, read in _clone_clips(voices_dir):
             if isinstance(read, ClipSkip):  # the catalogue skips it (too short, silent, ...)
-                unusable[name_key(clip.stem)] = (clip.name, _for_clients(read, clip))
+                unusable[name_key(clip.stem)] = (clip.name, _for_clients(read, clip), read.transcript)
             elif read is not None:
                 clones.append(clone_name(clip.stem))
     if wanted in {name_key(clone) for clone in clones}:
@@ -476,14 +478,16 @@ def check_default_voice(
     )
     shown = ", ".join(valid[:8]) + (f", ... ({len(valid)} in all)" if len(valid) > 8 else "") if valid else "none"
     skipped = unusable.get(wanted)
-    why = (
-        # the folder scan's reason, as the catalogue's refusal after loading says it
-        f"a clone whose clip could not be used ({skipped[0]}: {skipped[1]}); replace the "
-        "file in the voices folder" if skipped is not None
-        else f"the preset {preset.name!r} needs the VoiceDesign model (--design-model)" if preset is not None
-        else f"neither a clone voice in {voices_dir}{'' if voices_dir.is_dir() else ' (no such folder)'}, a preset nor a "
-        f"{'CustomVoice speaker' if custom else 'CustomVoice speaker (they need --custom-voice-model)'}"
-    )
+    if skipped is not None:  # the folder scan's reason, as the catalogue's refusal after loading says it
+        file, reason, transcript = skipped
+        # A transcript's reason says what to do with it (save it as UTF-8); the clip is fine.
+        why = (f"a clone whose transcript could not be used ({file}: {reason})" if transcript else
+               f"a clone whose clip could not be used ({file}: {reason}); replace the file in the voices folder")
+    elif preset is not None:
+        why = f"the preset {preset.name!r} needs the VoiceDesign model (--design-model)"
+    else:
+        why = (f"neither a clone voice in {voices_dir}{'' if voices_dir.is_dir() else ' (no such folder)'}, a preset "
+               f"nor a {'CustomVoice speaker' if custom else 'CustomVoice speaker (they need --custom-voice-model)'}")
     raise SystemExit(f"--voice {name!r}: {why}; valid voices: {shown}")
 
 
