@@ -216,8 +216,10 @@ def _check_writable(flag: str, folder: Path, required: bool = True) -> None:
             voice studio cannot save there.
 
     Raises:
-        SystemExit: it cannot be created, or (``required``) written.
+        SystemExit: it is a file, it cannot be created, or (``required``) written.
     """
+    if folder.exists() and not folder.is_dir():
+        raise SystemExit(f"{flag} {folder}: is a file, not a folder: name a folder (or move the file away)")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
