@@ -1124,7 +1124,14 @@ async def test_the_model_list_leaves_out_a_model_the_gpu_cannot_hold(tmp_path: P
         async with aiohttp.ClientSession(timeout=_GUARD) as session:
             async with session.get(f"http://127.0.0.1:{port}/v1/audio/voices") as resp:
                 listed = {v["name"]: v for v in (await resp.json())["voices"]}
+            # The WebSocket door reads the same body: the same refusal, the field at fault ``model``.
+            async with session.ws_connect(f"http://127.0.0.1:{port}/v1/audio/speech/ws", protocols=("nari.speech.v1",)) as ws:
+                await ws.send_json({"type": "request.start", "model": "qwen3-tts-voice-design", "voice": "aria"})
+                while (event := await ws.receive_json(timeout=30))["type"] != "error":
+                    assert event["type"] == "session.created", event
+                refusal = event["error"]
         assert listed["aria"]["unservable"] == reason and listed["lena"]["unservable"] == reason, listed["aria"]
+        assert (refusal["code"], refusal["param"]) == ("model_not_found", "model") and refusal["message"].startswith(reason), refusal
 
 
 async def test_a_voice_the_gpu_cannot_speak_is_neither_the_default_nor_announced(

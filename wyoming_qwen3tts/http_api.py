@@ -119,10 +119,6 @@ async def speech(request: web.Request) -> web.StreamResponse:
         raise ApiError(
             503, "The models are still warming up; retry shortly", "not-ready", kind="server_error"
         )
-    unservable = service.unservable(params.kind) if params.kind is not None else None
-    if unservable is not None:  # a model GET /v1/models leaves out: refused as one not loaded
-        raise ApiError(404, f"{unservable}. Choose another model (GET /v1/models lists those this server can use)",
-                       ModelUnservableError.code, "model")
     await service.catalog.refresh_async()  # new clips read off the loop
     name = pick_voice(service, params)
     stream = service.speak(

@@ -243,14 +243,18 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
     """The catalogue name to ask the service for (None: the service's default choice).
 
     Raises:
-        ApiError: 404 model_not_found (model kind not loaded) or unknown-voice (also for an
-            unknown ``reference_voice``), 400 voice/model mismatch.
+        ApiError: 404 model_not_found (model kind not loaded, or one the GPU cannot hold:
+            ``TtsService.unservable``, left out of ``GET /v1/models``) or unknown-voice (also
+            for an unknown ``reference_voice``), 400 voice/model mismatch.
     """
     kind = params.kind
     named = params.model or (MODEL_OF_KIND[kind] if kind is not None else "")
     if kind is not None and kind not in service.kinds:
         message = f"The model {named!r} is not loaded on this server"
         raise ApiError(404, message, "model_not_found", "model")
+    if kind is not None and (unservable := service.unservable(kind)) is not None:  # as one not loaded
+        raise ApiError(404, f"{unservable}. Choose another model (GET /v1/models lists those this server can use)",
+                       "model_not_found", "model")
     param = "reference_voice" if params.clone else "voice"
     if params.voice is not None:
         try:
