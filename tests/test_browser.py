@@ -31,7 +31,7 @@ from wyoming_qwen3tts.text import frame_budget
 from wyoming_qwen3tts.ws_events import browser_can_offer_key
 
 from .conftest import CLONE_TRANSCRIPT, Server, free_port, start_server, stop_server
-from .test_studio import tone, wyoming_voices
+from .test_studio import encoded, tone, wyoming_voices
 
 CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = [
@@ -1070,8 +1070,9 @@ def test_a_rows_error_stays_through_reloads_of_the_list_until_the_user_acts_on_t
     such a reload was written into the row no longer on screen: a user who looked away never
     saw why. Now a row's error stays through reloads, in view beside the button pressed,
     until a button of that row is pressed again, its × dismisses it, or the row leaves the
-    list; a refused rename, whose form a reload closes, moves to the row's line; a skipped
-    file's refusal stays likewise. The server's refusals are stood in for."""
+    list; a refused rename stays in its form, which a reload no longer closes (see
+    test_an_open_rename_form_keeps_what_was_typed_through_reloads_and_its_answer_lands_in_it),
+    and Cancel puts it away; a skipped file's refusal stays likewise. The server's refusals are stood in for."""
     cannot = "The voice 'clone' cannot be deleted now"
     taken = "'aria' is already the name of the preset 'aria'"
     held: list[Any] = []
@@ -1133,15 +1134,6 @@ def test_a_rows_error_stays_through_reloads_of_the_list_until_the_user_acts_on_t
         row(page, "clone").locator("input").fill("aria")
         row(page, "clone").get_by_role("button", name="Save").click()
         expect(row(page, "clone").locator(".rename-status")).to_contain_text(taken)
-        reload_list(page)  # the form is closed: the refusal is said in the row's line
-        expect(row(page, "clone").locator("input")).to_have_count(0)
-        assert_in_view_beside(page, line, row(page, "clone").get_by_role("button", name="Rename"), "Not renamed: " + taken)
-        page.screenshot(path=f"/tmp/studio-rename-refused-reloaded-{width}.png")
-        row(page, "clone").get_by_role("button", name="Rename").click()  # acting again: it goes
-        expect(line).to_have_text("")
-        row(page, "clone").locator("input").fill("aria")
-        row(page, "clone").get_by_role("button", name="Save").click()
-        expect(row(page, "clone").locator(".rename-status")).to_contain_text(taken)
         row(page, "clone").get_by_role("button", name="Cancel").click()  # put away: not kept
         expect(line).to_have_text("")
 
@@ -1151,3 +1143,176 @@ def test_a_rows_error_stays_through_reloads_of_the_list_until_the_user_acts_on_t
                               "tiny.wav cannot be deleted now")
         page.screenshot(path=f"/tmp/studio-skipped-refused-reloaded-{width}.png")
         page.unroute_all()
+
+
+def test_the_clip_picker_offers_exactly_the_formats_the_server_reads(page: Page) -> None:
+    """The upload form's file picker offered ``audio/*`` and ``video/*`` (MIDI, Audacity
+    projects and other files the server cannot read among them) and, of the named formats,
+    only seven of the 25 the server reads (no AIFF, CAF, WavPack, WMA, AMR...). It offers
+    the voices folder's formats now (``voices.AUDIO_SUFFIXES``: each read by the upload's
+    decoder, FFmpeg, and checked by a test), nothing else."""
+    from wyoming_qwen3tts.voices import AUDIO_SUFFIXES, UNREAD_AUDIO_SUFFIXES
+
+    offered = (page.get_attribute("#clone-file", "accept") or "").split(",")
+    assert offered == list(AUDIO_SUFFIXES)
+    assert not set(offered) & set(UNREAD_AUDIO_SUFFIXES)
+
+
+def test_skipped_files_say_what_their_delete_removes_and_a_blank_name_can_be_deleted(
+    browser: Browser, checkpoints: Path, tmp_path: Path
+) -> None:
+    """A skipped file's Delete asked to delete it "and its transcript" even for a lossy twin
+    (``kim.mp3`` beside the ``kim.wav`` spoken), where the server keeps the voice's transcript,
+    and it did not say that the other skipped file of the voice name (``KIM.ogg``) goes with
+    it. A file with a blank name (``" .wav"``) had a Delete that asked for no name and was
+    refused. The question now names every file that goes and says what stays, and the blank
+    one is deleted (the server strips a request's name, so ``" "`` asks for the blank name)."""
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    sf.write(voices / "kim.wav", tone(2.0), 24000)
+    (voices / "kim.txt").write_text("Kim speaks.")
+    (voices / "kim.mp3").write_bytes(encoded(tone(2.0), "mp3"))  # twins of kim.wav
+    (voices / "KIM.ogg").write_bytes(encoded(tone(2.0), "ogg"))
+    sf.write(voices / " .wav", tone(2.0), 24000)
+    (voices / " .txt").write_text("Nobody.")
+    sf.write(voices / "tiny.wav", tone(0.5), 24000)
+    srv = start_server(
+        checkpoints, voices, tmp_path / "server.log",
+        extra=["--no-zeroconf", "--design-model", "none", "--custom-voice-model", "none"],
+    )
+    asked: list[str] = []
+
+    def delete(file: str) -> None:
+        page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
+        entry(file).get_by_role("button", name="Delete").click()
+        expect(entry(file)).to_have_count(0)
+
+    def entry(file: str) -> Any:
+        return page.locator("#voices-skipped li").filter(has=page.locator("code", has_text=re.compile(f"^{re.escape(file)}$")))
+
+    def left() -> list[str]:
+        return sorted(p.name for p in voices.iterdir() if not p.name.startswith("."))
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(STEP_MS)
+        page.goto(srv.http_url + "/")
+        expect(row(page, "kim")).to_be_visible()
+        expect(page.locator("#voices-skipped li")).to_have_count(4)
+        for file in (" .wav", "KIM.ogg", "kim.mp3", "tiny.wav"):
+            expect(entry(file).get_by_role("button", name="Delete")).to_be_visible()
+        page.screenshot(path="/tmp/studio-skipped-kinds.png", full_page=True)
+
+        delete("kim.mp3")
+        assert asked[-1] == (
+            "Delete kim.mp3 and KIM.ogg from the voices folder (skipped files of one voice name go together)? kim.mp3 is "
+            "no voice: kim.wav gives the same voice name and is used instead (lossless .wav is preferred to lossy .mp3); "
+            "rename or remove this file. The voice kim keeps its clip and transcript (if any).")
+        expect(entry("KIM.ogg")).to_have_count(0)
+        expect(page.locator("#message")).to_have_text("Deleted the skipped files kim.mp3 and KIM.ogg.")
+        assert left() == [" .txt", " .wav", "kim.txt", "kim.wav", "tiny.wav"]
+
+        delete(" .wav")
+        assert asked[-1] == ('Delete " .wav" and its transcript (if any) from the voices folder? It is no voice: its name '
+                             "is blank; rename the file.")
+        expect(page.locator("#message")).to_have_text('Deleted the skipped file " .wav".')
+        assert left() == ["kim.txt", "kim.wav", "tiny.wav"]
+
+        delete("tiny.wav")
+        assert asked[-1].startswith("Delete tiny.wav and its transcript (if any) from the voices folder? It is no voice: "
+                                    "the clip is 0.50 s long")
+        expect(page.locator("#voices-skipped")).to_be_hidden()
+        assert left() == ["kim.txt", "kim.wav"]
+        page.screenshot(path="/tmp/studio-skipped-deleted.png", full_page=True)
+    finally:
+        context.close()
+        stop_server(srv)
+
+
+@pytest.mark.parametrize(("width", "height"), [(1280, 800), (390, 844)])
+def test_an_open_rename_form_keeps_what_was_typed_through_reloads_and_its_answer_lands_in_it(
+    browser: Browser, studio: Server, width: int, height: int
+) -> None:
+    """A reload of the list (Reload, or the reload after another action) closed an open
+    rename form: what the user had typed was lost, and the answer to a Save pressed before
+    the reload came to the closed form, unseen. The form stays open now, with its text and
+    the focus, as long as the row is listed; its answer is said beside its Save; Cancel
+    still puts it away. The server's refusal is stood in for."""
+    taken = "'aria' is already the name of the preset 'aria'"
+    held: list[Any] = []
+
+    def voice(route: Any) -> None:  # a PATCH of "clone" is answered later
+        if route.request.method == "PATCH":
+            held.append(route)
+        else:
+            route.continue_()
+
+    with logged_in(browser, studio, width=width, height=height) as page:
+        page.route("**/v1/audio/voices/clone", voice)
+        row(page, "clone").get_by_role("button", name="Rename").click()
+        field = row(page, "clone").locator("input")
+        field.fill("aria")
+        reload_list(page)
+        expect(field).to_have_value("aria")
+        expect(field).to_be_focused()
+        save = row(page, "clone").get_by_role("button", name="Save")
+        save.click()
+        while not held:
+            page.wait_for_timeout(50)
+        reload_list(page)  # the answer comes after a reload: said in the form on screen
+        held.pop().fulfill(**refusal(409, "name-taken", taken))
+        status = row(page, "clone").locator(".rename-status")
+        expect(status).to_contain_text("already the name")
+        assert_in_view_beside(page, status, save, taken)
+        reload_list(page)
+        assert_in_view_beside(page, status, save, taken)
+        expect(field).to_have_value("aria")
+        page.screenshot(path=f"/tmp/studio-rename-kept-{width}.png")
+        row(page, "clone").get_by_role("button", name="Cancel").click()
+        expect(field).to_have_count(0)
+        reload_list(page)
+        expect(field).to_have_count(0)
+        expect(row(page, "clone").locator(".row-status")).to_have_text("")
+        page.unroute_all()
+
+
+def test_one_play_at_a_time_and_the_playing_one_stays_marked_through_reloads(page: Page) -> None:
+    """A clip's Play (the clone's sample) and a greeting's (a speaker's Play, spoken through
+    /v1/audio/speech) played at once, and Speak in the Try box did not stop a clip either;
+    after a reload of the list the playing row's button said "▶ Play" again, and pressing it
+    started the clip anew instead of stopping it. Now each Play (and Speak) stops what
+    plays, the playing row's button says "■ Playing" through reloads, and pressing it stops
+    it. Long stand-ins for the clip and the greeting keep them playing while it is checked."""
+    page.route("**/v1/audio/voices/clone/sample", lambda route: route.fulfill(body=wav_of(60.0), content_type="audio/wav"))
+    pcm = (tone(60.0) * 32767).astype("<i2").tobytes()
+    page.route("**/v1/audio/speech", lambda route: route.fulfill(body=pcm, content_type="audio/pcm"))
+    clip_play = row(page, "clone").get_by_role("button", name=re.compile("Play"))
+    greeting_play = row(page, "ryan").get_by_role("button", name=re.compile("Play"))
+    clip_playing, clip_stopped = "!document.getElementById('player').paused", "document.getElementById('player').paused"
+
+    def press(play: Any, stopped: Any, stopped_there: str, shot: str) -> None:
+        """Press ``play``: it says so through a reload of the list, and ``stopped`` stops."""
+        play.click()
+        expect(play).to_have_text("■ Playing")
+        expect(stopped).to_have_text("▶ Play")
+        assert page.evaluate(stopped_there)
+        reload_list(page)
+        expect(play).to_have_text("■ Playing")
+        page.screenshot(path=shot)
+
+    clip_play.click()
+    wait_for(page, clip_playing)
+    press(greeting_play, clip_play, clip_stopped, "/tmp/studio-greeting-playing-reloaded.png")  # the clip stops
+    press(clip_play, greeting_play, "audioContext === null", "/tmp/studio-clip-playing-reloaded.png")  # the greeting stops
+    wait_for(page, clip_playing)
+    clip_play.click()  # pressed again: it stops
+    expect(clip_play).to_have_text("▶ Play")
+    assert page.evaluate(clip_stopped)
+
+    clip_play.click()
+    wait_for(page, clip_playing)
+    page.click("#try-speak")  # Speak stops the clip too
+    expect(clip_play).to_have_text("▶ Play")
+    assert page.evaluate(clip_stopped)
+    page.unroute_all()

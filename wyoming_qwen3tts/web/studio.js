@@ -15,8 +15,8 @@ const GREETINGS = {
 
 const $ = (id) => document.getElementById(id);
 const state = {voices: [], defaultVoice: null, defaultPinned: false, defaultServed: true, voicesFolder: null, skipped: [],
-    models: null, playingButton: null, tryAbort: null, speakLine: null, recorded: null,
-    voiceLines: new Map(), skippedLines: new Map()};
+    models: null, playing: null, playButtons: new Map(), tryAbort: null, speakLine: null, recorded: null,
+    voiceLines: new Map(), skippedLines: new Map(), renames: new Map()};
 // What a voice of the user's takes the place of (the listing's "shadows"), as the page names it.
 const BENEATH = {shipped: "shipped preset", user: "preset", builtin: "built-in speaker"};
 const OVERRIDE_MARKS = {shipped: "overrides the shipped preset", user: "overrides your preset",
@@ -126,9 +126,9 @@ function setStatus(node, text, kind) {
 // redraw lands in the row on screen, and what the line says stays. The rule for an error
 // there: it stays until the user presses a button of that row again (the press clears it,
 // and the new action says its own note or result), dismisses it with its ×, or the row leaves
-// the list (the voice or file is gone; a later row of the same name starts blank). A refused
-// rename, whose form a redraw closes, moves to this line (renderVoices). Notes and results
-// stay too, until the next action replaces them.
+// the list (the voice or file is gone; a later row of the same name starts blank). Notes and
+// results stay too, until the next action replaces them. (An open rename form is kept across
+// redraws likewise, its answer in it: startRename.)
 function rowLine(lines, drawn, key, className) {
     const node = lines.get(key) || el("span", {className: className});
     node.dataset.keep = "";
@@ -298,13 +298,14 @@ function renderSkipped() {
     const list = el("ul", {className: "skipped-list"});
     const drawn = new Map();
     for (const clip of state.skipped) {
-        const line = rowLine(state.skippedLines, drawn, clip.name, "status");
+        const line = rowLine(state.skippedLines, drawn, clip.file, "status");
         const item = el("li", {}, [
             el("code", {className: "skipped-file", textContent: clip.file}), document.createTextNode(": " + clip.reason + " "),
             button("Delete", () => deleteSkipped(clip, line), "danger"), line,
         ]);
         clearOnPress(item, line);
         item.dataset.skipped = clip.name;
+        item.dataset.file = clip.file;
         list.append(item);
     }
     state.skippedLines = drawn;
@@ -317,27 +318,48 @@ function renderSkipped() {
     );
 }
 
+// "a, b and c"
+const listText = (items) => items.length < 2 ? items.join("") : items.slice(0, -1).join(", ") + " and " + items.at(-1);
+// A file name as a message says it: in quotes where spaces around it or control characters would not show.
+const fileText = (file) => /^\s|\s$|[\u0000-\u001f\u007f]/.test(file) ? JSON.stringify(file) : file;
+
+// What a skipped file's Delete removes, as the server does it (library.VoiceLibrary._delete_skipped):
+// every skipped file of its voice name. Where a clone voice of that name is spoken (kim.mp3
+// beside kim.wav), those alone, never the voice's clip or transcript; else their transcripts too.
+function skippedQuestion(clip, files, shown) {
+    const voice = state.voices.find((v) => v.source === "clone" && sameName(v.name, clip.name));
+    const together = files.length > 1 ? " (skipped files of one voice name go together)" : "";
+    const why = `${files.length > 1 ? fileText(clip.file) : "It"} is no voice: ${clip.reason}.`;
+    if (voice) {
+        return `Delete ${shown} from the voices folder${together}? ${why} The voice ${voice.name} keeps its clip and ` +
+            "transcript (if any).";
+    }
+    return `Delete ${shown} and ${files.length > 1 ? "their transcripts" : "its transcript"} (if any) from the voices ` +
+        `folder${together}? ${why}`;
+}
+
 async function deleteSkipped(clip, status) {
-    if (!confirm(`Delete ${clip.file} (and its transcript) from the voices folder? It is no voice: ${clip.reason}.`)) return;
+    const files = [clip, ...state.skipped.filter((c) => c !== clip && nameKey(c.name) === nameKey(clip.name))];
+    const shown = listText(files.map((c) => fileText(c.file)));
+    if (!confirm(skippedQuestion(clip, files, shown))) return;
     setStatus(status, "deleting…");
     try {
-        await api(voiceUrl(clip.name) + "?skipped=true", {method: "DELETE"});
-        say(`Deleted the skipped file ${clip.file}.`, "ok");
+        // A blank name (" .wav"): the server strips the name asked for too, so " " asks for it.
+        await api(voiceUrl(clip.name || " ") + "?skipped=true", {method: "DELETE"});
+        say(`Deleted the skipped file${files.length > 1 ? "s" : ""} ${shown}.`, "ok");
         await loadVoices();
     } catch (error) { failAt(status, error); }
 }
 
 function renderVoices() {
     const body = $("voices").querySelector("tbody");
-    const refusedRenames = [...body.querySelectorAll(".rename-status.error")]
-        .map((status) => [nameKey(status.closest("tr").dataset.voice), status.textContent]);
+    const focused = body.contains(document.activeElement) ? document.activeElement : null;
     body.replaceChildren();
-    for (const [key, text] of refusedRenames) {  // its form is closed now: the row's line says it
-        const line = state.voiceLines.get(key);
-        if (line) setStatus(line, "Not renamed: " + text, "error");
-    }
     const drawn = new Map();
+    const renames = new Map();
+    const playButtons = new Map();
     for (const voice of state.voices) {
+        const key = nameKey(voice.name);
         const [kindText, kindClass] = KINDS[voice.kind] || [voice.kind, ""];
         const isDefault = sameName(voice.name, state.defaultVoice);
         const nameCell = el("td", {className: "name"}, [el("span", {className: "voice-name", textContent: voice.name})]);
@@ -356,13 +378,20 @@ function renderVoices() {
         const editable = (voice.source === "user" || voice.source === "clone")
             && (!isDefault || !state.defaultPinned || Boolean(beneath));
         // This row's own status line: what its Play, Rename or Delete was refused with.
-        const rowStatus = rowLine(state.voiceLines, drawn, nameKey(voice.name), "status row-status");
+        const rowStatus = rowLine(state.voiceLines, drawn, key, "status row-status");
+        const play = button("▶ Play", () => playSample(voice, rowStatus));
+        playButtons.set(key, play);
         const actions = el("td", {className: "actions"}, [
-            button("▶ Play", (event) => playSample(voice, event.currentTarget, rowStatus)),
+            play,
             button("Try", () => { chooseTryVoice(voice.name); $("try-text").focus(); }),
         ]);
         if (editable) {
             actions.append(button("Rename", () => startRename(voice, nameCell)));
+            const rename = state.renames.get(key);  // an open form stays open, with what was typed
+            if (rename) {
+                nameCell.replaceChildren(...rename);
+                renames.set(key, rename);
+            }
             const remove = button("Delete", () => deleteVoice(voice, rowStatus), "danger");
             if (beneath) remove.title = `Delete your ${voice.source === "user" ? "preset" : "voice"}: the ${beneath} ${voice.name} comes back`;
             actions.append(remove);
@@ -381,6 +410,10 @@ function renderVoices() {
         body.append(row);
     }
     state.voiceLines = drawn;
+    state.renames = renames;
+    state.playButtons = playButtons;
+    showPlaying();
+    if (focused && focused.isConnected) focused.focus({preventScroll: true});  // a rename form's field
     $("voice-count").textContent = state.voices.length + (state.voices.length === 1 ? " voice" : " voices");
     renderEmptyHint();
     renderSkipped();
@@ -408,24 +441,33 @@ function chooseTryVoice(name) {
 }
 $("try-voice").addEventListener("change", () => chooseTryVoice($("try-voice").value));
 
+// An open rename form is kept in state.renames (key: the row's name) and moved into the row
+// at each redraw, with what was typed and the focus: a reload does not close it, and its
+// answer is said in it, on screen. Cancel or a rename done puts it away, as does the row's
+// leaving the list.
 function startRename(voice, cell) {
+    const key = nameKey(voice.name);
     const input = el("input", {type: "text", value: voice.name, maxLength: 48});
     const status = el("span", {className: "status rename-status"});
+    const close = () => { if (state.renames.get(key) === form) state.renames.delete(key); };
     const save = button("Save", async () => {
         setStatus(status, "renaming…");
         try {
             const renamed = await apiJson(voiceUrl(voice.name), "PATCH", {name: input.value});
             say(`Renamed ${voice.name} to ${renamed.name}.`, "ok");
+            close();
             await loadVoices();
         } catch (error) { failAt(status, error); }
     }, "primary");
     clearOnChange(status, [input]);
-    const cancel = button("Cancel", () => { setStatus(status, ""); renderVoices(); });  // not kept: put away
+    const cancel = button("Cancel", () => { setStatus(status, ""); close(); renderVoices(); });  // not kept: put away
     input.addEventListener("keydown", (event) => {
         if (event.key === "Enter") save.click();
         if (event.key === "Escape") cancel.click();
     });
-    cell.replaceChildren(input, " ", save, " ", cancel, status);
+    const form = [input, " ", save, " ", cancel, status];
+    state.renames.set(key, form);
+    cell.replaceChildren(...form);
     input.focus();
     input.select();
 }
@@ -457,49 +499,67 @@ async function deleteVoice(voice, status) {
 
 // --- playing samples ------------------------------------------------------------------------
 
+// One voice plays at a time: a row's clip (the player) or greeting (speak), or the Try box's
+// speech; each Play and Speak stops what plays. The row that plays is state.playing
+// ({key: its name's, words: what its Play says, speech: the greeting's AbortController}),
+// so that a redraw of the list gives its new Play the same words, and pressing it stops it.
 const player = $("player");
 player.addEventListener("ended", () => {
     window.studioStats.samplesEnded += 1;
-    resetPlayButton();
+    if (state.playing && !state.playing.speech) setPlaying(null);
 });
 
-function resetPlayButton() {
-    if (state.playingButton) state.playingButton.textContent = "▶ Play";
-    state.playingButton = null;
+function showPlaying() {
+    for (const [key, node] of state.playButtons) {
+        node.textContent = state.playing && state.playing.key === key ? state.playing.words : "▶ Play";
+    }
 }
 
-// Plays the clip at url; its note (while it loads) and its error are said in status, the row's line.
-async function playBlob(url, buttonNode, status, note) {
-    resetPlayButton();
+function setPlaying(playing) {
+    state.playing = playing;
+    showPlaying();
+}
+
+function stopPlaying() {
+    stopSpeaking();  // a greeting, or the Try box's speech
+    player.pause();
+    setPlaying(null);
+}
+
+// Plays the clip at url for the row key; its note (while it loads) and its error are said in status, the row's line.
+async function playBlob(url, key, status, note) {
+    stopPlaying();
+    const playing = {key: key, words: "… loading"};
+    setPlaying(playing);
     setStatus(status, note || "");
-    state.playingButton = buttonNode;
-    buttonNode.textContent = "… loading";
     try {
         const blob = await (await api(url)).blob();
+        if (state.playing !== playing) { setStatus(status, ""); return; }  // stopped, or another Play pressed
         setStatus(status, "");
         if (player.src) URL.revokeObjectURL(player.src);
         player.src = URL.createObjectURL(blob);
-        buttonNode.textContent = "■ Playing";
+        playing.words = "■ Playing";
+        showPlaying();
         await player.play();
     } catch (error) {
-        resetPlayButton();
+        if (state.playing === playing) setPlaying(null);
         failAt(status, error);
     }
 }
 
-function playSample(voice, buttonNode, status) {
-    if (state.playingButton === buttonNode && !player.paused) {
-        player.pause();
-        resetPlayButton();
+function playSample(voice, status) {
+    const key = nameKey(voice.name);
+    if (state.playing && state.playing.key === key) {  // pressed again: it stops
+        stopPlaying();
         return;
     }
     if (voice.served === "speaker" || voice.anchor === "off") {  // no clip: speak a greeting instead
-        speak(voice.name, GREETINGS[voice.languages[0]] || GREETINGS.en, status);
+        speak(voice.name, GREETINGS[voice.languages[0]] || GREETINGS.en, status, key);
         return;
     }
     const rendering = voice.kind === "voice_design" && voice.anchor !== "ready";
     const note = rendering ? "rendering its anchor first: this takes a moment…" : "";
-    playBlob(voiceUrl(voice.name) + "/sample", buttonNode, status, note).then(() => {
+    playBlob(voiceUrl(voice.name) + "/sample", key, status, note).then(() => {
         if (rendering) loadVoices();
     });
 }
@@ -510,14 +570,19 @@ let audioContext = null;
 
 // Streams voiceName saying text; its notes and error are said in line: the Try box's status,
 // or the line of the row whose Play speaks a greeting. One speech at a time: the last one's
-// note, said elsewhere, goes (not its error).
-async function speak(voiceName, text, line) {
-    stopSpeaking();
+// note, said elsewhere, goes (not its error). key: the row whose greeting it is (its Play
+// says so until the greeting ends), or none (the Try box).
+async function speak(voiceName, text, line, key) {
+    stopPlaying();
     const last = state.speakLine;
     if (last && last !== line && !last.classList.contains("error")) setStatus(last, "");
     state.speakLine = line;
     const controller = new AbortController();
     state.tryAbort = controller;
+    const playing = key === undefined ? null : {key: key, words: "… loading", speech: controller};
+    setPlaying(playing);
+    const ended = () => { if (playing && state.playing === playing) setPlaying(null); };
+    let lastSource = null;
     $("try-stop").disabled = false;
     setStatus(line, "waiting for the first audio…");
     Object.assign(window.studioStats, {streamBytes: 0, streamChunks: 0, streamDone: false});
@@ -551,6 +616,11 @@ async function speak(voiceName, text, line) {
             playAt = Math.max(playAt, audioContext.currentTime + 0.02);
             source.start(playAt);
             playAt += buffer.duration;
+            lastSource = source;
+            if (playing && playing.words !== "■ Playing" && state.playing === playing) {
+                playing.words = "■ Playing";
+                showPlaying();
+            }
             window.studioStats.streamBytes += whole;
             window.studioStats.streamChunks += 1;
             const seconds = window.studioStats.streamBytes / 2 / SAMPLE_RATE;
@@ -558,7 +628,10 @@ async function speak(voiceName, text, line) {
         }
         window.studioStats.streamDone = true;
         line.textContent = `done: ${(window.studioStats.streamBytes / 2 / SAMPLE_RATE).toFixed(1)} s`;
+        if (lastSource) lastSource.addEventListener("ended", ended);  // the greeting's Play says so until then
+        else ended();
     } catch (error) {
+        ended();
         if (!controller.signal.aborted) failAt(line, error);  // stopped: stopSpeaking said so
     } finally {
         if (state.tryAbort === controller) {
@@ -575,6 +648,7 @@ function stopSpeaking() {
     }
     state.tryAbort = null;
     if (audioContext) { audioContext.close(); audioContext = null; }
+    if (state.playing && state.playing.speech) setPlaying(null);
     $("try-stop").disabled = true;
 }
 
