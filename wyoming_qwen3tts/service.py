@@ -65,11 +65,13 @@ class TextTooLongError(RequestError):
     code = "text-too-long"
 
 
-def text_too_long(chars: int, max_chars: int) -> TextTooLongError:
-    """The refusal of a text of ``chars`` characters (a streamed text: so far, with the delta
-    that passed the limit) over ``max_chars`` (``--max-chars``), in the same words on every
-    door and path: a whole text (``check_text``) and a streamed one (``SpeechStream.add_text``)."""
-    return TextTooLongError(f"Text is {chars} characters, over the limit of {max_chars} (--max-chars)")
+def text_too_long(chars: int, max_chars: int, streamed: bool = False) -> TextTooLongError:
+    """The refusal of a text of ``chars`` characters over ``max_chars`` (``--max-chars``), in
+    the same words on every door and path: a whole text (``check_text``) and a streamed one
+    (``SpeechStream.add_text``, ``streamed``: ``chars`` counts what came so far, up to the
+    delta that passed the limit, so the message says "at least")."""
+    size = f"at least {chars} characters (so far)" if streamed else f"{chars} characters"
+    return TextTooLongError(f"Text is {size}, over the limit of {max_chars} (--max-chars)")
 
 
 class VoiceNotFoundError(RequestError):
@@ -749,7 +751,7 @@ class SpeechStream:
             TextTooLongError: the stream's text passed the limit; nothing of this delta is kept.
         """
         if self._chars + len(delta) > self._service.max_chars:
-            raise text_too_long(self._chars + len(delta), self._service.max_chars)
+            raise text_too_long(self._chars + len(delta), self._service.max_chars, streamed=True)
         self._chars += len(delta)
         if delta:
             self.timeline.mark("arrived", arrived)
