@@ -193,6 +193,21 @@ def test_page_lists_every_voice_with_kind_languages_and_serving(page: Page) -> N
     expect(page.locator("#key-form")).to_be_hidden()
     page.reload()  # the key is remembered in this browser
     expect(row(page, "clone")).to_be_visible()
+    # A preset whose model this GPU cannot hold (the listing's ``unservable``, on a GPU only):
+    # said in its row, with the server's reason on hover, not "designed live".
+    why = "The voice_design model cannot be served on this GPU: it needs 9.1 GB, 5.0 GB are free"
+
+    def unservable(route: Any) -> None:
+        body = route.fetch().json()
+        route.fulfill(json={**body, "voices": [dict(v, unservable=why) if v["name"] == "lena" else v
+                                               for v in body["voices"]]})
+
+    page.route("**/v1/audio/voices", unservable)
+    page.reload()
+    expect(row(page, "lena")).to_contain_text("cannot be spoken")
+    expect(row(page, "lena").locator(".served-none")).to_have_attribute("title", why)
+    expect(row(page, "lena")).not_to_contain_text("designed live")
+    expect(row(page, "aria")).not_to_contain_text("cannot be spoken")
 
 
 def test_a_sample_plays_to_its_end(page: Page) -> None:

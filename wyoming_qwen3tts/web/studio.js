@@ -203,6 +203,10 @@ function button(text, onClick, className) {
 }
 
 function servedCell(voice) {
+    if (voice.unservable) {  // its model cannot run on this GPU: the server refuses it, says why
+        return el("span", {className: "served-none", textContent: "cannot be spoken",
+            title: voice.unservable}, [el("span", {className: "sub", textContent: "its model does not fit this GPU"})]);
+    }
     if (voice.served === "anchor") {
         return el("span", {className: "served-anchor", textContent: "anchor",
             title: "Spoken by the Base model as a clone of its anchor clip: the same voice every time"});
