@@ -649,7 +649,8 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
         skipped = json.loads(body).pop("skipped")
         assert status == 200 and {k: v for k, v in json.loads(body).items() if k != "skipped"} == empty  # the folder: the studio's hint names it
         assert [(c["name"], c["file"]) for c in skipped] == [
-            ("broken", "broken.wav"), ("hush", "hush.wav"), ("tab\there", "tab\there.wav")], skipped
+            ("broken", "broken.wav"), ("hush", "hush.wav"), ("later", "later.txt"), ("tab\there", "tab\there.wav")
+        ], skipped  # later.txt: a transcript with no clip beside it, listed so the page can show and delete it
         status, described = await call(srv, "GET", "/openapi.json", auth=False)
         document = json.loads(described)
         listing = {**document["components"]["schemas"]["VoiceList"], "components": document["components"]}
@@ -994,7 +995,9 @@ async def test_clips_skipped_for_their_name_or_format_are_listed_and_deleted_alo
     studio page's Skipped files, did not show them, so a user saw no reason why they gave no
     voice. Now each is listed with its reason, in the listing's schema, and the page's Delete
     (``DELETE /v1/audio/voices/{name}?skipped=true``) removes it (with its transcript where
-    no voice reads that) and never the clip spoken or its transcript."""
+    no voice reads that) and never the clip spoken or its transcript, answering every file it
+    removed (``files``: it named one clip only). A transcript with no clip beside it
+    (``wavv.txt``, its clip misnamed) was not listed either: now it is, and deleted so."""
     voices = folders[0]
     sf.write(voices / "twin.wav", tone(2.0), 24000)
     (voices / "twin.txt").write_text(CLONE_TRANSCRIPT)
@@ -1002,7 +1005,8 @@ async def test_clips_skipped_for_their_name_or_format_are_listed_and_deleted_alo
     sf.write(voices / "tab\tname.wav", tone(2.0), 24000)
     (voices / "tab\tname.txt").write_text("Tabbed.")
     (voices / "tune.mid").write_bytes(b"MThd\0\0\0\6\0\0\0\1\0\x60")
-    ours = {"twin.mp3", "tab\tname.wav", "tune.mid"}
+    (voices / "wavv.txt").write_text("Its clip is misnamed.")
+    ours = {"twin.mp3", "tab\tname.wav", "tune.mid", "wavv.txt"}
     try:
         status, body = await call(studio, "GET", "/v1/audio/voices")
         listing = json.loads(body)
@@ -1013,6 +1017,8 @@ async def test_clips_skipped_for_their_name_or_format_are_listed_and_deleted_alo
             "tab\tname.wav": {"name": "tab\tname", "file": "tab\tname.wav",
                               "reason": "its name holds control characters; rename the file"},
             "tune.mid": {"name": "tune", "file": "tune.mid", "reason": skipped["tune.mid"]["reason"]},
+            "wavv.txt": {"name": "wavv", "file": "wavv.txt", "reason": "no clip beside it: not a voice yet; add an "
+                         "audio clip wavv.wav (or .flac, .mp3, .m4a, .ogg, ...)"},
         }, listing["skipped"]
         assert skipped["tune.mid"]["reason"].startswith("the voices folder does not read .mid files; save the clip "
                                                         "as tune.wav (or .flac, "), skipped
@@ -1020,16 +1026,19 @@ async def test_clips_skipped_for_their_name_or_format_are_listed_and_deleted_alo
         document = json.loads(described)
         jsonschema.validate(listing, {**document["components"]["schemas"]["VoiceList"], "components": document["components"]})
 
-        for name, file in [("twin", "twin.mp3"), ("tab%09name", "tab\tname.wav"), ("tune", "tune.mid")]:
+        for name, file, files in [("twin", "twin.mp3", ["twin.mp3"]), ("tab%09name", "tab\tname.wav",
+                                   ["tab\tname.txt", "tab\tname.wav"]), ("tune", "tune.mid", ["tune.mid"]),
+                                  ("wavv", "wavv.txt", ["wavv.txt"])]:
             status, body = await call(studio, "DELETE", f"/v1/audio/voices/{name}?skipped=true")
-            assert status == 200 and json.loads(body)["skipped"] == file, body
-        assert sorted(p.name for p in voices.iterdir() if p.stem in ("twin", "tab\tname", "tune")) == [
+            assert status == 200 and json.loads(body) == {"deleted": name.replace("%09", "\t"), "skipped": file,
+                                                          "files": files}, body
+        assert sorted(p.name for p in voices.iterdir() if p.stem in ("twin", "tab\tname", "tune", "wavv")) == [
             "twin.txt", "twin.wav"]
         status, body = await call(studio, "GET", "/v1/audio/voices")
         assert not ours & {c["file"] for c in json.loads(body)["skipped"]}, body
         assert (await voices_of(studio))["twin"]["summary"] == "Cloned voice twin (reference transcript)"
     finally:
-        for leftover in ("twin.mp3", "tab\tname.wav", "tab\tname.txt", "tune.mid"):
+        for leftover in ("twin.mp3", "tab\tname.wav", "tab\tname.txt", "tune.mid", "wavv.txt"):
             (voices / leftover).unlink(missing_ok=True)
         status, _ = await call(studio, "DELETE", "/v1/audio/voices/twin")
         assert status == 200
@@ -1190,7 +1199,8 @@ async def test_a_skipped_clip_is_listed_replaced_by_an_upload_and_deleted_and_a_
         status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
         assert [c["file"] for c in json.loads(body)["skipped"]] == ["Short.wav"]
         status, body = await call(srv, "DELETE", "/v1/audio/voices/short", auth=False)
-        assert status == 200 and json.loads(body) == {"deleted": "Short", "skipped": "Short.wav"}, body
+        assert status == 200 and json.loads(body) == {
+            "deleted": "Short", "skipped": "Short.wav", "files": ["SHORT.TXT", "Short.wav", "short.txt"]}, body
         assert not any(p.stem.lower() == "short" for p in voices.iterdir())
         status, body = await call(srv, "DELETE", "/v1/audio/voices/short", auth=False)
         assert status == 404 and json.loads(body)["error"]["code"] == "unknown-voice"

@@ -20,9 +20,19 @@ from wyoming_qwen3tts.anchors import (
     preset_seed,
     preset_spec,
 )
-from wyoming_qwen3tts.library import LOCK_FILE, MAX_NAME_CHARS, VoiceEditError, VoiceLibrary, check_name, decode_clip
+from wyoming_qwen3tts.library import (
+    LOCK_FILE,
+    MAX_NAME_CHARS,
+    DeletedSkipped,
+    VoiceEditError,
+    VoiceLibrary,
+    check_name,
+    decode_clip,
+)
+from wyoming_qwen3tts import library
 from wyoming_qwen3tts.voices import (
     AUDIO_SUFFIXES,
+    MAX_TRANSCRIPT_CHARS,
     MAX_TRANSCRIPT_CHARS_PER_SECOND,
     ModelKind,
     Reference,
@@ -42,6 +52,24 @@ def write_voice(folder: Path, name: str, freq: float = 200.0, transcript: str | 
     sf.write(folder / f"{name}.wav", (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), 24000)
     if transcript is not None:
         (folder / f"{name}.txt").write_text(transcript)
+
+
+def scanned_once(folder: Path, caplog: pytest.LogCaptureFixture) -> tuple[VoiceCatalog, list[tuple[int, str]]]:
+    """A clone catalogue of ``folder`` and what its scan logged at WARNING or above, as
+    (level, message); checks that a forced rescan logs nothing more (each said once)."""
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(folder, {ModelKind.BASE})
+        said = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+        caplog.clear()
+        catalog.refresh(force=True)
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []  # once
+    return catalog, said
+
+
+def skip_warnings(folder: Path, clips: list[SkippedClip]) -> list[tuple[int, str]]:
+    """The WARNINGs a scan of ``folder`` logs for the skipped ``clips``, as ``scanned_once``
+    returns them."""
+    return [(logging.WARNING, f"Skipping clone voice {folder / clip.file}: {clip.reason}") for clip in clips]
 
 
 def test_shipped_presets_cover_several_languages_and_openai_names() -> None:
@@ -720,8 +748,9 @@ def test_a_clip_name_with_spaces_around_it_is_the_voice_name_without_them(
     so, found by that name and by the spelling with spaces (a request's name is stripped),
     read with a transcript spelled either way, and ``spaced`` (first by name) is the default
     voice of a clone-only service. ``"zed .wav"`` beside ``zed.wav`` is one voice by the
-    duplicate rule (first in name order, the other named in a WARNING); ``" .wav"``, a blank
-    name, is skipped with a WARNING."""
+    duplicate rule, the other named in a WARNING: ``zed.wav``, whose name is the voice name
+    as spoken (the stray copy ``"zed .wav"`` was spoken, as " " sorts before "."); ``" .wav"``,
+    a blank name, is skipped with a WARNING."""
     from wyoming_qwen3tts.metrics import Metrics
     from wyoming_qwen3tts.service import TtsService
 
@@ -741,10 +770,16 @@ def test_a_clip_name_with_spaces_around_it_is_the_voice_name_without_them(
         assert trail is not None and trail.transcript == "Trail speaking."
         assert spaced is not None and spaced.transcript == "Spaced speaking."
         zed = catalog.get("zed").reference
-        assert zed is not None and zed.digest == Reference.load(tmp_path / "zed .wav").digest
+        assert zed is not None and zed.digest == Reference.load(tmp_path / "zed.wav").digest
         warned = taken_logs(caplog, logging.WARNING, "")
         same = [m for m in warned if "same voice name" in m]
-        assert len(same) == 1 and "using 'zed .wav', ignoring 'zed.wav'" in same[0], warned
+        assert len(same) == 1 and ("using 'zed.wav', ignoring 'zed .wav' (its file name is the voice name exactly, "
+                                   "without spaces around it)") in same[0], warned
+        assert [(c.file, c.reason) for c in catalog.skipped()] == [
+            (" .wav", "its name is blank; rename the file"),
+            ("zed .wav", "zed.wav gives the same voice name and is used instead (its file name is the voice name "
+                         "exactly, without spaces around it); rename or remove this file"),
+        ]
         assert "Skipping clone voice ' .wav': its name is blank; rename the file" in warned, warned
     service = TtsService(catalog, {}, None, Metrics())
     assert service.default_voice == "spaced" and service.resolve_voice(None).name == "spaced"
@@ -754,7 +789,7 @@ def test_voice_names_are_compared_in_unicode_nfc(tmp_path: Path, caplog: pytest.
     """A clip written with decomposed accents (NFD ``Renée.wav``, as macOS writes over Samba)
     is the voice ``Renée`` in NFC, found by either spelling in any case, with its transcript
     spelled either way; NFD and NFC ``José.wav`` side by side are one voice by the duplicate
-    rule (the first in name order, the other named in a WARNING)."""
+    rule (the one spelled as the voice name, NFC, the other named in a WARNING)."""
     write_voice(tmp_path, RENEE_NFD, transcript=None)
     (tmp_path / f"{RENEE}.txt").write_text("Renée speaking.")
     write_voice(tmp_path, JOSE, freq=300.0, transcript=None)
@@ -766,10 +801,10 @@ def test_voice_names_are_compared_in_unicode_nfc(tmp_path: Path, caplog: pytest.
             assert catalog.get(asked).name == name, ascii(asked)
         renee = catalog.get(RENEE).reference
         assert renee is not None and renee.transcript == "Renée speaking."
-        jose = catalog.get(JOSE).reference  # NFD sorts first: "e" before "é"
-        assert jose is not None and jose.digest == Reference.load(tmp_path / f"{JOSE_NFD}.wav").digest
+        jose = catalog.get(JOSE).reference  # NFC, though NFD sorts first ("e" before "é")
+        assert jose is not None and jose.digest == Reference.load(tmp_path / f"{JOSE}.wav").digest
         same = taken_logs(caplog, logging.WARNING, "same voice name")
-        assert len(same) == 1 and f"using {JOSE_NFD + '.wav'!r}, ignoring {JOSE + '.wav'!r}" in same[0], same
+        assert len(same) == 1 and f"using {JOSE + '.wav'!r}, ignoring {JOSE_NFD + '.wav'!r}" in same[0], same
 
 
 def test_the_studio_renames_and_deletes_a_voice_whose_file_name_is_spelled_otherwise(tmp_path: Path) -> None:
@@ -1115,12 +1150,18 @@ def test_clips_in_the_formats_the_studio_takes_are_voices_when_copied_into_the_f
         assert reference is not None and abs(len(reference.audio) / reference.sample_rate - 2.0) < 0.1, name
         assert float(np.abs(reference.audio).max()) > 0.2, name
     assert clones["grandma"] is not None and clones["grandma"].transcript == "Hello, it is Grandma."
-    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(said) == 1 and said[0].startswith(f"Skipping clone voice {tmp_path / 'broken.mp3'}: "), said
-    assert [clip.file for clip in catalog.skipped()] == ["broken.mp3"]
-    assert str(tmp_path) not in catalog.skipped()[0].reason
+    # A file FFmpeg cannot read was an ERROR with its raw error ("[Errno 1094995529] Invalid
+    # data found when processing input: '<path>'"), in the listing and refusals too: now a
+    # WARNING in plain words, the decoder's short message kept, as every other skip.
+    unread = "the file is not audio FFmpeg can read: Invalid data found when processing input"
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said == [(logging.WARNING, f"Skipping clone voice {tmp_path / 'broken.mp3'}: {unread}")], said
+    assert catalog.skipped() == [SkippedClip("broken", "broken.mp3", unread)]
+    with pytest.raises(UnknownVoiceError, match=rf"'broken' is a clone whose clip could not be used \(broken.mp3: "
+                                                rf"{unread}\); replace the file"):
+        catalog.get("broken")
     check_default_voice("grandpa", tmp_path, {ModelKind.BASE})
-    assert survey_clips(tmp_path) == (True, ["broken.mp3 (no readable audio)"])
+    assert survey_clips(tmp_path) == (True, [f"broken.mp3 ({unread})"])
     library = VoiceLibrary(catalog, None)
     library.delete("grandma")
     assert not (tmp_path / "grandma.mp3").exists() and not (tmp_path / "grandma.txt").exists()
@@ -1140,12 +1181,7 @@ def test_every_audio_format_the_folder_reads_is_a_voice_and_audio_it_does_not_re
     (tmp_path / "song.mid").write_bytes(b"MThd\0\0\0\6\0\0\0\1\0\x60")
     (tmp_path / "Take.AUP3").write_bytes(b"SQLite format 3\0")
     (tmp_path / "cover.jpg").write_bytes(b"\xff\xd8\xff\xe0 not audio")
-    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
-        catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
-        said = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
-        caplog.clear()
-        catalog.refresh(force=True)
-        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []  # once
+    catalog, said = scanned_once(tmp_path, caplog)
     clones = {v.name: v.reference for v in catalog.voices()}
     assert sorted(clones) == sorted(f"clip{s.replace('.', '_')}" for s in _PYAV_WRITERS), sorted(clones)
     assert set(_PYAV_WRITERS) == set(AUDIO_SUFFIXES)  # a new suffix needs a clip here
@@ -1155,17 +1191,14 @@ def test_every_audio_format_the_folder_reads_is_a_voice_and_audio_it_does_not_re
     formats = ".flac, .mp3, .m4a, .ogg, ..."
     mid = f"the voices folder does not read .mid files; save the clip as song.wav (or {formats})"
     aup = f"the voices folder does not read .aup3 files; save the clip as Take.wav (or {formats})"
-    assert said == [
-        (logging.WARNING, f"Skipping clone voice {tmp_path / 'Take.AUP3'}: {aup}"),
-        (logging.WARNING, f"Skipping clone voice {tmp_path / 'song.mid'}: {mid}"),
-    ], said
-    assert catalog.skipped() == [SkippedClip("Take", "Take.AUP3", aup), SkippedClip("song", "song.mid", mid)]
+    skipped = [SkippedClip("Take", "Take.AUP3", aup), SkippedClip("song", "song.mid", mid)]
+    assert said == skip_warnings(tmp_path, skipped) and catalog.skipped() == skipped, said
     with pytest.raises(UnknownVoiceError, match=r"'song' is a clone whose clip could not be used \(song.mid: the "
                                                 r"voices folder does not read .mid files"):
         catalog.get("song")
     # The studio deletes such a file like any skipped clip, and its name is free again.
     library = VoiceLibrary(catalog, None)
-    assert library.delete("song") == SkippedClip("song", "song.mid", mid)
+    assert library.delete("song") == DeletedSkipped("song", "song.mid", mid, files=("song.mid",))
     assert not (tmp_path / "song.mid").exists() and library.check_free("song") == "song"
 
 
@@ -1241,15 +1274,16 @@ def test_a_clip_skipped_for_the_control_characters_in_its_name_is_listed_and_del
 def test_a_transcript_far_longer_than_its_clip_could_hold_is_warned_of_once_and_still_used(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A 25,000-character transcript beside a 2 s clip (a whole script pasted in) was taken
-    without a word. A transcript is what its clip says: now one over
+    """A 900-character transcript beside a 2 s clip (a script pasted in) was taken without a
+    word. A transcript is what its clip says: now one over
     ``MAX_TRANSCRIPT_CHARS_PER_SECOND`` characters a second of the clip the voice uses is
     warned of once per file (the voice is still served with it: the user decides); fast
     real speech (20 characters a second of English; the fastest talkers on record reach
-    57) is far from it, and so is a transcript whose clip the voice cuts at 20 s."""
+    57) is far from it, and so is a transcript whose clip the voice cuts at 20 s. (Over
+    ``MAX_TRANSCRIPT_CHARS`` the clip is skipped instead: the next test.)"""
     assert MAX_TRANSCRIPT_CHARS_PER_SECOND > 57
     (tmp_path / "script.wav").write_bytes(_tone_wav(2.0))
-    (tmp_path / "script.txt").write_text("All the world's a stage. " * 1000)
+    (tmp_path / "script.txt").write_text("All the world's a stage. " * 36)
     (tmp_path / "fast.wav").write_bytes(_tone_wav(2.0))
     (tmp_path / "fast.txt").write_text("Quick brown fox, lazy dog! " * 4 + "\n" * 50)  # 107 characters: 54 a second
     (tmp_path / "long.wav").write_bytes(_tone_wav(30.0))  # the voice uses 20 s of it
@@ -1261,20 +1295,89 @@ def test_a_transcript_far_longer_than_its_clip_could_hold_is_warned_of_once_and_
         write_voice(tmp_path, "other")
         catalog.refresh()
         assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
-        (tmp_path / "script.txt").write_text("To be or not to be. " * 1000)  # edited, still too long
+        (tmp_path / "script.txt").write_text("To be or not to be. " * 40)  # edited, still too long
         catalog.refresh()
         again = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warned == [
-        f"Clone voice {tmp_path / 'script.wav'}: its transcript script.txt is 24,999 characters long, more than "
+        f"Clone voice {tmp_path / 'script.wav'}: its transcript script.txt is 899 characters long, more than "
         "2.0 s of speech could hold (at most 160: 80 characters a second, where fast speech is 15 to 20); a transcript "
         "should be what the clip says, word for word: cut it to that, or remove it to clone from the sound of the "
         "voice alone (it is used all the same)"
     ], warned
-    assert len(again) == 1 and "script.txt is 19,999 characters long" in again[0], again
+    assert len(again) == 1 and "script.txt is 799 characters long" in again[0], again
     assert {v.name for v in catalog.voices()} == {"script", "fast", "long", "other"} and catalog.skipped() == []
     assert catalog.get("script").reference.transcript.startswith("To be")  # type: ignore[union-attr]
     cut = overlong_transcript_reason("long.txt", "word " * 400, 20.0)  # a clip cut to the 20 s used: said so
     assert cut is not None and "more than 20.0 s of speech (the first 20 s of the clip, all a voice uses) could" in cut
+
+
+def test_a_transcript_over_the_studios_limit_skips_its_clip_as_other_transcript_faults_do(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A clone whose transcript was 2,000,001 bytes (or 5,001 characters) was only warned of
+    and served: every request prefilled the whole text (3.2 s to first audio at 25,001; minutes,
+    deaf to cancellation and holding every other clone voice, at two million). The studio's
+    upload refuses a transcript over ``MAX_TRANSCRIPT_CHARS``; now the folder scan skips such a
+    clip with the same limit (one constant), as a transcript not saved as UTF-8 is skipped: in
+    ``skipped`` with a reason naming the file and the limit, refused on request with it, logged
+    once at WARNING. A file far over it is refused by its size, never read whole. At the limit
+    (white space runs counted as one, as the upload counts) the voice is served."""
+    assert MAX_TRANSCRIPT_CHARS == library.MAX_TRANSCRIPT_CHARS == 1000
+    (tmp_path / "huh.wav").write_bytes(_tone_wav(2.0))
+    (tmp_path / "huh.txt").write_bytes(b"a" * 2_000_001)
+    (tmp_path / "long.wav").write_bytes(_tone_wav(2.0))
+    (tmp_path / "long.txt").write_text("a" * 5_001)
+    (tmp_path / "full.wav").write_bytes(_tone_wav(20.0))
+    (tmp_path / "full.txt").write_text("Say it. " * 125 + "\n\n  \n" * 100)  # 999 characters and white space
+    catalog, warned = scanned_once(tmp_path, caplog)
+    fix = ("characters a transcript may hold; cut it to what the clip says, word for word, or remove it to clone from "
+           "the sound of the voice alone")
+    huh = f"its transcript huh.txt is 2,000,001 bytes long, over the 1,000 {fix}"
+    long = f"its transcript long.txt is 5,001 characters long, over the 1,000 {fix}"
+    skipped = [SkippedClip("huh", "huh.wav", huh, "huh.txt"), SkippedClip("long", "long.wav", long, "long.txt")]
+    assert warned == skip_warnings(tmp_path, skipped) and catalog.skipped() == skipped, warned
+    assert [v.name for v in catalog.voices()] == ["full"]
+    assert catalog.get("full").reference.transcript.startswith("Say it.")  # type: ignore[union-attr]
+    with pytest.raises(UnknownVoiceError) as asked:
+        catalog.get("huh")
+    assert str(asked.value).startswith(f"Voice 'huh' is a clone whose transcript could not be used (huh.wav: {huh}); "
+                                       "available: full"), asked.value
+    with pytest.raises(VoiceEditError) as refused:  # a preset or rename onto the name: what to do with it
+        VoiceLibrary(catalog, None).check_free("long")
+    assert "Save its transcript long.txt with only what the clip says to make it a voice" in str(refused.value)
+    (tmp_path / "long.txt").write_text("Hello there.")  # cut to what the clip says: a voice at once
+    catalog.refresh()
+    assert catalog.get("long").reference.transcript == "Hello there."  # type: ignore[union-attr]
+
+
+def test_deleting_skipped_files_names_every_file_removed_and_an_orphan_transcript_is_listed_and_deletable(
+    tmp_path: Path,
+) -> None:
+    """Deleting the skipped files of a name (the studio's ``?skipped=true``) removed two
+    skipped twins (``Kim.AIFF`` beside a silent ``kim.wav``) but named one, and a clip skipped
+    for its Latin-1 transcript but not the transcript that went with it: now the answer lists
+    every file removed (``DeletedSkipped.files``). A transcript with no clip beside it was
+    logged and refused but not in ``skipped``, so the studio could neither show nor delete it:
+    now it is listed with why, and deleting it removes the ``.txt``."""
+    sf.write(tmp_path / "kim.wav", np.zeros(48000, np.float32), 24000)  # silent: skipped
+    sf.write(tmp_path / "Kim.AIFF", np.zeros(48000, np.float32), 24000, format="AIFF")  # skipped for its name
+    write_voice(tmp_path, "latin", transcript=None)
+    (tmp_path / "latin.txt").write_bytes("Café".encode("cp1252"))
+    (tmp_path / "wavv.txt").write_text("A clip's words, its clip misnamed.")
+    write_voice(tmp_path, "other")
+    catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
+    orphan = "no clip beside it: not a voice yet; add an audio clip wavv.wav (or .flac, .mp3, .m4a, .ogg, ...)"
+    assert [clip.file for clip in catalog.skipped()] == ["Kim.AIFF", "kim.wav", "latin.wav", "wavv.txt"]
+    assert catalog.skipped()[-1] == SkippedClip("wavv", "wavv.txt", orphan)
+    library = VoiceLibrary(catalog, None)
+    gone = library.delete("kim", skipped=True)
+    assert isinstance(gone, DeletedSkipped) and (gone.file, gone.files) == ("kim.wav", ("Kim.AIFF", "kim.wav"))
+    gone = library.delete("latin", skipped=True)
+    assert isinstance(gone, DeletedSkipped) and (gone.file, gone.files) == ("latin.wav", ("latin.txt", "latin.wav"))
+    gone = library.delete("WAVV")  # no voice: its skipped files, as for a clip
+    assert isinstance(gone, DeletedSkipped) and (gone.file, gone.files) == ("wavv.txt", ("wavv.txt",))
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["other.txt", "other.wav"]
+    assert catalog.skipped() == []
 
 
 def test_a_constant_offset_or_one_click_in_silence_is_silent_for_the_folder_and_the_studio(

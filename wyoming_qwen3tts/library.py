@@ -26,6 +26,7 @@ import tempfile
 import tomllib
 import unicodedata
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -39,6 +40,7 @@ from .audio import SAMPLE_RATE
 from .voices import (
     AUDIO_SUFFIXES,
     MAX_REFERENCE_SECONDS,
+    MAX_TRANSCRIPT_CHARS,
     MIN_CLIP_SECONDS,
     MIN_SOUND_SECONDS,
     UNREAD_AUDIO_SUFFIXES,
@@ -62,8 +64,6 @@ from .voices import (
 MAX_UPLOAD_BYTES = 20 * 1000 * 1000
 #: Longest voice name, in characters.
 MAX_NAME_CHARS = 48
-#: Longest transcript of a clone clip, in characters (20 s of fast speech is about 400).
-MAX_TRANSCRIPT_CHARS = 1000
 _NAME_RE = re.compile(r"[\w][\w .'-]*")
 #: Device names Windows reserves (with any extension): such files cannot be opened over
 #: Samba from Windows, which the add-on's docs suggest for managing the voices folder.
@@ -77,6 +77,16 @@ LOCK_TIMEOUT_S = 10.0
 #: with that reason, so they hold their name as an unusable clip does).
 _CLIP_SUFFIXES = AUDIO_SUFFIXES + UNREAD_AUDIO_SUFFIXES
 _WINDOWS_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
+
+
+@dataclass(frozen=True)
+class DeletedSkipped(SkippedClip):
+    """A skipped clip that ``VoiceLibrary.delete`` removed (the one that would give the voice,
+    else the first of its name), and ``files``: the names of every file removed with it, sorted
+    (its twins skipped too, transcripts: ``Kim.AIFF`` and ``kim.wav``; ``latin.wav`` and
+    ``latin.txt``)."""
+
+    files: tuple[str, ...] = ()
 
 
 class VoiceEditError(Exception):
@@ -362,8 +372,9 @@ class VoiceLibrary:
                         raise VoiceEditError(409, "name-taken", message, "name")
                     if replace_skipped:
                         continue  # an upload replaces it: it serves no voice
+                    again = "again as UTF-8" if skipped.reason.endswith("UTF-8") else "with only what the clip says"
                     fix = (  # the clip is fine: its transcript is not
-                        f"Save its transcript {skipped.transcript} again as UTF-8 to make it a voice, upload a clip "
+                        f"Save its transcript {skipped.transcript} {again} to make it a voice, upload a clip "
                         f"named {skipped.name!r} under 'Clone a voice' to replace both"
                         if skipped.transcript else
                         f"Upload a good clip named {skipped.name!r} under 'Clone a voice' to replace it"
@@ -615,7 +626,7 @@ class VoiceLibrary:
             self._write_presets(document)
         return self._reloaded(new_name)
 
-    def delete(self, name: str, skipped: bool = False) -> Voice | SkippedClip:
+    def delete(self, name: str, skipped: bool = False) -> Voice | DeletedSkipped:
         """Delete a clone voice's files or a user preset's table (a shipped preset it
         overrode comes back). Requests already speaking with it finish: they hold the voice.
         A clone voice's files are every file that names it (``_named_files``): the clip spoken,
@@ -630,7 +641,9 @@ class VoiceLibrary:
 
         Returns:
             the deleted voice, or the deleted skipped clip (the one that would give the
-            voice, ``VoiceCatalog.skipped_clip``, else the first of the name).
+            voice, ``VoiceCatalog.skipped_clip``, else the first of the name) with every file
+            removed (``DeletedSkipped.files``: the skipped clips, their transcripts, and the
+            other files of the name).
 
         Raises:
             VoiceEditError: as ``editable``; as ``locked``; 500 ``write-failed``; 404
@@ -645,7 +658,7 @@ class VoiceLibrary:
                 raise VoiceEditError(404, "unknown-voice", message, "voice")
             return self._delete(name)
 
-    def _delete_skipped(self, name: str, clips: list[SkippedClip]) -> SkippedClip:
+    def _delete_skipped(self, name: str, clips: list[SkippedClip]) -> DeletedSkipped:
         """Remove the skipped ``clips`` of the voice name ``name`` (``VoiceCatalog.skipped_files``),
         audio first, under the lock. Where a clone voice of that name is served (the clips were
         skipped for its name: ``kim.mp3`` beside the ``kim.wav`` spoken) only they go, never the
@@ -662,16 +675,18 @@ class VoiceLibrary:
             files |= set(_named_files(folder, name))
         main = next((clip for clip in clips if clip == self.catalog.skipped_clip(name)), clips[0])
         shown = ", ".join(repr(clip.file) for clip in clips)
+        removed: list[str] = []
         try:
             for path in sorted(files, key=lambda p: (p.suffix.lower() == ".txt", p.name)):
-                path.unlink(missing_ok=True)
+                with contextlib.suppress(FileNotFoundError):  # gone meanwhile: not removed here
+                    path.unlink()
+                    removed.append(path.name)
         except OSError as err:
             raise VoiceEditError(500, "write-failed", f"Cannot delete {shown}: {err}") from None
         _LOGGER.info("Voice studio: skipped clips %s deleted (%s); files removed: %s", shown,
-                     "; ".join(f"{clip.file}: {clip.reason}" for clip in clips),
-                     ", ".join(sorted(p.name for p in files)) or "none")
+                     "; ".join(f"{clip.file}: {clip.reason}" for clip in clips), ", ".join(sorted(removed)) or "none")
         self.catalog.refresh(force=True)
-        return main
+        return DeletedSkipped(main.name, main.file, main.reason, main.transcript, tuple(sorted(removed)))
 
     def _delete(self, name: str) -> Voice:
         """``delete`` under the lock."""

@@ -51,6 +51,7 @@ from .http_common import voice_json as _listed_json
 from .languages import AUTO, QWEN_LANGUAGES, UnsupportedLanguageError, to_qwen
 from .library import (
     MAX_UPLOAD_BYTES,
+    DeletedSkipped,
     VoiceEditError,
     VoiceLibrary,
     check_transcript,
@@ -61,7 +62,7 @@ from .library import (
 )
 from .service import GenerationError, TtsService, VoiceNotFoundError
 from .text import clean_text, estimated_seconds
-from .voices import MAX_PRESET_SEED, ModelKind, SkippedClip, Voice, VoiceSource
+from .voices import MAX_PRESET_SEED, ModelKind, Voice, VoiceSource
 
 _LOGGER = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -332,14 +333,16 @@ async def delete(request: web.Request) -> web.Response:
     listing's ``shadows``; the default voice's too) brings that one back.
 
     A name that is no voice but a skipped clip's (the listing's ``skipped``) deletes that
-    clip and its transcripts: ``{"deleted": name, "skipped": file}``. ``?skipped=true``
+    clip and its transcripts: ``{"deleted": name, "skipped": file, "files": [removed...]}``:
+    ``skipped`` is the clip that would give the voice (else the first of the name), ``files``
+    every file removed, sorted (twins skipped for the name, transcripts). ``?skipped=true``
     deletes the skipped clips of a name that a voice serves (the voice and its files stay:
     a preset, a speaker, or a clone whose clip is preferred to the skipped one)."""
     service, library = request.app[_SERVICE_KEY], request.app[_LIBRARY_KEY]
     only_skipped = request.query.get("skipped", "").lower() in ("1", "true", "yes")
     gone = await _edit(request, library.delete, request.match_info["voice"], only_skipped)
-    if isinstance(gone, SkippedClip):
-        return web.json_response({"deleted": gone.name, "skipped": gone.file})
+    if isinstance(gone, DeletedSkipped):
+        return web.json_response({"deleted": gone.name, "skipped": gone.file, "files": list(gone.files)})
     voice = gone
     back = service.catalog.find(voice.name)  # the voice it took the name of, if any
     if back is not None and back.kind is ModelKind.VOICE_DESIGN and service.anchors is not None:

@@ -28,6 +28,8 @@ import enum
 import hashlib
 import logging
 import math
+import os
+import sys
 import threading
 import tomllib
 import unicodedata
@@ -81,8 +83,18 @@ MIN_REFERENCE_SECONDS = 0.5
 #: talkers on record (about 600 words a minute) reach 57, and Chinese or Japanese speech is
 #: 4 to 8 characters a second; so no transcript of what a clip says comes near it. The clip's
 #: seconds are those the voice uses (at most ``MAX_REFERENCE_SECONDS``). The studio's upload
-#: form has its own limit on the whole text (``library.MAX_TRANSCRIPT_CHARS``).
+#: form and the folder scan have a hard limit on the whole text (``MAX_TRANSCRIPT_CHARS``).
 MAX_TRANSCRIPT_CHARS_PER_SECOND = 80
+#: Longest transcript of a clone clip, in characters (runs of white space counted as one; 20 s
+#: of fast speech is about 400): the studio refuses a longer upload (``library.check_transcript``)
+#: and the voices folder's scan skips a clip with a longer transcript (``read_transcript``):
+#: every request with it would prefill the whole text (25,000 characters cost 3.2 s of first
+#: audio; two million held the clone model for minutes).
+MAX_TRANSCRIPT_CHARS = 1000
+#: The most bytes of a transcript file read (``read_transcript``): ``MAX_TRANSCRIPT_CHARS`` in
+#: UTF-32 (4 bytes each) four times over, room for white space; a larger file is skipped
+#: unread, never loaded whole.
+_MAX_TRANSCRIPT_BYTES = 16 * MAX_TRANSCRIPT_CHARS
 
 
 
@@ -135,14 +147,22 @@ _TRANSCRIPT_BOMS = (
 )
 
 
-class TranscriptEncodingError(ValueError):
-    """A transcript that is no text the catalogue reads (UTF-8, or UTF-16/32 with a byte-order
-    mark): its message is the reason the clip is skipped, naming the transcript's file name
-    (no folders) and saying to save it as UTF-8.
+class TranscriptError(ValueError):
+    """A transcript the catalogue does not use: its message is the reason the clip is skipped,
+    naming the transcript's file name (no folders) and saying what to do with it.
 
     Attributes:
         file: the transcript's file name.
     """
+
+    def __init__(self, file: str, message: str) -> None:
+        super().__init__(message)
+        self.file = file
+
+
+class TranscriptEncodingError(TranscriptError):
+    """A transcript that is no text the catalogue reads (UTF-8, or UTF-16/32 with a byte-order
+    mark): the reason says to save it as UTF-8."""
 
     def __init__(self, file: str, encoding: str) -> None:
         # No parentheses: the start-up survey puts the reason in some (``startup.survey_clips``).
@@ -150,8 +170,17 @@ class TranscriptEncodingError(ValueError):
             what = "is not UTF-8 text, it was saved in another encoding"
         else:
             what = f"starts as {encoding.upper()} text but is cut short or broken"
-        super().__init__(f"its transcript {file} {what}; save it as UTF-8")
-        self.file = file
+        super().__init__(file, f"its transcript {file} {what}; save it as UTF-8")
+
+
+class TranscriptTooLongError(TranscriptError):
+    """A transcript over ``MAX_TRANSCRIPT_CHARS`` characters (``size``: how long it is, in
+    characters, or in bytes for a file too large to read): the reason says to cut it."""
+
+    def __init__(self, file: str, size: str) -> None:
+        super().__init__(file, f"its transcript {file} is {size} long, over the {MAX_TRANSCRIPT_CHARS:,} characters a "
+                         "transcript may hold; cut it to what the clip says, word for word, or remove it to clone "
+                         "from the sound of the voice alone")
 
 
 def overlong_transcript_reason(file: str, transcript: str | None, seconds: float) -> str | None:
@@ -175,19 +204,29 @@ def read_transcript(path: Path) -> str:
     """The text of the transcript at ``path``: UTF-8 (with or without a byte-order mark), or
     UTF-16 or UTF-32 with a byte-order mark (Windows Notepad's "Unicode"). Other encodings
     (Windows-1252, "ANSI") are refused rather than guessed: the same bytes spell different
-    words in each.
+    words in each. At most ``_MAX_TRANSCRIPT_BYTES`` are read: a larger file is refused unread.
 
     Raises:
         TranscriptEncodingError: the file does not decode so (its message names the file and
             says to save it as UTF-8).
+        TranscriptTooLongError: the text is over ``MAX_TRANSCRIPT_CHARS`` characters (runs of
+            white space counted as one, as the studio's upload counts them), or the file over
+            ``_MAX_TRANSCRIPT_BYTES``.
         OSError: the file cannot be read.
     """
-    data = path.read_bytes()
+    with path.open("rb") as file:
+        data = file.read(_MAX_TRANSCRIPT_BYTES + 1)
+        if len(data) > _MAX_TRANSCRIPT_BYTES:
+            raise TranscriptTooLongError(path.name, f"{os.fstat(file.fileno()).st_size:,} bytes")
     encoding = next((name for bom, name in _TRANSCRIPT_BOMS if data.startswith(bom)), "utf-8")
     try:
-        return data.decode(encoding)
+        text = data.decode(encoding)
     except UnicodeDecodeError:
         raise TranscriptEncodingError(path.name, encoding) from None
+    chars = len(" ".join(text.split()))
+    if chars > MAX_TRANSCRIPT_CHARS:
+        raise TranscriptTooLongError(path.name, f"{chars:,} characters")
+    return text
 
 
 #: Clip formats the voices folder reads that are (usually) lossless, by file suffix (in any
@@ -245,15 +284,23 @@ def unread_format_reason(name: str) -> str:
             f"{clip_file_names(path.stem)}")
 
 
-def clip_preference(path: Path) -> tuple[int, str]:
+def orphan_reason(name: str) -> str:
+    """Why the transcript ``name`` (a ``.txt`` file name) with no clip of its voice name beside
+    it is no voice, for the log and the listing's ``skipped``."""
+    return f"no clip beside it: not a voice yet; add an audio clip {clip_file_names(Path(name).stem)}"
+
+
+def clip_preference(path: Path) -> tuple[int, bool, str]:
     """The sort key that orders clips of one voice name (``name_key``) best first: the first
     of them is the one the catalogue reads, the others are skipped. By format, in the order
     of ``AUDIO_SUFFIXES`` (lossless before lossy: ``kim.wav`` before ``kim.mp3``), then
-    a file of ``UNREAD_AUDIO_SUFFIXES`` (or any other suffix), then by file name in code
-    point order (``KIM.wav`` before ``kim.wav``)."""
+    a file of ``UNREAD_AUDIO_SUFFIXES`` (or any other suffix); among one format, a file whose
+    stem is the voice name as it is spoken (``clone_name``: no spaces around it, accents
+    composed) before one that is not (``kim.wav`` before a stray copy ``"kim .wav"``, whose
+    space sorts first), then by file name in code point order (``KIM.wav`` before ``kim.wav``)."""
     suffix = path.suffix.lower()
     rank = AUDIO_SUFFIXES.index(suffix) if suffix in AUDIO_SUFFIXES else len(AUDIO_SUFFIXES)
-    return rank, path.name
+    return rank, path.stem != clone_name(path.stem), path.name
 
 
 def preference_reason(used: Path, ignored: Path) -> str:
@@ -264,10 +311,30 @@ def preference_reason(used: Path, ignored: Path) -> str:
     if second in UNREAD_AUDIO_SUFFIXES:
         return unread_format_reason(ignored.name).split(";")[0]
     if first == second:
+        if used.stem == clone_name(used.stem) and ignored.stem != clone_name(ignored.stem):
+            return "its file name is the voice name exactly, without spaces around it"
         return "the first by file name is used"
     if first in LOSSLESS_SUFFIXES and second in LOSSY_SUFFIXES:
         return f"lossless {first} is preferred to lossy {second}"
     return f"{first} comes before {second} in the order of formats: {', '.join(AUDIO_SUFFIXES)}"
+
+
+def is_decoder_error(err: BaseException) -> bool:
+    """Whether ``err`` is FFmpeg's refusal of a file's bytes (``decode_audio``): the file is
+    no audio it reads (a text file renamed ``fake.mp3``), not a file that cannot be opened."""
+    av = sys.modules.get("av")  # loaded by ``decode_audio``: no FFmpeg error without it
+    # Not FFmpeg's OSErrors (a file that cannot be opened: permissions, gone): those stay ERRORs.
+    return av is not None and isinstance(err, av.error.FFmpegError) and not isinstance(err, OSError)
+
+
+def unreadable_reason(err: Exception) -> str:
+    """Why a clip whose decoder (FFmpeg, ``is_decoder_error``) failed with ``err`` is no clone
+    voice, in plain words and the decoder's short message, without its error number or the
+    file's path: ``the file is not audio FFmpeg can read: Invalid data found when processing
+    input``."""
+    said = getattr(err, "strerror", None) or str(err)
+    # No parentheses: the start-up survey puts the reason in some (``startup.survey_clips``).
+    return f"the file is not audio FFmpeg can read: {str(said).strip().rstrip('.')}"
 
 
 class NoAudioTrackError(ValueError):
@@ -473,7 +540,7 @@ class Reference:
 
         Raises:
             ClipTooShortError: shorter than ``MIN_REFERENCE_SECONDS``.
-            TranscriptEncodingError: the transcript is no text ``read_transcript`` reads.
+            TranscriptError: the transcript is no text ``read_transcript`` reads, or too long.
             ValueError / soundfile.LibsndfileError / av.error.FFmpegError / EOFError / OSError:
                 unreadable audio.
         """
@@ -646,8 +713,9 @@ class SkippedClip:
         name: the voice name it would give (``clone_name`` of its file's stem).
         file: its file name in the voices folder (no folders).
         reason: why it is skipped, in words: too short, silent, unreadable, a transcript not
-            saved as UTF-8, an audio format the folder does not read, or its name (another
-            clip gives that voice name, control characters in it, blank).
+            saved as UTF-8 or too long, an audio format the folder does not read, its name
+            (another clip gives that voice name, control characters in it, blank), or (a
+            transcript's) no clip beside it.
         transcript: the transcript's file name when the fault is the transcript's (the clip
             is fine: save the transcript again), else None.
     """
@@ -665,7 +733,9 @@ def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip
     ``too_short_reason``, ``silent_reason``), a transcript not saved as UTF-8 (a WARNING
     naming the transcript, ``TranscriptEncodingError``), a format the folder does not read
     (a suffix not in ``AUDIO_SUFFIXES``: a WARNING, ``unread_format_reason``, the file is not
-    opened), or unreadable (an ERROR). The folder
+    opened), a transcript over ``MAX_TRANSCRIPT_CHARS`` (a WARNING, ``TranscriptTooLongError``),
+    a file that is no audio its decoder reads (a WARNING, ``unreadable_reason``), or unreadable
+    otherwise (an ERROR: a file that cannot be opened). The folder
     scan (``VoiceCatalog``) and the start-up checks made before any model loads
     (``startup.check_default_voice``, ``startup.survey_clips``) both judge clips by this, so
     a clip is refused for the same reason before and after loading. Reads at most
@@ -676,9 +746,13 @@ def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip
         reference = Reference.load(path, transcript)
     except ClipTooShortError as err:  # under MIN_REFERENCE_SECONDS: too short all the same
         return ClipSkip(too_short_reason(err.seconds), logging.WARNING)
-    except TranscriptEncodingError as err:  # a user's file saved in another encoding: a WARNING too
+    except TranscriptError as err:  # saved in another encoding, or a whole script: a user's file, a WARNING too
         return ClipSkip(str(err), logging.WARNING, err.file)
+    except NoAudioTrackError:  # a picture or a silent video renamed: a user's file
+        return ClipSkip("the file holds no audio track", logging.WARNING)
     except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, never fatal
+        if is_decoder_error(err):  # a user's file that is no audio (a text file renamed fake.mp3)
+            return ClipSkip(unreadable_reason(err), logging.WARNING)
         return ClipSkip(str(err), logging.ERROR)
     seconds = len(reference.audio) / reference.sample_rate
     if seconds < MIN_CLIP_SECONDS:  # as uploads are refused (clip-too-short)
@@ -871,8 +945,7 @@ class VoiceCatalog:
             level = logging.DEBUG if item in self._reported else logging.WARNING
             if path.suffix.lower() == ".txt":
                 if key not in clip_keys:  # a transcript alone: say so once, as a broken clip
-                    _LOGGER.log(level, "Transcript %s has no clip beside it: not a voice yet; add an audio clip %s",
-                                path, clip_file_names(path.stem))
+                    _LOGGER.log(level, "Transcript %s has %s", path, orphan_reason(path.name))
                     reported.add(item)
                     if key:
                         orphans[key] = path.name
@@ -967,12 +1040,14 @@ class VoiceCatalog:
     def skipped(self) -> list[SkippedClip]:
         """Every clip of the clone library that gives no voice, as records (name, file,
         reason), by file name: those of ``skipped_clips`` (they cannot be used: too short,
-        silent, unreadable, a transcript not saved as UTF-8, a format the folder does not
-        read), and those skipped for their name (``kim.mp3`` beside ``kim.wav``, which gives
-        the voice ``kim``: ``clip_preference``; control characters in it; blank). The studio
+        silent, unreadable, a transcript not saved as UTF-8 or too long, a format the folder
+        does not read), those skipped for their name (``kim.mp3`` beside ``kim.wav``, which
+        gives the voice ``kim``: ``clip_preference``; control characters in it; blank), and
+        transcripts with no clip beside them (``orphan_reason``; ``file`` is the ``.txt``). The studio
         lists them, deletes them (``DELETE`` on the name with ``?skipped=true``,
         ``skipped_files``) and replaces them (an upload of the name)."""
-        return sorted([*self._skipped.values(), *self._ignored], key=lambda clip: clip.file)
+        orphans = [SkippedClip(clone_name(file[:-4]), file, orphan_reason(file)) for file in self._orphans.values()]
+        return sorted([*self._skipped.values(), *self._ignored, *orphans], key=lambda clip: clip.file)
 
     def skipped_files(self, name: str) -> list[SkippedClip]:
         """The records of ``skipped`` whose voice name is ``name`` (compared by ``name_key``),
