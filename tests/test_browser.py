@@ -819,7 +819,7 @@ def test_skipped_files_are_listed_deleted_and_replaced_from_the_page_and_speak_w
             page.goto(srv.http_url + "/")
             page.locator("#voices-skipped li[data-skipped='short'] button").click()
             expect(page.locator("#voices-skipped li[data-skipped='short']")).to_have_count(0)
-            expect(page.locator("#message")).to_contain_text("Deleted the skipped file short.wav.")
+            expect(page.locator("#message")).to_contain_text("Deleted the files short.txt and short.wav.")
             assert sorted(p.name for p in voices.iterdir() if not p.name.startswith(".")) == ["tiny.wav"]
             page.set_input_files("#clone-file", str(clip))  # named tiny after the file
             page.click("#clone-create")
@@ -1191,6 +1191,7 @@ def test_skipped_files_say_what_their_delete_removes_and_a_blank_name_can_be_del
     sf.write(voices / " .wav", tone(2.0), 24000)
     (voices / " .txt").write_text("Nobody.")
     sf.write(voices / "tiny.wav", tone(0.5), 24000)
+    (voices / "orphan.txt").write_text("A transcript whose clip is not here.")
     srv = start_server(
         checkpoints, voices, tmp_path / "server.log",
         extra=["--no-zeroconf", "--design-model", "none", "--custom-voice-model", "none"],
@@ -1214,10 +1215,10 @@ def test_skipped_files_say_what_their_delete_removes_and_a_blank_name_can_be_del
         page.set_default_timeout(STEP_MS)
         page.goto(srv.http_url + "/")
         expect(row(page, "kim")).to_be_visible()
-        expect(page.locator("#voices-skipped li")).to_have_count(4)
-        for file in (" .wav", "KIM.ogg", "kim.mp3", "tiny.wav"):
+        expect(page.locator("#voices-skipped li")).to_have_count(5)
+        for file in (" .wav", "KIM.ogg", "kim.mp3", "orphan.txt", "tiny.wav"):
             expect(entry(file).get_by_role("button", name="Delete")).to_be_visible()
-        page.screenshot(path="/tmp/studio-skipped-kinds.png", full_page=True)
+        page.screenshot(path=str(tmp_path / "skipped-kinds.png"), full_page=True)
 
         delete("kim.mp3")
         assert asked[-1] == (
@@ -1225,13 +1226,18 @@ def test_skipped_files_say_what_their_delete_removes_and_a_blank_name_can_be_del
             "no voice: kim.wav gives the same voice name and is used instead (lossless .wav is preferred to lossy .mp3); "
             "rename or remove this file. The voice kim keeps its clip and transcript (if any).")
         expect(entry("KIM.ogg")).to_have_count(0)
-        expect(page.locator("#message")).to_have_text("Deleted the skipped files kim.mp3 and KIM.ogg.")
-        assert left() == [" .txt", " .wav", "kim.txt", "kim.wav", "tiny.wav"]
+        expect(page.locator("#message")).to_have_text("Deleted the files KIM.ogg and kim.mp3.")  # the server's list
+        assert left() == [" .txt", " .wav", "kim.txt", "kim.wav", "orphan.txt", "tiny.wav"]
 
         delete(" .wav")
         assert asked[-1] == ('Delete " .wav" and its transcript (if any) from the voices folder? It is no voice: its name '
                              "is blank; rename the file.")
-        expect(page.locator("#message")).to_have_text('Deleted the skipped file " .wav".')
+        expect(page.locator("#message")).to_have_text('Deleted the files " .txt" and " .wav".')
+        assert left() == ["kim.txt", "kim.wav", "orphan.txt", "tiny.wav"]
+
+        delete("orphan.txt")  # a transcript with no clip: no "and its transcript"
+        assert asked[-1].startswith("Delete orphan.txt from the voices folder? It is no voice: no clip beside it"), asked[-1]
+        expect(page.locator("#message")).to_have_text("Deleted the file orphan.txt.")
         assert left() == ["kim.txt", "kim.wav", "tiny.wav"]
 
         delete("tiny.wav")
@@ -1239,7 +1245,7 @@ def test_skipped_files_say_what_their_delete_removes_and_a_blank_name_can_be_del
                                     "the clip is 0.50 s long")
         expect(page.locator("#voices-skipped")).to_be_hidden()
         assert left() == ["kim.txt", "kim.wav"]
-        page.screenshot(path="/tmp/studio-skipped-deleted.png", full_page=True)
+        page.screenshot(path=str(tmp_path / "skipped-deleted.png"), full_page=True)
     finally:
         context.close()
         stop_server(srv)

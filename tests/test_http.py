@@ -1326,7 +1326,7 @@ async def test_a_default_voice_skipped_for_its_transcript_is_refused_naming_the_
             error = (await resp.json())["error"]
         assert resp.status == 404 and (error["code"], error["param"]) == ("default-voice-gone", "voice"), error
         assert error["message"] == ("The default voice 'lat' (--voice) cannot be used: its transcript lat.txt could not "
-                                    "be read (see the server log). Save it again as UTF-8, or choose another default "
+                                    "be used (see the server log). Save it again as UTF-8, or choose another default "
                                     "voice"), error
         warned = [r.getMessage() for r in caplog.records if "is no longer served" in r.getMessage()]
         assert len(warned) == 1 and warned[0].startswith(

@@ -1345,6 +1345,8 @@ def test_a_transcript_over_the_studios_limit_skips_its_clip_as_other_transcript_
     with pytest.raises(VoiceEditError) as refused:  # a preset or rename onto the name: what to do with it
         VoiceLibrary(catalog, None).check_free("long")
     assert "Save its transcript long.txt with only what the clip says to make it a voice" in str(refused.value)
+    # The advice of every message that names the transcript (the studio's, the default voice's).
+    assert [clip.transcript_fix for clip in catalog.skipped()] == ["with only what the clip says"] * 2
     (tmp_path / "long.txt").write_text("Hello there.")  # cut to what the clip says: a voice at once
     catalog.refresh()
     assert catalog.get("long").reference.transcript == "Hello there."  # type: ignore[union-attr]

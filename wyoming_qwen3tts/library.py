@@ -372,9 +372,8 @@ class VoiceLibrary:
                         raise VoiceEditError(409, "name-taken", message, "name")
                     if replace_skipped:
                         continue  # an upload replaces it: it serves no voice
-                    again = "again as UTF-8" if skipped.reason.endswith("UTF-8") else "with only what the clip says"
                     fix = (  # the clip is fine: its transcript is not
-                        f"Save its transcript {skipped.transcript} {again} to make it a voice, upload a clip "
+                        f"Save its transcript {skipped.transcript} {skipped.transcript_fix} to make it a voice, upload a clip "
                         f"named {skipped.name!r} under 'Clone a voice' to replace both"
                         if skipped.transcript else
                         f"Upload a good clip named {skipped.name!r} under 'Clone a voice' to replace it"

@@ -437,9 +437,14 @@ def _studio_paths() -> dict[str, Any]:
                             "properties": {
                                 "deleted": {"type": "string"},
                                 "skipped": {"type": "string", "description": "The skipped clip's file, when one was deleted."},
+                                "files": {
+                                    "type": "array", "items": {"type": "string"},
+                                    "description": "Every file removed, sorted (the skipped clips of the name, their "
+                                                   "transcripts, an orphan transcript), when a skipped clip was deleted.",
+                                },
                             },
                         },
-                        "The deleted voice's name (and file, for a skipped clip).",
+                        "The deleted voice's name (and files, for a skipped clip).",
                     ),
                     **edits,
                 },

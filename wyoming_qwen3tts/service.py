@@ -365,8 +365,9 @@ class TtsService:
         transcript = clip.transcript if clip is not None else None
         if not log:
             if transcript is not None:
+                assert clip is not None
                 return (f"The default voice {name!r} (--voice) cannot be used: its transcript {transcript} could not "
-                        "be read (see the server log). Save it again as UTF-8, or choose another default voice")
+                        f"be used (see the server log). Save it {clip.transcript_fix}, or choose another default voice")
             if clip is not None:
                 return (f"The default voice {name!r} (--voice) cannot be used: its clip is skipped (see the server "
                         "log). Replace the clip, or choose another default voice")
@@ -374,7 +375,7 @@ class TtsService:
                     "choose another default voice")
         if clip is not None and transcript is not None:
             why = f"its transcript {transcript} could not be used, so its clip {clip.file} is skipped ({clip.reason})"
-            put_back = f"save its transcript {transcript} again as UTF-8"
+            put_back = f"save its transcript {transcript} {clip.transcript_fix}"
         else:
             why = (f"its clip {clip.file} is skipped ({clip.reason})" if clip is not None
                    else "no clip or preset of that name is in the voices folder any more")

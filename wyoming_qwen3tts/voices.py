@@ -725,6 +725,13 @@ class SkippedClip:
     reason: str
     transcript: str | None = None
 
+    @property
+    def transcript_fix(self) -> str:
+        """How its transcript is saved to make it a voice, for advice ("Save its transcript
+        kim.txt <this>"): "again as UTF-8" (not saved as UTF-8) or "with only what the clip
+        says" (over ``MAX_TRANSCRIPT_CHARS``). Meaningful where ``transcript`` is set."""
+        return "again as UTF-8" if self.reason.endswith("UTF-8") else "with only what the clip says"
+
 
 def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip:
     """The clip at ``path`` (its transcript: ``transcript``, or none) as a Reference, or why it

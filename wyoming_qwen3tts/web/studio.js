@@ -338,6 +338,9 @@ function skippedQuestion(clip, files, shown) {
         return `Delete ${shown} from the voices folder${together}? ${why} The voice ${voice.name} keeps its clip and ` +
             "transcript (if any).";
     }
+    if (files.every((c) => c.file.toLowerCase().endsWith(".txt"))) {  // a transcript with no clip beside it
+        return `Delete ${shown} from the voices folder${together}? ${why}`;
+    }
     return `Delete ${shown} and ${files.length > 1 ? "their transcripts" : "its transcript"} (if any) from the voices ` +
         `folder${together}? ${why}`;
 }
@@ -349,8 +352,9 @@ async function deleteSkipped(clip, status) {
     setStatus(status, "deleting…");
     try {
         // A blank name (" .wav"): the server strips the name asked for too, so " " asks for it.
-        await api(voiceUrl(clip.name || " ") + "?skipped=true", {method: "DELETE"});
-        say(`Deleted the skipped file${files.length > 1 ? "s" : ""} ${shown}.`, "ok");
+        const answer = await (await api(voiceUrl(clip.name || " ") + "?skipped=true", {method: "DELETE"})).json();
+        const removed = answer.files || files.map((c) => c.file);  // every file the server removed
+        say(`Deleted ${removed.length > 1 ? "the files" : "the file"} ${listText(removed.map(fileText))}.`, "ok");
         await loadVoices();
     } catch (error) { failAt(status, error); }
 }
