@@ -373,6 +373,13 @@ def _decode(decoder: StreamingDecoder, codes: torch.Tensor, chunks: list[int]) -
     return torch.cat(parts, dim=-1)
 
 
+#: How far the fused decoder's float32 PCM may be from the eager decoder's (peak about 0.54 on
+#: the tiny checkpoint): the two sum each convolution in other orders, and the differences grow
+#: through its ~40 layers. 6.2e-5 at one sample of 15,360 on an AMD EPYC without AVX-512 (stop
+#: 46; the test's 5e-5 had held on the machines before): 2e-4 of the peak.
+PCM_ATOL = 1e-4
+
+
 def test_fused_decoder_under_the_interpreter_is_the_eager_decoder(checkpoints: Path) -> None:
     """On the CPU, ``fused=True`` (kernels in the interpreter, convolutions as matrix
     products, residual adds folded) gives the eager decoder's PCM across step boundaries,
@@ -390,7 +397,7 @@ def test_fused_decoder_under_the_interpreter_is_the_eager_decoder(checkpoints: P
         assert fused.fused and not eager.fused  # the CPU default is the library's modules
         assert fused.conv_mode == "auto"  # QWEN3TTS_CONV's default
         fused.conv_mode = mode
-        torch.testing.assert_close(_decode(fused, codes, [1, 3]), expected, atol=5e-5, rtol=0)
+        torch.testing.assert_close(_decode(fused, codes, [1, 3]), expected, atol=PCM_ATOL, rtol=0)
 
 
 def test_an_unknown_convolution_mode_is_refused_by_name(checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> None:
