@@ -110,23 +110,16 @@ def test_unwritable_folders_fail_before_loading(tmp_path: Path) -> None:
     blocked = tmp_path / "blocked"
     blocked.write_text("not a folder")
     target = blocked / "data"
-    for args, flag in (
-        (["--data-dir", str(target)], "--data-dir"),
-        (["--data-dir", str(tmp_path / "ok"), "--voices-dir", str(target)], "--voices-dir"),
-    ):
-        result = run_cli(*args, cwd=tmp_path)
-        assert result.returncode != 0
-        assert f"{flag} {target}: cannot write there" in result.stderr, result.stderr[-2000:]
-        assert "Loading" not in result.stderr and "Traceback" not in result.stderr
-    # The file itself named as the folder: said in those words, not as "File exists".
-    for args, flag in (
-        (["--data-dir", str(blocked)], "--data-dir"),
-        (["--data-dir", str(tmp_path / "ok"), "--voices-dir", str(blocked)], "--voices-dir"),
-    ):
-        result = run_cli(*args, cwd=tmp_path)
-        assert result.returncode != 0
-        assert f"{flag} {blocked}: is a file, not a folder" in result.stderr, result.stderr[-2000:]
-        assert "Loading" not in result.stderr and "Traceback" not in result.stderr
+    # Under the file, or the file itself named as the folder: said in those words, not "File exists".
+    for folder, said in ((target, "cannot write there"), (blocked, "is a file, not a folder")):
+        for args, flag in (
+            (["--data-dir", str(folder)], "--data-dir"),
+            (["--data-dir", str(tmp_path / "ok"), "--voices-dir", str(folder)], "--voices-dir"),
+        ):
+            result = run_cli(*args, cwd=tmp_path)
+            assert result.returncode != 0
+            assert f"{flag} {folder}: {said}" in result.stderr, result.stderr[-2000:]
+            assert "Loading" not in result.stderr and "Traceback" not in result.stderr
 
 
 def test_a_voices_folder_whose_parent_is_missing_too_is_refused_before_loading(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ from .engine.sizing import (
 from .metrics import Metrics
 from .voices import (
     AUDIO_SUFFIXES, MIN_CLIP_SECONDS, PRESETS_FILE, ClipSkip, ModelKind, Reference, VoiceCatalog, VoiceSource,
-    clip_preference, clone_name, has_control_characters, load_presets, name_key, read_clone_clip, transcript_name,
+    clone_name, has_control_characters, load_presets, name_key, read_clone_clip, transcript_name, voice_clips,
 )
 
 _LOGGER = logging.getLogger("wyoming_qwen3tts")
@@ -383,10 +383,7 @@ def _clone_clips(voices_dir: Path) -> list[tuple[Path, Reference | ClipSkip | No
     the one ``clip_preference`` puts first, ``kim.wav``, whatever ``kim.mp3`` holds)."""
     clips = _clip_files(voices_dir)
     texts = [p.name for p in voices_dir.iterdir() if p.suffix.lower() == ".txt"] if clips else []
-    chosen: dict[str, Path] = {}  # voice name key: the clip that gives it, as the catalogue chooses
-    for clip in sorted(clips, key=clip_preference):
-        if not has_control_characters(clip.stem) and clone_name(clip.stem):
-            chosen.setdefault(name_key(clip.stem), clip)
+    chosen = voice_clips(clips)  # voice name key: the clip that gives it, as the catalogue chooses
     found: list[tuple[Path, Reference | ClipSkip | None]] = []
     for clip in clips:
         if chosen.get(name_key(clip.stem)) != clip:

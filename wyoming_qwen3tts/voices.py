@@ -33,7 +33,7 @@ import sys
 import threading
 import tomllib
 import unicodedata
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -183,12 +183,19 @@ class TranscriptTooLongError(TranscriptError):
                          "from the sound of the voice alone")
 
 
+def transcript_chars(text: str) -> int:
+    """A transcript's length as every limit counts it (``MAX_TRANSCRIPT_CHARS``,
+    ``MAX_TRANSCRIPT_CHARS_PER_SECOND``, the studio's upload): characters, with each run of
+    white space counted as one and none at the ends."""
+    return len(" ".join(text.split()))
+
+
 def overlong_transcript_reason(file: str, transcript: str | None, seconds: float) -> str | None:
     """Why the transcript ``transcript`` (its file name: ``file``) of a clip of ``seconds`` (the
     seconds the voice uses) cannot be what the clip says: it holds more than
     ``MAX_TRANSCRIPT_CHARS_PER_SECOND`` characters a second of clip. None: it can be (or there
     is none). The catalogue warns with this once per file and still uses the transcript."""
-    chars = len(" ".join(transcript.split())) if transcript else 0
+    chars = transcript_chars(transcript) if transcript else 0
     limit = int(MAX_TRANSCRIPT_CHARS_PER_SECOND * seconds)
     if chars <= limit:
         return None
@@ -223,7 +230,7 @@ def read_transcript(path: Path) -> str:
         text = data.decode(encoding)
     except UnicodeDecodeError:
         raise TranscriptEncodingError(path.name, encoding) from None
-    chars = len(" ".join(text.split()))
+    chars = transcript_chars(text)
     if chars > MAX_TRANSCRIPT_CHARS:
         raise TranscriptTooLongError(path.name, f"{chars:,} characters")
     return text
@@ -301,6 +308,18 @@ def clip_preference(path: Path) -> tuple[int, bool, str]:
     suffix = path.suffix.lower()
     rank = AUDIO_SUFFIXES.index(suffix) if suffix in AUDIO_SUFFIXES else len(AUDIO_SUFFIXES)
     return rank, path.stem != clone_name(path.stem), path.name
+
+
+def voice_clips(clips: Iterable[Path]) -> dict[str, Path]:
+    """The clip that gives each voice name (by ``name_key``) among the audio files ``clips``:
+    the first by ``clip_preference`` of those whose name gives a voice (no control
+    characters, not blank: ``clone_name``). The others give no voice. The catalogue's scan
+    and the start-up checks made before any model loads (``startup``) both choose by this."""
+    chosen: dict[str, Path] = {}
+    for path in sorted(clips, key=clip_preference):
+        if not has_control_characters(path.stem) and clone_name(path.stem):
+            chosen.setdefault(name_key(path.stem), path)
+    return chosen
 
 
 def preference_reason(used: Path, ignored: Path) -> str:
@@ -943,10 +962,7 @@ class VoiceCatalog:
         clip_keys = {name_key(p.stem) for p in clips}
         texts = {p.name for p in files if p.suffix.lower() == ".txt"}
         orphans: dict[str, str] = {}
-        chosen: dict[str, Path] = {}  # voice name key (``name_key``): the clip file that gives it
-        for path in sorted(clips, key=clip_preference):
-            if not has_control_characters(path.stem) and clone_name(path.stem):
-                chosen.setdefault(name_key(path.stem), path)
+        chosen = voice_clips(clips)  # voice name key (``name_key``): the clip file that gives it
         for path, item in zip(files, signature_items, strict=True):
             key = name_key(path.stem)
             level = logging.DEBUG if item in self._reported else logging.WARNING
