@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Stop 47's device calls (issue 27's H200 figures; the engine as at stop 46), `.whl` carried
+# (now with jsonschema and its dependencies, so test_studio.py and test_browser.py collect).
+#   1: the three full-size checkpoints (background) beside the attention GPU tests; the frame
+#      profile at batch 1, 8 and 32 (decode overlapped, QWEN3TTS_CONV=auto); then the rest of
+#      `pytest -m gpu` but test_memory_gpu.py over 4 workers in the time left (WALL s in all)
+#   2: the http door's Poisson rows, every voice kind, 1, 10, 20, 30 and 40 req/s, 20 s each
+#      (issue 27's protocol), 6 s replies, --max-streams 48
+#   3: the same for the Wyoming door
+#   4: test_memory_gpu.py alone (q.sh 8)
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+[ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export WHEELS_DONE=1 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD TRITON_CACHE_DIR="$HOME/.triton/cache"
+s=$(date +%s)
+since() { echo "$(( $(date +%s) - s )) s"; }
+case "${1:-1}" in
+  1) CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
+     mkdir -p "$OUT/tests" "$OUT/profile" "$OUT/rest"
+     timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_kernels.py -k "attention" \
+       2>&1 | tee "$OUT/tests/gpu-tests.log" | tail -3; echo "tests at $(since)"
+     timeout -s ABRT 200 python3 -X faulthandler -m benchmarks.profile_step --no-bare --batches 1,8,32 \
+       --out "$OUT/profile" > "$OUT/profile/profile.log" 2>&1; echo "profile rc $? at $(since)"
+     grep -E '^[|]|^Thread|^  File|Error' "$OUT/profile/profile.log" | head -30
+     timeout $(( ${WALL:-585} - ($(date +%s) - s) )) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -n 4 -rfs \
+       --ignore tests/test_memory_gpu.py -k "not attention" 2>&1 | tee "$OUT/rest/gpu-tests.log" | tail -16
+     echo "rest at $(since)" ;;
+  2|3) door=http; [ "$1" = 3 ] && door=wyoming
+     OUT="$OUT/$door" POISSON_S=$(( ${WALL:-585} - 60 )) POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
+       POISSON_ARGS="--rates 1,10,20,30,40 --seconds 20 --warmup-s 1 --pause-s 0.5 --voices clone,preset,custom_voice --doors $door" \
+       bash benchmarks/gpu.sh poisson | tail -22
+     echo "poisson at $(since)" ;;
+  4) bash "$(dirname "$0")/q.sh" 8 ;;
+esac
