@@ -313,6 +313,19 @@ async def test_serving_engine_fields_are_checked(server: Server) -> None:
         assert json.loads(error)["error"]["param"] == field
 
 
+@pytest.mark.parametrize("model", ["", "  "], ids=["empty", "spaces"])
+async def test_a_blank_model_is_the_default_model(server: Server, pcm_samples: int, model: str) -> None:
+    """``"model": ""`` (clients send the field as the user left it) or only spaces is taken
+    as absent: the server's default voice, its audio (it was 404 model_not_found)."""
+    body = {"input": TEXT, "response_format": "wav", "seed": 5}
+    status, headers, data = await post(server, {**body, "model": model})
+    assert status == 200, data
+    assert headers["Content-Type"] == FORMATS["wav"].content_type
+    check_decoded(data, "wav", pcm_samples)
+    status, absent, _ = await post(server, body)
+    assert status == 200 and headers["X-Voice"] == absent["X-Voice"]
+
+
 @pytest.mark.parametrize("fmt", ["pcm", "mp3"])
 def test_sse_events_carry_the_audio(server: Server, pcm_samples: int, fmt: str) -> None:
     with client_for(server).audio.speech.with_streaming_response.create(

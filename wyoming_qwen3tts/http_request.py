@@ -152,7 +152,9 @@ def model_kind(name: str, loaded: Mapping[str, ModelKind] | None = None) -> Mode
 
 
 def _model_kind(body: dict[str, Any], loaded: Mapping[str, ModelKind] | None) -> ModelKind | None:
-    model = _field(body, "model", str, "a string")
+    """``model``'s kind; a blank ``model`` (``""``, as clients send a field left empty, or
+    only spaces) is taken as absent: the server's default."""
+    model = _text(body, "model")
     return None if model is None else model_kind(model, loaded)
 
 
