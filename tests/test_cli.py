@@ -303,7 +303,8 @@ def test_the_check_before_loading_lets_the_clone_model_alone_start_with_no_clip_
     from wyoming_qwen3tts.voices import ModelKind
 
     (tmp_path / "broken.wav").write_bytes(b"RIFF....not a wav file")
-    with pytest.raises(SystemExit, match=r"^No voices: .*; skipped: broken.wav \(no readable audio\)$"):
+    with pytest.raises(SystemExit, match=r"^No voices: .*; skipped: broken.wav \(the file could not be decoded as audio: Format not "
+                                            r"recognised\)$"):
         check_some_voice(tmp_path, {ModelKind.BASE})
     check_some_voice(tmp_path, {ModelKind.BASE}, studio=True)
     check_some_voice(tmp_path / "missing", {ModelKind.BASE}, studio=True)
@@ -442,8 +443,8 @@ def test_the_clone_model_alone_with_no_clip_and_no_studio_stops_before_loading(c
     last = result.stderr.strip().splitlines()[-1]
     assert last == (f"No voices: add a clone voice (<id>.wav and its transcript <id>.txt) to {voices}, or enable "
                     "the VoiceDesign model (--design-model) or the CustomVoice model (--custom-voice-model); "
-                    "skipped: broken.wav (no readable audio), short.wav (0.50 s long, under the 1 s a clone clip "
-                    "needs), 'tab\\there.wav' (control characters in its name)"), last
+                    "skipped: broken.wav (the file could not be decoded as audio: Format not recognised), short.wav "
+                    "(0.50 s long, under the 1 s a clone clip needs), 'tab\\there.wav' (control characters in its name)"), last
     assert "Loading" not in result.stderr and "Traceback" not in result.stderr
 
 

@@ -616,7 +616,7 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
         said = [line for line in log.splitlines() if "No voice yet" in line]
         assert len(said) == 1 and " WARNING " in said[0], log[-3000:]
         assert f"voice studio (http://127.0.0.1:{srv.http_port}/)" in said[0] and str(voices.resolve()) in said[0]
-        assert "broken.wav (no readable audio)" in said[0] and "'tab\\there.wav' (control characters in its name)" in said[0]
+        assert "broken.wav (the file could not be decoded as audio: Format not recognised)" in said[0] and "'tab\\there.wav' (control characters in its name)" in said[0]
         assert "hush.wav (the clip is silent" in said[0] and said[0].count("broken.wav") == 1
 
         # Wyoming: a valid info with no voice; speech refused with the way out, then the

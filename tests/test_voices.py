@@ -105,12 +105,12 @@ def taken_logs(caplog: pytest.LogCaptureFixture, level: int, needle: str) -> lis
 
 def test_a_broken_clip_is_logged_once_until_it_changes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A rescan (another file of the folder changed) does not log an unchanged broken clip
-    at ERROR again; the same clip rewritten, still broken, is logged again."""
+    at WARNING again; the same clip rewritten, still broken, is logged again."""
     write_voice(tmp_path, "icl")
     (tmp_path / "corrupt.wav").write_bytes(b"RIFF-not-really")
 
     def errors() -> list[str]:
-        return taken_logs(caplog, logging.ERROR, "corrupt.wav")
+        return taken_logs(caplog, logging.WARNING, "corrupt.wav")
 
     with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
         catalog = VoiceCatalog(tmp_path, ALL)
@@ -329,7 +329,8 @@ def test_a_silent_clip_and_a_short_one_are_skipped_alike_at_warning_in_words_fit
     short clip's reason ended "(the voice studio refuses such an upload too)", odd on the
     studio page's Skipped files list where it is shown. Now both are WARNINGs of one shape,
     "Skipping clone voice <path>: the clip is <what>, under the <minimum> a clone clip needs",
-    their reasons free of any mention of the studio; an unreadable file stays an ERROR."""
+    their reasons free of any mention of the studio; a file that is no audio is a WARNING too
+    (``test_a_corrupt_wav_or_flac_is_one_warning_...``)."""
     write_voice(tmp_path, "icl")
     (tmp_path / "kim.wav").write_bytes(_tone_wav(0.5))
     sf.write(tmp_path / "hush.wav", np.zeros(24000, np.float32), 24000)
@@ -341,11 +342,44 @@ def test_a_silent_clip_and_a_short_one_are_skipped_alike_at_warning_in_words_fit
                     "under the 1 s a clone clip needs") == logging.WARNING, said
     assert said.pop(f"Skipping clone voice {tmp_path / 'hush.wav'}: the clip is silent: only 0.00 s of it is "
                     "louder than -43 dBFS, under the 0.1 s a clone clip needs") == logging.WARNING, said
-    assert list(said.values()) == [logging.ERROR] and "broken.wav" in next(iter(said)), said
+    assert list(said.values()) == [logging.WARNING] and "broken.wav" in next(iter(said)), said
     reasons = {clip.file: clip.reason for clip in catalog.skipped()}
     assert reasons["kim.wav"] == "the clip is 0.50 s long, under the 1 s a clone clip needs", reasons
     assert reasons["hush.wav"].endswith("under the 0.1 s a clone clip needs"), reasons
     assert not any("studio" in reason for reason in reasons.values()), reasons
+
+
+def test_a_corrupt_wav_or_flac_is_one_warning_that_it_could_not_be_decoded_and_a_skipped_clip(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``.wav`` of random bytes or a ``.flac`` of text was an ERROR with libsndfile's bare
+    "Error opening '<path>': Format not recognised.", and the start-up survey said only
+    "no readable audio". Now, as a file FFmpeg cannot read: one WARNING naming the file and
+    saying it could not be decoded as audio (libsndfile's reason kept), the clip listed among
+    the skipped with that reason, the start-up checks giving the same reason."""
+    from wyoming_qwen3tts.startup import check_default_voice, survey_clips
+
+    write_voice(tmp_path, "icl")
+    (tmp_path / "noise.wav").write_bytes(np.random.default_rng(0).bytes(4000))
+    (tmp_path / "notes.flac").write_text("Not audio at all, a text file renamed.")
+    unread = "the file could not be decoded as audio: Format not recognised"
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
+        said = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+        assert sorted(said) == [(logging.WARNING, f"Skipping clone voice {tmp_path / file}: {unread}")
+                                for file in ("noise.wav", "notes.flac")], said
+        caplog.clear()
+        write_voice(tmp_path, "newcomer")
+        catalog.refresh()
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []  # said once
+    assert catalog.skipped() == [SkippedClip("noise", "noise.wav", unread), SkippedClip("notes", "notes.flac", unread)]
+    assert catalog.skipped_clips() == [f"noise.wav: {unread}", f"notes.flac: {unread}"]
+    with pytest.raises(UnknownVoiceError, match=rf"'noise' is a clone whose clip could not be used \(noise.wav: "
+                                                rf"{unread}\); replace the file"):
+        catalog.get("noise")
+    assert survey_clips(tmp_path) == (True, [f"noise.wav ({unread})", f"notes.flac ({unread})"])
+    with pytest.raises(SystemExit, match=rf"could not be used \(notes.flac: {unread}\)"):
+        check_default_voice("notes", tmp_path, {ModelKind.BASE})
 
 
 def test_a_clone_with_two_transcripts_reads_one_by_a_fixed_rule_and_warns_once(

@@ -353,7 +353,8 @@ def survey_clips(voices_dir: Path) -> tuple[bool, list[str]]:
     transcript if any readable; a name without control characters and not blank; the first
     clip of its voice name), and every clip it skips, each named with why
     (``'tab\\there.wav' (control characters in its name)``, ``' .wav' (a blank name)``,
-    ``broken.wav (no readable audio)``, ``short.wav (0.50 s long, under the 1 s a clone clip
+    ``broken.wav (the file could not be decoded as audio: Format not recognised)``, ``locked.wav
+    (no readable audio)`` (a file that cannot be opened), ``short.wav (0.50 s long, under the 1 s a clone clip
     needs)``, ``hush.wav (the clip is silent: ...)``), by file name. Reads each clip's
     samples (at most ``MAX_REFERENCE_SECONDS``) and transcript."""
     skipped, usable = [], False

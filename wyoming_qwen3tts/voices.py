@@ -338,19 +338,30 @@ def preference_reason(used: Path, ignored: Path) -> str:
     return f"{first} comes before {second} in the order of formats: {', '.join(AUDIO_SUFFIXES)}"
 
 
+#: libsndfile's error code for a file the system could not open or read (gone, no permission).
+_SF_ERR_SYSTEM = 2
+
+
 def is_decoder_error(err: BaseException) -> bool:
-    """Whether ``err`` is FFmpeg's refusal of a file's bytes (``decode_audio``): the file is
-    no audio it reads (a text file renamed ``fake.mp3``), not a file that cannot be opened."""
+    """Whether ``err`` is a decoder's refusal of a file's bytes, FFmpeg's (``decode_audio``) or
+    libsndfile's (WAV and FLAC, ``Reference.load``): the file is no audio it reads (a text
+    file renamed ``fake.mp3`` or ``fake.wav``), not a file that cannot be opened."""
+    if isinstance(err, sf.LibsndfileError):  # not its system errors (gone, no permission): those stay ERRORs
+        return err.code != _SF_ERR_SYSTEM
     av = sys.modules.get("av")  # loaded by ``decode_audio``: no FFmpeg error without it
     # Not FFmpeg's OSErrors (a file that cannot be opened: permissions, gone): those stay ERRORs.
     return av is not None and isinstance(err, av.error.FFmpegError) and not isinstance(err, OSError)
 
 
 def unreadable_reason(err: Exception) -> str:
-    """Why a clip whose decoder (FFmpeg, ``is_decoder_error``) failed with ``err`` is no clone
-    voice, in plain words and the decoder's short message, without its error number or the
-    file's path: ``the file is not audio FFmpeg can read: Invalid data found when processing
-    input``."""
+    """Why a clip whose decoder (``is_decoder_error``) failed with ``err`` is no clone voice,
+    in plain words and the decoder's short message, without its error number or the file's
+    path: ``the file is not audio FFmpeg can read: Invalid data found when processing input``
+    (FFmpeg), ``the file could not be decoded as audio: Format not recognised`` (libsndfile,
+    a ``.wav`` or ``.flac``)."""
+    if isinstance(err, sf.LibsndfileError):  # its message names the path: only its reason
+        said = err.error_string.strip().removeprefix("Error :").strip().rstrip(".")
+        return f"the file could not be decoded as audio: {said}"
     said = getattr(err, "strerror", None) or str(err)
     # No parentheses: the start-up survey puts the reason in some (``startup.survey_clips``).
     return f"the file is not audio FFmpeg can read: {str(said).strip().rstrip('.')}"
@@ -760,8 +771,8 @@ def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip
     naming the transcript, ``TranscriptEncodingError``), a format the folder does not read
     (a suffix not in ``AUDIO_SUFFIXES``: a WARNING, ``unread_format_reason``, the file is not
     opened), a transcript over ``MAX_TRANSCRIPT_CHARS`` (a WARNING, ``TranscriptTooLongError``),
-    a file that is no audio its decoder reads (a WARNING, ``unreadable_reason``), or unreadable
-    otherwise (an ERROR: a file that cannot be opened). The folder
+    a file that is no audio its decoder (FFmpeg, or libsndfile for WAV and FLAC) reads (a
+    WARNING, ``unreadable_reason``), or unreadable otherwise (an ERROR: a file that cannot be opened). The folder
     scan (``VoiceCatalog``) and the start-up checks made before any model loads
     (``startup.check_default_voice``, ``startup.survey_clips``) both judge clips by this, so
     a clip is refused for the same reason before and after loading. Reads at most
@@ -777,7 +788,7 @@ def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip
     except NoAudioTrackError:  # a picture or a silent video renamed: a user's file
         return ClipSkip("the file holds no audio track", logging.WARNING)
     except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, never fatal
-        if is_decoder_error(err):  # a user's file that is no audio (a text file renamed fake.mp3)
+        if is_decoder_error(err):  # a user's file that is no audio (a text file renamed fake.mp3 or fake.wav)
             return ClipSkip(unreadable_reason(err), logging.WARNING)
         return ClipSkip(str(err), logging.ERROR)
     seconds = len(reference.audio) / reference.sample_rate
