@@ -194,7 +194,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--frames", type=int, default=48)
     parser.add_argument("--no-bare", action="store_true", help="skip faster-qwen3-tts's own generator")
+    parser.add_argument("--chunk", type=int, default=0,
+                        help="talker cache positions per attention program (kernels.attention.CHUNK, "
+                             "a power of two; 0: the engine's own): a cache longer than it is split")
     args = parser.parse_args(argv)
+    if args.chunk:
+        from wyoming_qwen3tts.engine.batched.kernels import attention
+
+        attention.CHUNK = args.chunk  # read at each call, so the captured graphs split by it
     from faster_qwen3_tts import FasterQwen3TTS
 
     path = build_checkpoint(Path(args.checkpoint), "voice_design", "full")
@@ -203,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     report: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     report["kernels"] = os.environ.get("QWEN3TTS_KERNELS", "triton")
     report["matmul"] = os.environ.get("QWEN3TTS_MATMUL", "fused")
+    report["chunk"] = args.chunk or None
     if not args.no_bare:
         tts.warmup()
         report["bare_engine"] = bare_engine(tts, args.frames)
