@@ -916,7 +916,7 @@ def test_a_refused_upload_is_said_beside_create_voice_and_stays_until_the_form_c
         refusal = "The clip is 0.50 s long"
         expect(page.locator("#message")).to_contain_text(refusal)  # the server has answered
         assert_in_view_beside(page, status, create, refusal)
-        page.screenshot(path=f"/tmp/studio-clone-refused-{width}.png")
+        page.screenshot(path=str(tmp_path / f"studio-clone-refused-{width}.png"))
         page.evaluate("loadVoices()")
         expect(row(page, "clone")).to_be_visible()
         assert_in_view_beside(page, status, create, refusal)
@@ -930,7 +930,7 @@ def test_a_refused_upload_is_said_beside_create_voice_and_stays_until_the_form_c
 
 @pytest.mark.parametrize(("width", "height"), [(1280, 800), (390, 844)])
 def test_refusals_of_rename_delete_design_and_keep_are_said_beside_their_buttons(
-    browser: Browser, studio: Server, width: int, height: int
+    browser: Browser, studio: Server, width: int, height: int, tmp_path: Path
 ) -> None:
     """The other forms of the page had the same fault: a refused rename, delete, design,
     keep, replace, sample or delete of a skipped file (and Speak with no text) was said only
@@ -970,7 +970,7 @@ def test_refusals_of_rename_delete_design_and_keep_are_said_beside_their_buttons
         renamed = row(page, "clone").locator(".rename-status")
         expect(renamed).to_contain_text("already the name")
         assert_in_view_beside(page, renamed, save, "'aria' is already the name of the preset 'aria'")
-        page.screenshot(path=f"/tmp/studio-rename-refused-{width}.png")
+        page.screenshot(path=str(tmp_path / f"studio-rename-refused-{width}.png"))
         row(page, "clone").locator("input").fill("arial")  # the form changes: the refusal goes
         expect(renamed).to_have_text("")
         row(page, "clone").get_by_role("button", name="Cancel").click()
@@ -981,7 +981,7 @@ def test_refusals_of_rename_delete_design_and_keep_are_said_beside_their_buttons
         deleted = row(page, "clone").locator(".row-status")
         expect(deleted).to_contain_text("cannot be deleted")
         assert_in_view_beside(page, deleted, remove, "The voice 'clone' cannot be deleted now")
-        page.screenshot(path=f"/tmp/studio-delete-refused-{width}.png")
+        page.screenshot(path=str(tmp_path / f"studio-delete-refused-{width}.png"))
         assert not page.evaluate(LAYOUT_PROBLEMS, ["clone", "aria"])  # the row's message wraps
 
         page.fill("#design-description", "A calm voice.")
@@ -990,7 +990,7 @@ def test_refusals_of_rename_delete_design_and_keep_are_said_beside_their_buttons
         designed = page.locator("#design-status")
         expect(designed).to_contain_text("too vague")
         assert_in_view_beside(page, designed, run, "The description is too vague to design a voice")
-        page.screenshot(path=f"/tmp/studio-design-refused-{width}.png")
+        page.screenshot(path=str(tmp_path / f"studio-design-refused-{width}.png"))
         run.click()
         expect(page.locator(".candidate")).to_have_count(1)
         card = page.locator(".candidate")
@@ -1005,7 +1005,7 @@ def test_refusals_of_rename_delete_design_and_keep_are_said_beside_their_buttons
         replace.click()
         expect(kept).to_contain_text("is full")
         assert_in_view_beside(page, kept, keep, "The voices folder is full")  # Replace is gone: not a name
-        page.screenshot(path=f"/tmp/studio-keep-refused-{width}.png")
+        page.screenshot(path=str(tmp_path / f"studio-keep-refused-{width}.png"))
 
         page.route("**/v1/audio/voices/clone/sample", lambda route: route.fulfill(
             **refusal(503, "overloaded", "The server is busy: try again in a moment")))
@@ -1018,13 +1018,13 @@ def test_refusals_of_rename_delete_design_and_keep_are_said_beside_their_buttons
         entry = refused_skipped_delete(page)
         assert_in_view_beside(page, entry.locator(".status"), entry.get_by_role("button", name="Delete"),
                               "tiny.wav cannot be deleted now")
-        page.screenshot(path=f"/tmp/studio-skipped-refused-{width}.png")
+        page.screenshot(path=str(tmp_path / f"studio-skipped-refused-{width}.png"))
         page.unroute_all()
 
 
 @pytest.mark.parametrize(("width", "height"), [(1280, 800), (390, 844)])
 def test_play_of_a_voice_without_a_clip_says_its_refusal_beside_the_row(
-    browser: Browser, studio: Server, width: int, height: int
+    browser: Browser, studio: Server, width: int, height: int, tmp_path: Path
 ) -> None:
     """Play of a built-in speaker (no clip: the page speaks a greeting through
     /v1/audio/speech) said its refusal in the Try a voice box, a card away from the row (out
@@ -1041,14 +1041,14 @@ def test_play_of_a_voice_without_a_clip_says_its_refusal_beside_the_row(
         expect(played).to_contain_text("busy")
         assert_in_view_beside(page, played, play, busy)
         expect(page.locator("#try-status")).not_to_contain_text("busy")
-        page.screenshot(path=f"/tmp/studio-play-speaker-refused-{width}.png")
+        page.screenshot(path=str(tmp_path / f"studio-play-speaker-refused-{width}.png"))
         page.unroute("**/v1/audio/speech")
         play.click()  # the greeting is spoken now: the refusal goes
         wait_for(page, "window.studioStats.streamDone")
         expect(played).not_to_contain_text("busy")
         expect(played).not_to_have_class(re.compile(r"\berror\b"))
         expect(page.locator("#message")).to_be_hidden()  # its copy at the top of the page too
-        page.screenshot(path=f"/tmp/studio-play-speaker-spoken-{width}.png")
+        page.screenshot(path=str(tmp_path / f"studio-play-speaker-spoken-{width}.png"))
 
         def anchor_failed(route: Any) -> None:  # the listing of a server that failed to render aria's anchor
             body = route.fetch().json()
@@ -1065,7 +1065,7 @@ def test_play_of_a_voice_without_a_clip_says_its_refusal_beside_the_row(
         wait_rerendered(page)  # Play of a preset whose anchor was not ready reloads the list
         anchor = row(page, "aria").locator(".row-status")
         assert_in_view_beside(page, anchor, play, failed)
-        page.screenshot(path=f"/tmp/studio-play-anchor-refused-{width}.png")
+        page.screenshot(path=str(tmp_path / f"studio-play-anchor-refused-{width}.png"))
         page.unroute("**/v1/audio/voices/aria/sample")
         page.route("**/v1/audio/voices/aria/sample", lambda route: route.fulfill(
             body=wav_of(1.0), content_type="audio/wav"))
@@ -1078,7 +1078,7 @@ def test_play_of_a_voice_without_a_clip_says_its_refusal_beside_the_row(
 
 @pytest.mark.parametrize(("width", "height"), [(1280, 800), (390, 844)])
 def test_a_rows_error_stays_through_reloads_of_the_list_until_the_user_acts_on_the_row(
-    browser: Browser, studio: Server, width: int, height: int
+    browser: Browser, studio: Server, width: int, height: int, tmp_path: Path
 ) -> None:
     """A row's refusal vanished when the list was drawn again (Reload, or the reload after
     any other action: an upload, a keep, a Play of a preset), and an answer that came after
@@ -1116,7 +1116,7 @@ def test_a_rows_error_stays_through_reloads_of_the_list_until_the_user_acts_on_t
         refuse_delete()
         reload_list(page)
         assert_in_view_beside(page, line, row(page, "clone").get_by_role("button", name="Delete"), cannot)
-        page.screenshot(path=f"/tmp/studio-delete-refused-reloaded-{width}.png")
+        page.screenshot(path=str(tmp_path / f"studio-delete-refused-reloaded-{width}.png"))
         row(page, "clone").get_by_role("button", name="Try").click()  # acting on the row again clears it
         expect(line).to_have_text("")
 
@@ -1156,8 +1156,18 @@ def test_a_rows_error_stays_through_reloads_of_the_list_until_the_user_acts_on_t
         reload_list(page)
         assert_in_view_beside(page, entry.locator(".status"), entry.get_by_role("button", name="Delete"),
                               "tiny.wav cannot be deleted now")
-        page.screenshot(path=f"/tmp/studio-skipped-refused-reloaded-{width}.png")
+        page.screenshot(path=str(tmp_path / f"studio-skipped-refused-reloaded-{width}.png"))
         page.unroute_all()
+
+
+def test_no_screenshot_is_written_to_a_fixed_path_under_tmp() -> None:
+    """Screenshots were written to fixed paths (``/tmp/studio-rename-refused-390.png``): two
+    runs on one machine overwrote each other's, or failed on a file another user left. Each
+    is written under its test's own ``tmp_path`` now; no test names a fixed PNG under /tmp."""
+    fixed = [f"{path.name}:{number}" for path in sorted(Path(__file__).parent.glob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"""["']/tmp/[^"']*\.png""", line)]
+    assert fixed == [], fixed
 
 
 def test_the_clip_picker_offers_exactly_the_formats_the_server_reads(page: Page) -> None:
@@ -1253,7 +1263,7 @@ def test_skipped_files_say_what_their_delete_removes_and_a_blank_name_can_be_del
 
 @pytest.mark.parametrize(("width", "height"), [(1280, 800), (390, 844)])
 def test_an_open_rename_form_keeps_what_was_typed_through_reloads_and_its_answer_lands_in_it(
-    browser: Browser, studio: Server, width: int, height: int
+    browser: Browser, studio: Server, width: int, height: int, tmp_path: Path
 ) -> None:
     """A reload of the list (Reload, or the reload after another action) closed an open
     rename form: what the user had typed was lost, and the answer to a Save pressed before
@@ -1289,7 +1299,7 @@ def test_an_open_rename_form_keeps_what_was_typed_through_reloads_and_its_answer
         reload_list(page)
         assert_in_view_beside(page, status, save, taken)
         expect(field).to_have_value("aria")
-        page.screenshot(path=f"/tmp/studio-rename-kept-{width}.png")
+        page.screenshot(path=str(tmp_path / f"studio-rename-kept-{width}.png"))
         row(page, "clone").get_by_role("button", name="Cancel").click()
         expect(field).to_have_count(0)
         reload_list(page)
@@ -1298,7 +1308,7 @@ def test_an_open_rename_form_keeps_what_was_typed_through_reloads_and_its_answer
         page.unroute_all()
 
 
-def test_one_play_at_a_time_and_the_playing_one_stays_marked_through_reloads(page: Page) -> None:
+def test_one_play_at_a_time_and_the_playing_one_stays_marked_through_reloads(page: Page, tmp_path: Path) -> None:
     """A clip's Play (the clone's sample) and a greeting's (a speaker's Play, spoken through
     /v1/audio/speech) played at once, and Speak in the Try box did not stop a clip either;
     after a reload of the list the playing row's button said "▶ Play" again, and pressing it
@@ -1324,8 +1334,8 @@ def test_one_play_at_a_time_and_the_playing_one_stays_marked_through_reloads(pag
 
     clip_play.click()
     wait_for(page, clip_playing)
-    press(greeting_play, clip_play, clip_stopped, "/tmp/studio-greeting-playing-reloaded.png")  # the clip stops
-    press(clip_play, greeting_play, "audioContext === null", "/tmp/studio-clip-playing-reloaded.png")  # the greeting stops
+    press(greeting_play, clip_play, clip_stopped, str(tmp_path / "studio-greeting-playing-reloaded.png"))  # the clip stops
+    press(clip_play, greeting_play, "audioContext === null", str(tmp_path / "studio-clip-playing-reloaded.png"))  # the greeting stops
     wait_for(page, clip_playing)
     clip_play.click()  # pressed again: it stops
     expect(clip_play).to_have_text("▶ Play")
