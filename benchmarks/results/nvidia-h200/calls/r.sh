@@ -2,10 +2,11 @@
 # Stop 47's device calls (issue 27's H200 figures; the engine as at stop 46), `.whl` carried
 # (now with jsonschema and its dependencies, so test_studio.py and test_browser.py collect).
 #   1: the three full-size checkpoints (background) beside the attention GPU tests; the frame
-#      profile at batch 1, 8 and 32 (decode overlapped, QWEN3TTS_CONV=auto); at batch 32 again with
-#      the talker's 256-position cache split over two attention programs (--chunk 128: 22.6 us a
-#      layer at batch 32 on the H100 against 12.4 at batch 1, one program a head); then the rest of
-#      `pytest -m gpu` but test_memory_gpu.py over 4 workers in the time left (WALL s in all)
+#      profile at batch 1, 8 and 32 (decode overlapped, QWEN3TTS_CONV=auto); then the rest of
+#      `pytest -m gpu` but test_memory_gpu.py over 4 workers in the time left (WALL s in all); if
+#      two minutes are still left, the profile at batch 32 with the talker's 256-position cache
+#      split over two attention programs (--chunk 128: 22.6 us a layer at batch 32 on the H100
+#      against 12.4 at batch 1, one program a head)
 #   2: the http door's Poisson rows, every voice kind, 1, 10, 20, 30 and 40 req/s, 20 s each
 #      (issue 27's protocol), 6 s replies, --max-streams 48
 #   3: the same for the Wyoming door
@@ -24,13 +25,16 @@ case "${1:-1}" in
      timeout -s ABRT 200 python3 -X faulthandler -m benchmarks.profile_step --no-bare --batches 1,8,32 \
        --out "$OUT/profile" > "$OUT/profile/profile.log" 2>&1; echo "profile rc $? at $(since)"
      grep -E '^[|]|^Thread|^  File|Error' "$OUT/profile/profile.log" | head -30
-     mkdir -p "$OUT/profile-chunk128"
-     timeout -s ABRT 130 python3 -X faulthandler -m benchmarks.profile_step --no-bare --batches 32 --chunk 128 \
-       --out "$OUT/profile-chunk128" > "$OUT/profile-chunk128/profile.log" 2>&1; echo "profile chunk 128 rc $? at $(since)"
-     grep -E '^[|] 32|Error' "$OUT/profile-chunk128/profile.log" | head -4
      timeout $(( ${WALL:-585} - ($(date +%s) - s) )) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -n 4 -rfs \
        --ignore tests/test_memory_gpu.py -k "not attention" 2>&1 | tee "$OUT/rest/gpu-tests.log" | tail -16
-     echo "rest at $(since)" ;;
+     echo "rest at $(since)"
+     left=$(( ${WALL:-585} - ($(date +%s) - s) ))
+     if [ "$left" -gt 120 ]; then
+       mkdir -p "$OUT/profile-chunk128"
+       timeout -s ABRT $(( left - 5 )) python3 -X faulthandler -m benchmarks.profile_step --no-bare --batches 32 --chunk 128 \
+         --out "$OUT/profile-chunk128" > "$OUT/profile-chunk128/profile.log" 2>&1; echo "profile chunk 128 rc $? at $(since)"
+       grep -E '^[|] 32|Error' "$OUT/profile-chunk128/profile.log" | head -4
+     fi ;;
   2|3) door=http; [ "$1" = 3 ] && door=wyoming
      OUT="$OUT/$door" POISSON_S=$(( ${WALL:-585} - 60 )) POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
        POISSON_ARGS="--rates 1,10,20,30,40 --seconds 20 --warmup-s 1 --pause-s 0.5 --voices clone,preset,custom_voice --doors $door" \
