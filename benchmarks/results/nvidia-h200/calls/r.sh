@@ -8,7 +8,7 @@
 #      split over two attention programs (--chunk 128: 22.6 us a layer at batch 32 on the H100
 #      against 12.4 at batch 1, one program a head)
 #   2: the http door's Poisson rows, every voice kind, 1, 10, 20, 30 and 40 req/s, 20 s each
-#      (issue 27's protocol), 6 s replies, --max-streams 48
+#      (issue 27's protocol; RATE_S sets fewer where device time is short), 6 s replies, --max-streams 48
 #   3: the same for the Wyoming door
 #   4: test_memory_gpu.py alone (q.sh 8)
 set -uo pipefail
@@ -37,7 +37,7 @@ case "${1:-1}" in
      fi ;;
   2|3) door=http; [ "$1" = 3 ] && door=wyoming
      OUT="$OUT/$door" POISSON_S=$(( ${WALL:-585} - 60 )) POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
-       POISSON_ARGS="--rates 1,10,20,30,40 --seconds 20 --warmup-s 1 --pause-s 0.5 --voices clone,preset,custom_voice --doors $door" \
+       POISSON_ARGS="--rates 1,10,20,30,40 --seconds ${RATE_S:-20} --warmup-s 1 --pause-s 0.5 --voices clone,preset,custom_voice --doors $door" \
        bash benchmarks/gpu.sh poisson | tail -22
      echo "poisson at $(since)" ;;
   4) bash "$(dirname "$0")/q.sh" 8 ;;
