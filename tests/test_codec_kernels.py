@@ -193,15 +193,18 @@ def _check_products(device: str, dtype: torch.dtype) -> None:
         assert trans is not None and trans.taps == kernel // stride
         for n in (1, 3):
             past, x = rand(b, c_in, 1), rand(b, c_in, n)
+            previous = torch.cat([past, x[..., :-1]], dim=-1) if trans.taps == 2 else None
             with torch.no_grad():
                 if trans.taps == 2:
                     ref = conv(torch.cat([past, x], dim=-1))[..., stride : stride + n * stride]
-                    y = trans(x, torch.cat([past, x[..., :-1]], dim=-1))
                 else:
-                    ref, y = conv(x), trans(x, None)
-            assert y.shape == (b, c_out, n * stride) and y.dtype == dtype
+                    ref = conv(x)
             assert trans.bias is not None
-            _product_close(y.float() + trans.bias.float()[:, None], ref, dtype)
+            for folded in (False, True):  # one product per row, or the rows side by side
+                y = trans(x, previous, folded)
+                assert y.shape == (b, c_out, n * stride) and y.dtype == dtype
+                assert y.is_contiguous() or not (folded or n == 1)
+                _product_close(y.float() + trans.bias.float()[:, None], ref, dtype)
     assert TransConvProduct.of(torch.nn.ConvTranspose1d(4, 4, 5, stride=2)) is None
 
 
@@ -471,17 +474,22 @@ def test_decoder_kernels_on_cuda_decode_the_eager_pcm(
         chunks = [1, 2, 1, 3, 1]
         monkeypatch.delenv("QWEN3TTS_KERNELS", raising=False)
         fused = StreamingDecoder(decoder, 3)
+        folded = StreamingDecoder(decoder, 3)
+        folded.conv_mode = "folded"  # what auto runs from FOLDED_MIN_ROWS rows, at 3
         monkeypatch.setenv("QWEN3TTS_KERNELS", "eager")
         eager = StreamingDecoder(decoder, 3)
         assert fused.fused and not eager.fused
-        pcm, pcm_eager = _decode(fused, codes, chunks), _decode(eager, codes, chunks)
+        pcms = [_decode(fused, codes, chunks), _decode(folded, codes, chunks)]
+        pcm_eager = _decode(eager, codes, chunks)
         if dtype == torch.float32:
-            torch.testing.assert_close(pcm, pcm_eager, atol=1e-4, rtol=0)
+            for pcm in pcms:
+                torch.testing.assert_close(pcm, pcm_eager, atol=1e-4, rtol=0)
             return
         exact = _decode(StreamingDecoder(copy.deepcopy(decoder).float(), 3), codes, chunks)
 
     def error(p: torch.Tensor, ref: torch.Tensor) -> float:
         return float((p - ref).norm() / ref.norm())
 
-    assert error(pcm, pcm_eager) < 0.25
-    assert error(pcm, exact) <= 1.25 * error(pcm_eager, exact) + 1e-3, (error(pcm, exact), error(pcm_eager, exact))
+    for pcm in pcms:
+        assert error(pcm, pcm_eager) < 0.25
+        assert error(pcm, exact) <= 1.25 * error(pcm_eager, exact) + 1e-3, (error(pcm, exact), error(pcm_eager, exact))

@@ -21,7 +21,8 @@ convolution but ConvNeXt's depthwise ones is one matrix product on [B, C, T]
 (``conv_products``: tensor cores, no cuDNN layout conversions; a causal convolution's
 columns built by one kernel, ``kernels.im2col``, from the stream's past and the input where
 they lie, the same kernel then moving the past on; from ``FOLDED_MIN_ROWS`` rows the
-batch is folded into the columns for one product; ``QWEN3TTS_CONV`` chooses another form).
+batch is folded into the columns for one product, the transposed convolutions' too;
+``QWEN3TTS_CONV`` chooses another form).
 The transformer's rotary tables are one kernel too (``kernels.rope_tables``, about twelve
 before), and its last residual add with the final norm. In the decoder
 blocks a product's bias, and a residual unit's residual add, are left to the SnakeBeta that
@@ -263,17 +264,18 @@ class StreamingDecoder:
         product = self._trans_products.get(id(module))
         stride = module.conv.stride[0]
         frames = x.shape[-1]
+        folded = product_mode(self.conv_mode, x.shape[0]) == "folded"
         if state is None:  # kernel == stride: frames do not overlap
             if product is None:
                 return module.conv(x), None, None
-            return product(x, None), None, product.bias
+            return product(x, None, folded), None, product.bias
         rows = state[: x.shape[0]]
         if product is None:
             full = torch.cat([rows, x], dim=-1)
             rows.copy_(x[..., -1:])
             return module.conv(full)[..., stride : stride + frames * stride], None, None
         previous = rows if frames == 1 else torch.cat([rows, x[..., :-1]], dim=-1)
-        y = product(x, previous)
+        y = product(x, previous, folded)
         rows.copy_(x[..., -1:])
         return y, None, product.bias
 

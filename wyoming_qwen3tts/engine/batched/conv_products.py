@@ -18,7 +18,8 @@ Written as one matrix product each, the same arithmetic runs on tensor cores in 
   mode from ``QWEN3TTS_CONV``;
 * a transposed convolution with kernel ``stride`` or ``2 * stride`` (each output frame of
   ``stride`` samples made of the current input frame and the previous one) is
-  ``[out * stride, C * taps]`` times the frames with the previous frame stacked under them.
+  ``[out * stride, C * taps]`` times the frames with the previous frame stacked under them
+  (in mode ``folded``, every row's frames side by side: one product).
 
 The bias is returned apart, so the caller can fold it into the SnakeBeta that follows
 (``kernels.snake``'s ``bias``). Products accumulate in float32 like cuDNN's, in another
@@ -45,8 +46,9 @@ KERNEL_MIN_SAMPLES = 128
 
 #: How a causal convolution's product is formed (``ConvProduct.__call__``): im2col columns
 #: built by ``kernels.im2col``, the same columns built by PyTorch, ``kernels.causal_conv`` for
-#: long inputs, or the columns with the batch folded into the samples and one product (not yet
-#: timed on a GPU: ``benchmarks.profile_step`` times every mode).
+#: long inputs, or the columns with the batch folded into the samples and one product (in
+#: ``folded`` the transposed convolutions fold theirs too: ``TransConvProduct``'s ``folded``).
+#: ``benchmarks.profile_step`` times the decode in every mode.
 CONV_MODES = ("im2col", "copy", "kernel", "folded")
 
 
@@ -184,17 +186,31 @@ class TransConvProduct:
         bias = None if conv.bias is None else conv.bias.detach()
         return cls(weight, bias, stride, taps)
 
-    def __call__(self, x: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, previous: torch.Tensor | None, folded: bool = False) -> torch.Tensor:
         """The convolution's output frames for input frames ``x``, without the bias.
 
         Args:
             x: [B, in, n] input frames.
             previous: [B, in, n], the frame before each (the first from the stream's past);
                 None when ``taps`` is 1.
+            folded: the batch folded into the columns, ``[in * taps, B * n]``, for one
+                product that reads the weight once (``ConvProduct``'s mode ``folded``). Else
+                one product per row with the weight broadcast, which cuBLAS runs as a
+                batched kernel reading the weight for every row: the first decoder block's
+                weight is 37.7 MB in bfloat16 ([768 x 8, 2 x 1536]), and its batched
+                product was one of the two ``cutlass_80`` kernels that took 0.43 ms of the
+                batch-32 decode on the H100 (``benchmarks/results/profile``, stop 46).
 
         Returns:
-            [B, out, n * stride], in ``x``'s dtype (contiguous for n = 1).
+            [B, out, n * stride], in ``x``'s dtype (contiguous for n = 1, and when folded).
         """
+        if folded:
+            b, _, n = x.shape
+            parts = [x] if previous is None else [x, previous]
+            columns = torch.cat([part.transpose(0, 1) for part in parts], dim=0)  # [in * taps, B, n]
+            y = torch.mm(self.weight, columns.view(columns.shape[0], b * n))  # [out * stride, B * n]
+            y = y.view(-1, self.stride, b, n).permute(2, 0, 3, 1)  # [B, out, n, stride]
+            return y.reshape(b, -1, n * self.stride).contiguous()
         columns = x if previous is None else torch.cat([x, previous], dim=1)
         y = torch.matmul(self.weight, columns)  # [B, out * stride, n]
         b, _, n = y.shape
