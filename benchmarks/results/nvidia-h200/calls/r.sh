@@ -11,6 +11,8 @@
 #      (issue 27's protocol; RATE_S sets fewer where device time is short), 6 s replies, --max-streams 48
 #   3: the same for the Wyoming door
 #   4: test_memory_gpu.py alone (q.sh 8)
+#   5: both doors' Poisson rows from one server start (http, then wyoming), RATE_S s a rate (10
+#      unless set): for a session whose device time cannot hold calls 2 and 3
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -41,4 +43,8 @@ case "${1:-1}" in
        bash benchmarks/gpu.sh poisson | tail -22
      echo "poisson at $(since)" ;;
   4) bash "$(dirname "$0")/q.sh" 8 ;;
+  5) OUT="$OUT/both" POISSON_S=$(( ${WALL:-585} - 60 )) POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
+       POISSON_ARGS="--rates 1,10,20,30,40 --seconds ${RATE_S:-10} --warmup-s 1 --pause-s 0.5 --voices clone,preset,custom_voice --doors http,wyoming" \
+       bash benchmarks/gpu.sh poisson | tail -36
+     echo "poisson at $(since)" ;;
 esac
