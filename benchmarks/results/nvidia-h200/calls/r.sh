@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stop 47's device calls (issue 27's H200 figures; the engine as at stop 46), `.whl` carried
 # (now with jsonschema and its dependencies, so test_studio.py and test_browser.py collect).
-#   1: the three full-size checkpoints (background) beside the attention GPU tests; the frame
+#   1: the three full-size checkpoints (background) beside the codec's and the attention's GPU
+#      tests (the transposed convolutions folded in mode folded, auto from 8 rows); the frame
 #      profile at batch 1, 8 and 32 (decode overlapped, QWEN3TTS_CONV=auto); then the rest of
 #      `pytest -m gpu` but test_memory_gpu.py over 4 workers in the time left (WALL s in all); if
 #      two minutes are still left, the profile at batch 32 with the talker's 256-position cache
@@ -22,13 +23,15 @@ since() { echo "$(( $(date +%s) - s )) s"; }
 case "${1:-1}" in
   1) CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
      mkdir -p "$OUT/tests" "$OUT/profile" "$OUT/rest"
-     timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_kernels.py -k "attention" \
-       2>&1 | tee "$OUT/tests/gpu-tests.log" | tail -3; echo "tests at $(since)"
+     timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rf -n 4 tests/test_codec_kernels.py \
+       tests/test_kernels.py::test_decode_attention_reads_each_rows_own_positions \
+       tests/test_kernels.py::test_rope_attention_is_the_two_kernels 2>&1 | tee "$OUT/tests/gpu-tests.log" | tail -3
+     echo "tests at $(since)"
      timeout -s ABRT 200 python3 -X faulthandler -m benchmarks.profile_step --no-bare --batches 1,8,32 \
        --out "$OUT/profile" > "$OUT/profile/profile.log" 2>&1; echo "profile rc $? at $(since)"
      grep -E '^[|]|^Thread|^  File|Error' "$OUT/profile/profile.log" | head -30
      timeout $(( ${WALL:-585} - ($(date +%s) - s) )) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -n 4 -rfs \
-       --ignore tests/test_memory_gpu.py -k "not attention" 2>&1 | tee "$OUT/rest/gpu-tests.log" | tail -16
+       --ignore tests/test_memory_gpu.py --ignore tests/test_codec_kernels.py -k "not attention" 2>&1 | tee "$OUT/rest/gpu-tests.log" | tail -16
      echo "rest at $(since)"
      left=$(( ${WALL:-585} - ($(date +%s) - s) ))
      if [ "$left" -gt 120 ]; then
