@@ -194,9 +194,9 @@ def test_corpus_replays_in_process(harness: WyomingHarness) -> None:
         (b'{"type": "describe", "payload_length": -1}\n', "closed"),
         (b'{"type": "describe", "data_length": true}\nx', "closed"),
         (b'{"type": "audio-chunk", "payload_length": 2000000000}\n', "closed"),
-        (b'{"type": "synthesize", "data_length": 2}\n[]', "info"),
+        (b'{"type": "synthesize", "data_length": 2}\n[]', "closed"),  # a refused synthesize ends it
         (b'{"type": 5}\n', "info"),
-        (b'{"type": "synthesize", "data": [1]}\n', "info"),
+        (b'{"type": "synthesize", "data": [1]}\n', "closed"),
         (b'{"type": "describe", "data_length": ' + b"9" * 5000 + b"}\n", "info"),
         (b'\xff\xfe{"type": "describe"}\n', "info"),
     ],
@@ -205,7 +205,8 @@ def test_corpus_replays_in_process(harness: WyomingHarness) -> None:
 def test_known_bad_headers_get_an_error(harness: WyomingHarness, data: bytes, then: str) -> None:
     """Headers that escaped ``async_read_event`` or the handler as exceptions get one
     ``error`` (code ``malformed-event``); then the connection answers the next event, or is
-    closed when the stream cannot be resynchronised."""
+    closed when the stream cannot be resynchronised or the event was a ``synthesize`` (a
+    refused ``synthesize`` ends the connection)."""
     events = harness.run_one(data + b'{"type": "describe"}\n')
     assert events[0].type == "error" and events[0].data["code"] == "malformed-event", events
     assert [e.type for e in events[1:]] == (["info"] if then == "info" else [])

@@ -318,14 +318,14 @@ async def _expect_error(client: AsyncTcpClient, event: Event | Eventable, code: 
 )
 async def test_bad_request_gets_error_and_connection_stays_usable(server: Server, event: Event | Eventable, code: str) -> None:
     """Each refusal is an ``error`` with its code and a short reason, and the connection
-    serves on; but a refused ``synthesize`` (not a malformed one) then ends the connection,
+    serves on; but a refused ``synthesize`` (a malformed one too) then ends the connection,
     as wyoming-piper's does: Home Assistant reads a ``synthesize`` reply up to ``audio-stop``,
     skipping errors, so an error alone left it waiting for the 120 s idle timeout. A new
     connection is served."""
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
         error = await _expect_error(client, event, code)
         assert len(error.text) < 300
-        if Synthesize.is_type(event.type if isinstance(event, Event) else event.event().type) and code != "malformed-event":
+        if Synthesize.is_type(event.type if isinstance(event, Event) else event.event().type):
             assert await asyncio.wait_for(client.read_event(), 60) is None  # ended
         else:
             assert (await describe(client)).tts  # same connection still works
@@ -354,6 +354,39 @@ async def test_a_refused_synthesize_ends_a_client_that_reads_up_to_audio_stop(se
         await client.write_event(Synthesize(text="Hello there.", voice=SynthesizeVoice(name="aria")).event())
         events = await read_until(client, "audio-stop")
         assert audio_of(events)[0]
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        b'{"type": "synthesize", "data": {"text": "hi", "voice": "aria"}}\n',
+        b'{"type": "synthesize", "data": {"text": 42, "voice": {"name": "aria"}}}\n',
+        b'{"type": "synthesize", "data": {"voice": {"name": "aria"}}}\n',
+        b'{"type": "synthesize", "data": {"text": "hi", "voice": {"name": 7}}}\n',
+        b'{"type": "synthesize", "data_length": 2}\n[]',  # the data part is not an object
+    ],
+    ids=["voice-string", "text-number", "no-text", "name-number", "data-part-list"],
+)
+async def test_a_malformed_synthesize_gets_its_error_then_eof(server: Server, event: bytes) -> None:
+    """A ``synthesize`` whose data is malformed is refused as any refused ``synthesize`` is:
+    its ``error`` (``malformed-event``), then EOF at once, not after the 120 s idle timeout
+    (the user trial: the connection stayed open, and Home Assistant, which reads to
+    ``audio-stop`` or EOF and skips errors, would have waited it out). Another connection
+    open meanwhile serves on."""
+    async with AsyncTcpClient("127.0.0.1", server.port) as other:
+        assert (await describe(other)).tts
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            writer.write(event)
+            await writer.drain()
+            header = json.loads(await asyncio.wait_for(reader.readline(), _GUARD_S))
+            assert header["type"] == "error", header
+            body = json.loads(await reader.readexactly(header["data_length"]))
+            assert body["code"] == "malformed-event" and body["text"].startswith("Malformed"), body
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # EOF, within seconds
+        finally:
+            writer.close()
+        assert (await describe(other)).tts
 
 
 async def test_malformed_lines_and_unknown_events(server: Server) -> None:

@@ -6,7 +6,8 @@ Audio goes out as ``audio-start`` / ``audio-chunk`` / ``audio-stop`` in one form
 16-bit, mono) while the model generates; a text with nothing speakable (blank, or only
 punctuation, emoji or markup) gets ``audio-start`` and ``audio-stop`` with no audio between,
 as wyoming-piper answers it. Bad requests get an ``error`` event and the connection stays
-usable; unknown event types are ignored.
+usable, but for a refused ``synthesize`` (malformed or not): its ``error``, then the
+connection ends (``Qwen3TtsEventHandler._refuse``). Unknown event types are ignored.
 
 Limits (``WyomingLimits``), all enforced here, so no client can hold the server:
 
@@ -176,8 +177,8 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
                     event = await read_event(self.reader, self._limits.max_event_bytes)
                 except MalformedEventError as err:
                     malformed += 1
-                    await self._malformed(err)
-                    if not err.resync:
+                    await self._refuse(err.event_type, err)
+                    if not err.resync or self._closing:
                         break
                     if malformed >= MAX_MALFORMED_IN_A_ROW:
                         _LOGGER.info("Closing a Wyoming connection after %d malformed events in a row", malformed)
@@ -256,16 +257,41 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         await self._error(str(err), err.code, logging.INFO if self._malformed_seen == 1 else logging.DEBUG)
 
     async def handle_event(self, event: Event) -> bool:
-        """Dispatch one event; always keeps the connection (returns True)."""
+        """Dispatch one event; a refusal is answered by ``_refuse``. Always returns True (a
+        refused ``synthesize`` ends the connection through ``close``)."""
         try:
             await self._dispatch(event)
         except RequestError as err:
-            self._service.count_error("wyoming", err)
-            await self._error(str(err), err.code)
+            await self._refuse(event.type, err)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             detail = f"missing field {err}" if isinstance(err, KeyError) else str(err)
-            await self._malformed(MalformedEventError(f"Malformed {event.type} event: {detail}", resync=True))
+            await self._refuse(event.type, MalformedEventError(f"Malformed {event.type} event: {detail}", resync=True))
         return True
+
+    async def _refuse(self, event_type: str | None, err: RequestError) -> None:
+        """Answer a refused event (of ``event_type``, None where unknown) with ``error``.
+
+        A refused ``synthesize``, malformed or not (an unknown voice, a text over the limit,
+        ``voice`` not an object, no ``text``...), then ends the connection, as wyoming-piper
+        does (its handler ends on an error): Home Assistant reads a ``synthesize`` reply up
+        to ``audio-stop`` or EOF with no timeout and skips ``error`` there, so an error
+        alone would leave it waiting for the idle timeout; a client that reads errors has
+        the reason, and none is left reading an empty reply as the next request's. Audio
+        still owed on the connection is sent first. Every other refusal (those of a text
+        stream's events included, and of a malformed compatibility copy of its text: a
+        ``synthesize`` while a stream is open) keeps the connection.
+        """
+        in_stream = self._stream is not None or self._stream_refused
+        ends = event_type is not None and Synthesize.is_type(event_type) and not in_stream
+        if ends and self._tail is not None and not self._tail.done():
+            await asyncio.wait([self._tail])  # the audio still owed goes out first
+        if isinstance(err, MalformedEventError):
+            await self._malformed(err)
+        else:
+            self._service.count_error("wyoming", err)
+            await self._error(str(err), err.code)
+        if ends:
+            self.close()  # the read loop ends; the error is flushed before the close
 
     def busy(self) -> bool:
         """True while the server owes this client audio (text in, audio not all sent)."""
@@ -349,32 +375,25 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         there, so an error alone would leave it waiting. A blank text (no text at all) is
         answered the same way.
 
-        For the same reason a refused ``synthesize`` (an unknown voice, a text over the limit,
-        the default voice gone...) gets its ``error``, then the connection is closed, as
-        wyoming-piper does (its handler ends on an error): a client that reads only up to
-        ``audio-stop`` (Home Assistant) ends at once instead of waiting out the idle timeout,
-        one that reads errors has the reason, and none is left reading an empty reply as
-        the next request's. Audio still owed on the connection is sent first.
+        For the same reason a refused ``synthesize`` gets its ``error``, then the connection
+        ends (``_refuse``).
+
+        Raises:
+            RequestError: the request is refused (answered by ``handle_event``).
+            KeyError, TypeError: a field is missing or has the wrong type (answered as a
+                malformed event).
         """
         await self._service.catalog.refresh_async()  # new clips read off the loop
         text = event.data["text"]
         if not isinstance(text, str):
             raise TypeError("text must be a string")
+        request = self._request(event.data)
         try:
-            request = self._request(event.data)
-            try:
-                stream = self._service.speak(request, text, arrived)
-            except EmptyTextError:
-                stream = self._service.open(request, streamed=False)  # the voice is still checked
-                stream.add_text(text, arrived)  # (no segment: nothing is generated)
-                stream.finish()
-        except RequestError as err:
-            self._service.count_error("wyoming", err)
-            if self._tail is not None and not self._tail.done():
-                await asyncio.wait([self._tail])  # the audio still owed goes out first
-            await self._error(str(err), err.code)
-            self.close()  # the read loop ends; the error is flushed before the close
-            return
+            stream = self._service.speak(request, text, arrived)
+        except EmptyTextError:
+            stream = self._service.open(request, streamed=False)  # the voice is still checked
+            stream.add_text(text, arrived)  # (no segment: nothing is generated)
+            stream.finish()
         self._speak(stream)
 
     async def _start_stream(self, event: Event) -> None:

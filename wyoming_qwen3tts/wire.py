@@ -13,6 +13,9 @@ and says, for a bad event, whether the stream is still in step:
 * a length is not a non-negative integer, or is over ``max_bytes``, or the header line is
   over the reader's limit: nobody knows where the next event starts (``resync`` False: the
   connection must be closed).
+
+``MalformedEventError.event_type`` names the bad event's type where the header said it
+(a ``synthesize`` whose data is malformed is refused as any refused ``synthesize`` is).
 """
 
 from __future__ import annotations
@@ -36,11 +39,13 @@ class MalformedEventError(RequestError):
 
     Attributes:
         resync: True when the bad event's bytes were consumed and reading may go on.
+        event_type: the event's type where its header named one, else None.
     """
 
-    def __init__(self, message: str, resync: bool) -> None:
+    def __init__(self, message: str, resync: bool, event_type: str | None = None) -> None:
         super().__init__(message)
         self.resync = resync
+        self.event_type = event_type
 
     code = "malformed-event"
 
@@ -115,7 +120,11 @@ async def read_event(reader: asyncio.StreamReader, max_bytes: int = MAX_EVENT_BY
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise MalformedEventError("Malformed event: \"data\" is not a JSON object", resync=True)
+        raise MalformedEventError("Malformed event: \"data\" is not a JSON object", resync=True, event_type=event_type)
     if raw_data:
-        data = {**data, **_json_object(raw_data, "the data part")}
+        try:
+            data = {**data, **_json_object(raw_data, "the data part")}
+        except MalformedEventError as err:
+            err.event_type = event_type
+            raise
     return Event(type=event_type, data=data, payload=payload)
