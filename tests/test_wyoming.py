@@ -291,6 +291,40 @@ async def test_a_client_that_ends_its_side_still_gets_its_audio(server: Server) 
     assert [e.type for e in events] == ["error", "synthesize-stopped"], events
 
 
+@pytest.mark.parametrize(
+    ("owed", "sent", "said"),
+    [
+        (False, b'{"type": "synthesize", "data_length": 100}\n{"text":"', "9 of 100 bytes of its data"),
+        (True, b'{"type": "synthesize", "data_length": 100}\n{"text":"', "9 of 100 bytes of its data"),
+        (True, b'{"type": "audio-chunk", "payload_length": 4000}\n' + bytes(10), "10 of 4000 bytes of its payload"),
+        (True, b'{"type": "describe"}', "inside its header line (20 bytes, no newline)"),
+    ],
+    ids=["data", "data-after-a-request", "payload", "header-line"],
+)
+async def test_an_event_cut_off_by_the_clients_eof_gets_an_error(server: Server, owed: bool, sent: bytes, said: str) -> None:
+    """A client that ends its side (``shutdown(SHUT_WR)``) inside an event, with fewer bytes
+    than its header announced, is told so (``incomplete-event``: N of M bytes arrived)
+    before the connection closes, never closed silently (the user trial: a silent EOF).
+    Replies owed for a whole request sent before it (``owed``) come first."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        if owed:
+            await async_write_event(Synthesize(text="Hello there.", voice=SynthesizeVoice(name="aria")).event(), writer)
+        writer.write(sent)
+        writer.write_eof()
+        events: list[Event] = []
+        while (event := await asyncio.wait_for(async_read_event(reader), _GUARD_S)) is not None:
+            events.append(event)
+    finally:
+        writer.close()
+    if owed:
+        check_audio_events(events[:-1], expected_frames("Hello there."))
+    else:
+        assert len(events) == 1, [e.type for e in events]
+    error = Error.from_event(events[-1])
+    assert error.code == "incomplete-event" and said in (error.text or ""), error
+
+
 async def _expect_error(client: AsyncTcpClient, event: Event | Eventable, code: str) -> Error:
     await client.write_event(event if isinstance(event, Event) else event.event())
     events = await read_until(client, "error")

@@ -13,7 +13,9 @@ Limits (``WyomingLimits``), all enforced here, so no client can hold the server:
 
 * events are read strictly (``wire.read_event``): a malformed event gets an ``error``; one
   after which the stream cannot be resynchronised, or too many in a row, also closes the
-  connection. Each is logged once, without a traceback;
+  connection. Each is logged once, without a traceback. An event cut off by the client's
+  EOF (``wire.EventCutOffError``) gets an ``error`` too, after the replies owed for the
+  whole requests before it, then the connection closes: no connection is closed silently;
 * a client that stops reading: a write that cannot drain within ``write_timeout`` seconds
   drops that connection's streams (their generation stops) and the connection;
 * a connection idle for ``idle_timeout`` seconds (nothing read or written, no audio owed)
@@ -55,7 +57,7 @@ from .service import (
     TtsService,
 )
 from .voices import ModelKind, Voice
-from .wire import MAX_EVENT_BYTES, MalformedEventError, read_event
+from .wire import MAX_EVENT_BYTES, EventCutOffError, MalformedEventError, read_event
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -177,6 +179,8 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
                     event = await read_event(self.reader, self._limits.max_event_bytes)
                 except MalformedEventError as err:
                     malformed += 1
+                    if isinstance(err, EventCutOffError):  # at EOF: the whole requests are answered first
+                        await self._finish_owed()
                     await self._refuse(err.event_type, err)
                     if not err.resync or self._closing:
                         break
@@ -191,7 +195,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
                 self._spoken = True
                 self.last_active = time.monotonic()
                 await self.handle_event(event)
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except ConnectionError:
             pass
         except Exception:  # noqa: BLE001 - a bug of ours: log it, close this connection only
             _LOGGER.exception("Wyoming connection failed; closing it")

@@ -12,7 +12,10 @@ and says, for a bad event, whether the stream is still in step:
   a new event (``MalformedEventError.resync`` is True);
 * a length is not a non-negative integer, or is over ``max_bytes``, or the header line is
   over the reader's limit: nobody knows where the next event starts (``resync`` False: the
-  connection must be closed).
+  connection must be closed);
+* the stream ends inside an event (its header line, or fewer data or payload bytes than
+  its header announced): ``EventCutOffError`` (``resync`` False), so that the client is
+  told why, not closed silently.
 
 ``MalformedEventError.event_type`` names the bad event's type where the header said it
 (a ``synthesize`` whose data is malformed is refused as any refused ``synthesize`` is).
@@ -48,6 +51,16 @@ class MalformedEventError(RequestError):
         self.event_type = event_type
 
     code = "malformed-event"
+
+
+class EventCutOffError(MalformedEventError):
+    """The stream ended inside an event (error code ``incomplete-event``): the client ended
+    its side, or its connection, before sending all the bytes its header announced."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, resync=False)
+
+    code = "incomplete-event"
 
 
 def _json_object(raw: bytes, what: str) -> dict[str, Any]:
@@ -88,6 +101,20 @@ def _length(header: dict[str, Any], key: str, max_bytes: int) -> int:
     return value
 
 
+async def _read_part(reader: asyncio.StreamReader, length: int, what: str) -> bytes:
+    """The event's next ``length`` bytes, its ``what`` (data or payload).
+
+    Raises:
+        EventCutOffError: the stream ended first.
+    """
+    try:
+        return await reader.readexactly(length)
+    except asyncio.IncompleteReadError as err:
+        raise EventCutOffError(
+            f"Event cut off: {len(err.partial)} of {length} bytes of its {what} arrived before the connection ended"
+        ) from None
+
+
 async def read_event(reader: asyncio.StreamReader, max_bytes: int = MAX_EVENT_BYTES) -> Event | None:
     """The next event from ``reader``; None at the end of the stream.
 
@@ -96,8 +123,8 @@ async def read_event(reader: asyncio.StreamReader, max_bytes: int = MAX_EVENT_BY
         or None).
 
     Raises:
-        MalformedEventError: a bad event (see the module docstring for ``resync``).
-        asyncio.IncompleteReadError: the stream ended inside an event's data or payload.
+        MalformedEventError: a bad event (see the module docstring for ``resync``);
+            ``EventCutOffError``: the stream ended inside an event.
         ConnectionError: the connection broke.
     """
     try:
@@ -106,13 +133,13 @@ async def read_event(reader: asyncio.StreamReader, max_bytes: int = MAX_EVENT_BY
         raise MalformedEventError("Event header line is too long; closing", resync=False) from None
     if not line:
         return None
-    if not line.endswith(b"\n"):  # the stream ended inside a header line
-        raise asyncio.IncompleteReadError(line, None)
+    if not line.endswith(b"\n"):
+        raise EventCutOffError(f"Event cut off: the connection ended inside its header line ({len(line)} bytes, no newline)")
     header = _json_object(line, "the header line")
     data_length = _length(header, "data_length", max_bytes)
     payload_length = _length(header, "payload_length", max_bytes)
-    raw_data = await reader.readexactly(data_length) if data_length else b""
-    payload = await reader.readexactly(payload_length) if payload_length else None
+    raw_data = await _read_part(reader, data_length, "data") if data_length else b""
+    payload = await _read_part(reader, payload_length, "payload") if payload_length else None
     event_type = header.get("type")
     if not isinstance(event_type, str) or not event_type:
         raise MalformedEventError("Malformed event: no \"type\" string in the header", resync=True)
