@@ -92,6 +92,9 @@ def test_try_it_commands_work_as_written(checkpoints: Path, tmp_path: Path) -> N
         with urllib.request.urlopen(request, timeout=120) as response:
             assert response.read(4) == b"RIFF"
         assert "zeroconf" not in log.read_text().lower()  # not announced
+        # The reference engine's line the README quotes (one sentence at a time per model).
+        quoted = re.search(r"its log line: `(base model ready.*?)`", " ".join(README.split()))
+        assert quoted is not None and quoted[1] in log.read_text(), quoted
         # Started as a user starts it, at the default log level: no dependency noise.
         noise = ["flash-attn", "sox: not found", "SoX could not be found", "Loading weights", "UserWarning"]
         assert [n for n in noise if n in log.read_text()] == []
@@ -108,6 +111,18 @@ async def _describe(port: int) -> Info:
             assert event is not None
             if Info.is_type(event.type):
                 return Info.from_event(event)
+
+
+def test_the_model_field_lists_every_openai_model_name() -> None:
+    """``GET /v1/models`` lists the OpenAI names the server takes (``GENERIC_MODELS``): the
+    README's ``model`` field and the OpenAPI description name each of them."""
+    from wyoming_qwen3tts import openapi
+    from wyoming_qwen3tts.http_request import GENERIC_MODELS
+
+    row = next(line for line in README.splitlines() if line.startswith("| `model` | optional |"))
+    model = openapi.document(10_000)["components"]["schemas"]["SpeechRequest"]["properties"]["model"]
+    described = model["anyOf"][0]["description"]
+    assert [name for name in GENERIC_MODELS if f"`{name}`" not in row or name not in described.split(", ")] == []
 
 
 @pytest.mark.parametrize("heading", ["## Quick start", "### Try it without the real weights", "### On the CPU, without a GPU", "## Tests"])

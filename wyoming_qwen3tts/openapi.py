@@ -229,7 +229,7 @@ def _speech_request(max_chars: int) -> dict[str, Any]:
                 "maxLength": max_chars,
                 "description": "The text (413 above the limit; 400 when nothing speakable remains).",
             },
-            "model": _nullable({**string, "description": "tts-1, tts-1-hd, gpt-4o-mini-tts, a qwen3-tts-* name, or a checkpoint's hub id or folder name (Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice). Empty or only spaces: as absent (the voice decides)."}),
+            "model": _nullable({**string, "description": "tts-1, tts-1-hd, gpt-4o-mini-tts, gpt-4o-mini-tts-2025-12-15, a qwen3-tts-* name, or a checkpoint's hub id or folder name (Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice). Empty or only spaces: as absent (the voice decides)."}),
             "voice": _nullable(
                 {
                     "oneOf": [
