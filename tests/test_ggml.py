@@ -448,6 +448,26 @@ def test_a_thread_count_per_stream_is_taken_and_checked(gguf: dict[str, tuple[Pa
         GgmlEngine(ModelKind.CUSTOM_VOICE, *gguf["custom_voice"], chunk_frames=1, contexts=1, threads=2 * (os.cpu_count() or 1) + 2)
 
 
+def test_the_wyoming_program_description_names_the_shared_engine_once(ggml_server: Server) -> None:
+    """Home Assistant shows the TTS program's description: the Base and CustomVoice models
+    share the GGML engine, which it names once, with what is the Base model's own after it
+    (the user trial: "qwentts.cpp GGML on the CPU (Q8_0, 2 stream(s) x 2 threads),
+    qwentts.cpp GGML on the CPU (Q8_0, 2 stream(s) x 2 threads, clones by x-vector)")."""
+    from wyoming.client import AsyncTcpClient
+    from wyoming.info import Info
+
+    from .test_wyoming import describe
+
+    async def info() -> Info:
+        async with AsyncTcpClient("127.0.0.1", ggml_server.port) as client:
+            return await describe(client)
+
+    (program,) = asyncio.run(info()).tts
+    description = program.description or ""
+    assert description.count("qwentts.cpp GGML") == 1 and "stream(s)" not in description, description
+    assert re.fullmatch(r"Qwen3-TTS on qwentts\.cpp GGML on the CPU \(Q8_0, .*\): base model .*clones by x-vector", description), description
+
+
 def test_the_ggml_server_holds_no_torch(ggml_server: Server) -> None:
     """It converted the checkpoints (in a child process) and served: PyTorch never entered
     its process (its shared library would be mapped)."""

@@ -87,6 +87,43 @@ async def test_describe_lists_every_voice(server: Server) -> None:
     assert "en" in voices["clone"].languages and all(v.description for v in voices.values())
 
 
+_GGML = "qwentts.cpp GGML on the CPU (Q8_0, 2 stream(s) x 2 threads"
+
+
+@pytest.mark.parametrize(
+    ("backends", "said"),
+    [
+        (  # the user trial's: the shared engine was said twice
+            {"base": f"{_GGML}, clones by x-vector)", "custom_voice": f"{_GGML})"},
+            "qwentts.cpp GGML on the CPU (Q8_0, 2 streams x 2 threads): base model clones by x-vector",
+        ),
+        (
+            {
+                "base": "qwentts.cpp GGML on the CPU (Q8_0, 4 stream(s) x 1 threads, clones in context (ICL))",
+                "custom_voice": f"{_GGML})",
+                "voice_design": "qwen_tts reference model (CPU)",
+            },
+            "qwen_tts reference model (CPU) + qwentts.cpp GGML on the CPU (Q8_0): base model 4 streams x 1 thread,"
+            " clones in context (ICL); custom_voice model 2 streams x 2 threads",
+        ),
+        ({"base": f"{_GGML}, clones by x-vector)"}, "qwentts.cpp GGML on the CPU (Q8_0, 2 streams x 2 threads, clones by x-vector)"),
+        ({kind: "qwen_tts reference model (CPU)" for kind in ("base", "custom_voice")}, "qwen_tts reference model (CPU)"),
+        (
+            {"base": "batched CUDA-graph engine", "voice_design": "batched CUDA-graph engine, on demand"},
+            "batched CUDA-graph engine: voice_design model on demand",
+        ),
+    ],
+    ids=["ggml-two-models", "ggml-own-streams-and-reference", "ggml-one-model", "reference", "on-demand"],
+)
+def test_the_program_description_names_each_engine_once(backends: dict[str, str], said: str) -> None:
+    """``info``'s program description (Home Assistant shows it) names each engine once, with
+    what its models share, then what is one model's own (``service.describe_backends``)."""
+    from wyoming_qwen3tts.service import describe_backends
+    from wyoming_qwen3tts.voices import ModelKind
+
+    assert describe_backends({ModelKind(kind): backend for kind, backend in backends.items()}) == said
+
+
 def test_each_start_up_fact_is_said_once(server: Server) -> None:
     """The start-up log says each fact once: the anchors' state, the clone library (as an
     absolute path), each model's ready line with its streams."""
