@@ -14,6 +14,8 @@
 #   4: test_memory_gpu.py alone (q.sh 8)
 #   5: both doors' Poisson rows from one server start (http, then wyoming), RATE_S s a rate (10
 #      unless set): for a session whose device time cannot hold calls 2 and 3
+#   6: (the last 150 s of a session's device time) the CUDA decoder test (fused, folded and eager
+#      PCM), then the frame profile at batch 32, 1 and 8 in the time left (WALL s in all)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 [ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -46,6 +48,13 @@ case "${1:-1}" in
        bash benchmarks/gpu.sh poisson | tail -22
      echo "poisson at $(since)" ;;
   4) bash "$(dirname "$0")/q.sh" 8 ;;
+  6) mkdir -p "$OUT/tests" "$OUT/profile"
+     timeout 60 python3 -m pytest -m gpu -q -p no:cacheprovider -rf \
+       tests/test_codec_kernels.py::test_decoder_kernels_on_cuda_decode_the_eager_pcm 2>&1 | tee "$OUT/tests/gpu-tests.log" | tail -3
+     echo "tests at $(since)"
+     timeout -s ABRT $(( ${WALL:-150} - ($(date +%s) - s) )) python3 -X faulthandler -m benchmarks.profile_step --no-bare \
+       --batches 32,1,8 --out "$OUT/profile" > "$OUT/profile/profile.log" 2>&1; echo "profile rc $? at $(since)"
+     grep -E '^[|]|^Thread|^  File|Error' "$OUT/profile/profile.log" | head -30 ;;
   5) OUT="$OUT/both" POISSON_S=$(( ${WALL:-585} - 60 )) POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
        POISSON_ARGS="--rates 1,10,20,30,40 --seconds ${RATE_S:-10} --warmup-s 1 --pause-s 0.5 --voices clone,preset,custom_voice --doors http,wyoming" \
        bash benchmarks/gpu.sh poisson | tail -36
