@@ -54,7 +54,8 @@ case "${1:-1}" in
      echo "tests at $(since)"
      timeout -s ABRT $(( ${WALL:-150} - ($(date +%s) - s) )) python3 -X faulthandler -m benchmarks.profile_step --no-bare \
        --batches 32,1,8 --out "$OUT/profile" > "$OUT/profile/profile.log" 2>&1; echo "profile rc $? at $(since)"
-     grep -E '^[|]|^Thread|^  File|Error' "$OUT/profile/profile.log" | head -30 ;;
+     grep -E '^[|]|^Thread|^  File|Error' "$OUT/profile/profile.log" | head -30
+     grep '^{"batch"' "$OUT/profile/profile.log" | cut -c1-330 ;;
   5) OUT="$OUT/both" POISSON_S=$(( ${WALL:-585} - 60 )) POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
        POISSON_ARGS="--rates 1,10,20,30,40 --seconds ${RATE_S:-10} --warmup-s 1 --pause-s 0.5 --voices clone,preset,custom_voice --doors http,wyoming" \
        bash benchmarks/gpu.sh poisson | tail -36
