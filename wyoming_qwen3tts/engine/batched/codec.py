@@ -21,8 +21,8 @@ convolution but ConvNeXt's depthwise ones is one matrix product on [B, C, T]
 (``conv_products``: tensor cores, no cuDNN layout conversions; a causal convolution's
 columns built by one kernel, ``kernels.im2col``, from the stream's past and the input where
 they lie, the same kernel then moving the past on; from ``FOLDED_MIN_ROWS`` rows the
-batch is folded into the columns for one product, the transposed convolutions' too;
-``QWEN3TTS_CONV`` chooses another form).
+batch is folded into the columns for one product; ``QWEN3TTS_CONV`` chooses another form,
+``folded`` folding the transposed convolutions' columns too).
 The transformer's rotary tables are one kernel too (``kernels.rope_tables``, about twelve
 before), and its last residual add with the final norm. In the decoder
 blocks a product's bias, and a residual unit's residual add, are left to the SnakeBeta that
@@ -130,7 +130,8 @@ class StreamingDecoder:
         #: ``im2col`` (columns by ``kernels.im2col``, then a batched cuBLAS product), ``copy``
         #: (the columns by PyTorch, stop 39), ``kernel`` (the long ones as
         #: ``kernels.causal_conv``; no faster on the H200: ``conv_products.KERNEL_MIN_SAMPLES``),
-        #: ``folded`` (the batch folded into the columns, one product).
+        #: ``folded`` (the batch folded into the columns, one product; the transposed
+        #: convolutions' too, which ``auto`` does not fold: untimed on a GPU, stop 47).
         #: Read at each call: set it before capture.
         self.conv_mode = _conv_mode(os.environ.get("QWEN3TTS_CONV", "auto"))
         self.samples_per_frame = int(decoder.total_upsample)
@@ -264,7 +265,9 @@ class StreamingDecoder:
         product = self._trans_products.get(id(module))
         stride = module.conv.stride[0]
         frames = x.shape[-1]
-        folded = product_mode(self.conv_mode, x.shape[0]) == "folded"
+        # Only a mode named folded folds these: auto's transposed products stay one a row
+        # until the two are timed against each other (profile_step times auto and folded).
+        folded = self.conv_mode == "folded"
         if state is None:  # kernel == stride: frames do not overlap
             if product is None:
                 return module.conv(x), None, None

@@ -19,7 +19,7 @@ Written as one matrix product each, the same arithmetic runs on tensor cores in 
 * a transposed convolution with kernel ``stride`` or ``2 * stride`` (each output frame of
   ``stride`` samples made of the current input frame and the previous one) is
   ``[out * stride, C * taps]`` times the frames with the previous frame stacked under them
-  (in mode ``folded``, every row's frames side by side: one product).
+  (with ``folded``, every row's frames side by side: one product).
 
 The bias is returned apart, so the caller can fold it into the SnakeBeta that follows
 (``kernels.snake``'s ``bias``). Products accumulate in float32 like cuDNN's, in another
@@ -46,9 +46,10 @@ KERNEL_MIN_SAMPLES = 128
 
 #: How a causal convolution's product is formed (``ConvProduct.__call__``): im2col columns
 #: built by ``kernels.im2col``, the same columns built by PyTorch, ``kernels.causal_conv`` for
-#: long inputs, or the columns with the batch folded into the samples and one product (in
-#: ``folded`` the transposed convolutions fold theirs too: ``TransConvProduct``'s ``folded``).
-#: ``benchmarks.profile_step`` times the decode in every mode.
+#: long inputs, or the columns with the batch folded into the samples and one product (the
+#: decoder's mode ``folded`` folds the transposed convolutions' too, ``TransConvProduct``'s
+#: ``folded``; its ``auto`` does not, until timed). ``benchmarks.profile_step`` times the
+#: decode in every mode.
 CONV_MODES = ("im2col", "copy", "kernel", "folded")
 
 
