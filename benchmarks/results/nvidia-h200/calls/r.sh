@@ -2,7 +2,7 @@
 # Stop 47's device calls (issue 27's H200 figures; the engine as at stop 46), `.whl` carried
 # (now with jsonschema and its dependencies, so test_studio.py and test_browser.py collect).
 #   1: the three full-size checkpoints (background) beside the codec's and the attention's GPU
-#      tests (the transposed convolutions folded in mode folded, auto from 8 rows); the frame
+#      tests (the transposed convolutions folded in mode folded; auto does not fold them); the frame
 #      profile at batch 1, 8 and 32 (decode overlapped, QWEN3TTS_CONV=auto); then the rest of
 #      `pytest -m gpu` but test_memory_gpu.py over 4 workers in the time left (WALL s in all); if
 #      two minutes are still left, the profile at batch 32 with the talker's 256-position cache
