@@ -196,11 +196,12 @@ class TransConvProduct:
                 None when ``taps`` is 1.
             folded: the batch folded into the columns, ``[in * taps, B * n]``, for one
                 product that reads the weight once (``ConvProduct``'s mode ``folded``). Else
-                one product per row with the weight broadcast, which cuBLAS runs as a
-                batched kernel reading the weight for every row: the first decoder block's
-                weight is 37.7 MB in bfloat16 ([768 x 8, 2 x 1536]), and its batched
-                product was one of the two ``cutlass_80`` kernels that took 0.43 ms of the
-                batch-32 decode on the H100 (``benchmarks/results/profile``, stop 46).
+                one product per row with the weight broadcast, a batched product that may
+                read the weight for every row: the first decoder block's weight is 37.7 MB
+                in bfloat16 ([768 x 8, 2 x 1536]). Two batched ``cutlass_80`` kernels took
+                0.43 ms of the batch-32 decode on the H100 (``benchmarks/results/profile``,
+                stop 46); which products they were was not recorded, and these are the
+                likeliest (the causal convolutions' are folded there).
 
         Returns:
             [B, out, n * stride], in ``x``'s dtype (contiguous for n = 1, and when folded).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop 47's device calls (issue 27's H200 figures; the engine as at stop 46), `.whl` carried
+# Stop 47's device calls (issue 27's H200 figures; QWEN3TTS_CONV=auto as at stop 46), `.whl` carried
 # (now with jsonschema and its dependencies, so test_studio.py and test_browser.py collect).
 #   1: the three full-size checkpoints (background) beside the codec's and the attention's GPU
 #      tests (the transposed convolutions folded in mode folded; auto does not fold them); the frame
