@@ -45,17 +45,7 @@
 #      QWEN3TTS_CONV=auto (folded from 8 rows: call 10's loop 8.21 against im2col's 8.43 ms at
 #      batch 32), and at 32 with QWEN3TTS_CONV=im2col beside it; the attention GPU tests
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-[ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export WHEELS_DONE=1 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD TRITON_CACHE_DIR="$HOME/.triton/cache"
-s=$(date +%s)
-since() { echo "$(( $(date +%s) - s )) s"; }
-profile() {  # profile OUT_DIR SECONDS BATCHES
-  mkdir -p "$1"
-  timeout -s ABRT "$2" python3 -X faulthandler -m benchmarks.profile_step --no-bare --batches "$3" \
-    --out "$1" > "$1/profile.log" 2>&1; echo "profile $1 rc $? at $(since)"
-  grep -E '^[|]|^Thread|^  File|Error' "$1/profile.log" | head -30
-}
+source "$(dirname "$0")/prelude.sh"
 case "${1:-1}" in
   1) CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
      mkdir -p "$OUT/tests"

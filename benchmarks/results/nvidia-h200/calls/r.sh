@@ -17,30 +17,21 @@
 #   6: (the last 150 s of a session's device time) the CUDA decoder test (fused, folded and eager
 #      PCM), then the frame profile at batch 32, 1 and 8 in the time left (WALL s in all)
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-[ -d /tmp/site/wyoming ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export WHEELS_DONE=1 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD TRITON_CACHE_DIR="$HOME/.triton/cache"
-s=$(date +%s)
-since() { echo "$(( $(date +%s) - s )) s"; }
+source "$(dirname "$0")/prelude.sh"
 case "${1:-1}" in
   1) CKPT_KINDS="voice_design base custom_voice" bash benchmarks/gpu.sh ckptbg > /dev/null
-     mkdir -p "$OUT/tests" "$OUT/profile" "$OUT/rest"
+     mkdir -p "$OUT/tests" "$OUT/rest"
      timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rf -n 4 tests/test_codec_kernels.py \
        tests/test_kernels.py::test_decode_attention_reads_each_rows_own_positions \
        tests/test_kernels.py::test_rope_attention_is_the_two_kernels 2>&1 | tee "$OUT/tests/gpu-tests.log" | tail -3
      echo "tests at $(since)"
-     timeout -s ABRT 200 python3 -X faulthandler -m benchmarks.profile_step --no-bare --batches 1,8,32 \
-       --out "$OUT/profile" > "$OUT/profile/profile.log" 2>&1; echo "profile rc $? at $(since)"
-     grep -E '^[|]|^Thread|^  File|Error' "$OUT/profile/profile.log" | head -30
+     profile "$OUT/profile" 200 1,8,32
      timeout $(( ${WALL:-585} - ($(date +%s) - s) )) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=8 -n 4 -rfs \
        --ignore tests/test_memory_gpu.py --ignore tests/test_codec_kernels.py -k "not attention" 2>&1 | tee "$OUT/rest/gpu-tests.log" | tail -16
      echo "rest at $(since)"
      left=$(( ${WALL:-585} - ($(date +%s) - s) ))
      if [ "$left" -gt 120 ]; then
-       mkdir -p "$OUT/profile-chunk128"
-       timeout -s ABRT $(( left - 5 )) python3 -X faulthandler -m benchmarks.profile_step --no-bare --batches 32 --chunk 128 \
-         --out "$OUT/profile-chunk128" > "$OUT/profile-chunk128/profile.log" 2>&1; echo "profile chunk 128 rc $? at $(since)"
-       grep -E '^[|] 32|Error' "$OUT/profile-chunk128/profile.log" | head -4
+       profile "$OUT/profile-chunk128" $(( left - 5 )) 32 --chunk 128
      fi ;;
   2|3) door=http; [ "$1" = 3 ] && door=wyoming
      OUT="$OUT/$door" POISSON_S=$(( ${WALL:-585} - 60 )) POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
@@ -48,13 +39,11 @@ case "${1:-1}" in
        bash benchmarks/gpu.sh poisson | tail -22
      echo "poisson at $(since)" ;;
   4) bash "$(dirname "$0")/q.sh" 8 ;;
-  6) mkdir -p "$OUT/tests" "$OUT/profile"
+  6) mkdir -p "$OUT/tests"
      timeout 60 python3 -m pytest -m gpu -q -p no:cacheprovider -rf \
        tests/test_codec_kernels.py::test_decoder_kernels_on_cuda_decode_the_eager_pcm 2>&1 | tee "$OUT/tests/gpu-tests.log" | tail -3
      echo "tests at $(since)"
-     timeout -s ABRT $(( ${WALL:-150} - ($(date +%s) - s) )) python3 -X faulthandler -m benchmarks.profile_step --no-bare \
-       --batches 32,1,8 --out "$OUT/profile" > "$OUT/profile/profile.log" 2>&1; echo "profile rc $? at $(since)"
-     grep -E '^[|]|^Thread|^  File|Error' "$OUT/profile/profile.log" | head -30
+     profile "$OUT/profile" $(( ${WALL:-150} - ($(date +%s) - s) )) 32,1,8
      grep '^{"batch"' "$OUT/profile/profile.log" | cut -c1-330 ;;
   5) OUT="$OUT/both" POISSON_S=$(( ${WALL:-585} - 60 )) POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
        POISSON_ARGS="--rates 1,10,20,30,40 --seconds ${RATE_S:-10} --warmup-s 1 --pause-s 0.5 --voices clone,preset,custom_voice --doors http,wyoming" \
