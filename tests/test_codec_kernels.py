@@ -425,6 +425,46 @@ def test_auto_folds_the_batch_into_the_columns_from_eight_rows() -> None:
         assert {product_mode(mode, rows) for rows in (1, 8, 32)} == {mode}
 
 
+def test_auto_folds_the_transposed_convolutions_where_it_folds_the_causal_ones(
+    checkpoints: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In ``auto`` the decoder's transposed convolutions run one product a row for a lone
+    stream and with every row's frames side by side from ``FOLDED_MIN_ROWS`` rows, as its
+    causal convolutions do (the H100 timed the folded decode faster at 8 and 32 rows): each
+    product-form convolution of the tiny decoder given one frame a row."""
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter runs where no CUDA device is")
+    torch.set_num_threads(1)
+    decoder = _load(checkpoints, "cpu", torch.float32)
+    seen: list[tuple[str, bool]] = []
+    trans_call, conv_call = TransConvProduct.__call__, ConvProduct.__call__
+
+    def trans_spy(self: TransConvProduct, x: torch.Tensor, previous: torch.Tensor | None, folded: bool = False) -> torch.Tensor:
+        seen.append(("transposed", folded))
+        return trans_call(self, x, previous, folded)
+
+    def conv_spy(self: ConvProduct, past: torch.Tensor | None, x: torch.Tensor, mode: str, **kw: bool) -> torch.Tensor:
+        seen.append(("causal", mode == "folded"))
+        return conv_call(self, past, x, mode, **kw)
+
+    monkeypatch.setattr(TransConvProduct, "__call__", trans_spy)
+    monkeypatch.setattr(ConvProduct, "__call__", conv_spy)
+    for rows in (1, FOLDED_MIN_ROWS):
+        seen.clear()
+        fused = StreamingDecoder(decoder, rows, fused=True)
+        assert fused.conv_mode == "auto"
+        with torch.inference_mode():
+            for module in decoder.modules():  # one frame a row through each product-form convolution
+                trans, conv = id(module) in fused._trans_products, id(module) in fused._products
+                if trans or conv:
+                    x = torch.randn(rows, module.conv.in_channels, 1)
+                    parts = (fused._trans_conv_parts if trans else fused._conv_parts)(module, x)
+                    assert parts[0].shape[:2] == (rows, module.conv.out_channels)
+        kinds = {kind for kind, _ in seen}
+        assert kinds == {"transposed", "causal"}
+        assert {folded for _, folded in seen} == {rows >= FOLDED_MIN_ROWS}, (rows, seen)
+
+
 @pytest.mark.parametrize(("device", "dtype"), CASES)
 def test_the_transformers_ring_on_the_kernels_is_the_eager_window_past_its_end(
     checkpoints: Path, device: str, dtype: torch.dtype

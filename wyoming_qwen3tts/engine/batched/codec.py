@@ -21,8 +21,8 @@ convolution but ConvNeXt's depthwise ones is one matrix product on [B, C, T]
 (``conv_products``: tensor cores, no cuDNN layout conversions; a causal convolution's
 columns built by one kernel, ``kernels.im2col``, from the stream's past and the input where
 they lie, the same kernel then moving the past on; from ``FOLDED_MIN_ROWS`` rows the
-batch is folded into the columns for one product; ``QWEN3TTS_CONV`` chooses another form,
-``folded`` folding the transposed convolutions' columns too).
+batch is folded into the columns for one product, the transposed convolutions' frames
+too; ``QWEN3TTS_CONV`` chooses another form).
 The transformer's rotary tables are one kernel too (``kernels.rope_tables``, about twelve
 before), and its last residual add with the final norm. In the decoder
 blocks a product's bias, and a residual unit's residual add, are left to the SnakeBeta that
@@ -79,6 +79,9 @@ def _settle(h: torch.Tensor, branch: torch.Tensor | None, bias: torch.Tensor | N
 #: H200 (stop 44, ``benchmarks/results/profile/README.md``) the decode took 0.75 ms folded
 #: against 0.68 at batch 1, 1.01 against 1.06 at 8 and 1.96 against 2.14 at 32; in stop 45's
 #: engine loop at batch 32, 8.21 ms a frame against 8.43 (0.81 against 0.68 ms at batch 1).
+#: The transposed convolutions fold from the same rows (``TransConvProduct``'s ``folded``): on
+#: the H100 (stop 48, ``benchmarks/results/nvidia-h100/README.md``) the decode took 1.68 ms
+#: with every product folded against 2.00 with only the causal ones, 0.93 against 1.00 at 8.
 FOLDED_MIN_ROWS = 8
 
 
@@ -131,7 +134,7 @@ class StreamingDecoder:
         #: (the columns by PyTorch, stop 39), ``kernel`` (the long ones as
         #: ``kernels.causal_conv``; no faster on the H200: ``conv_products.KERNEL_MIN_SAMPLES``),
         #: ``folded`` (the batch folded into the columns, one product; the transposed
-        #: convolutions' too, which ``auto`` does not fold: untimed on a GPU, stop 47).
+        #: convolutions' too, as ``auto`` does from ``FOLDED_MIN_ROWS`` rows).
         #: Read at each call: set it before capture.
         self.conv_mode = _conv_mode(os.environ.get("QWEN3TTS_CONV", "auto"))
         self.samples_per_frame = int(decoder.total_upsample)
@@ -265,9 +268,10 @@ class StreamingDecoder:
         product = self._trans_products.get(id(module))
         stride = module.conv.stride[0]
         frames = x.shape[-1]
-        # Only a mode named folded folds these: auto's transposed products stay one a row
-        # until the two are timed against each other (profile_step times auto and folded).
-        folded = self.conv_mode == "folded"
+        # Folded where the causal convolutions are (``product_mode``): at batch 32 on the H100
+        # (stop 48) the decode took 1.68 ms with these folded too against 2.00 without, 0.93
+        # against 1.00 at batch 8.
+        folded = product_mode(self.conv_mode, x.shape[0]) == "folded"
         if state is None:  # kernel == stride: frames do not overlap
             if product is None:
                 return module.conv(x), None, None

@@ -47,9 +47,9 @@ KERNEL_MIN_SAMPLES = 128
 #: How a causal convolution's product is formed (``ConvProduct.__call__``): im2col columns
 #: built by ``kernels.im2col``, the same columns built by PyTorch, ``kernels.causal_conv`` for
 #: long inputs, or the columns with the batch folded into the samples and one product (the
-#: decoder's mode ``folded`` folds the transposed convolutions' too, ``TransConvProduct``'s
-#: ``folded``; its ``auto`` does not, until timed). ``benchmarks.profile_step`` times the
-#: decode in every mode.
+#: decoder folds the transposed convolutions' frames too wherever it folds these,
+#: ``TransConvProduct``'s ``folded``). ``benchmarks.profile_step`` times the decode in every
+#: mode.
 CONV_MODES = ("im2col", "copy", "kernel", "folded")
 
 

@@ -14,6 +14,9 @@
 #   4: test_memory_gpu.py alone (q.sh 8)
 #   5: both doors' Poisson rows from one server start (http, then wyoming), RATE_S s a rate (10
 #      unless set): for a session whose device time cannot hold calls 2 and 3
+#   7: (stop 48, after auto began folding the transposed convolutions from 8 rows) the CUDA
+#      decoder test, the frame profile at batch 32 and 8, then both doors' Poisson rows at 10
+#      and 30 req/s, every voice kind, RATE_S s a rate (12 unless set)
 #   6: (the last 150 s of a session's device time) the CUDA decoder test (fused, folded and eager
 #      PCM), then the frame profile at batch 32, 1 and 8 in the time left (WALL s in all)
 set -uo pipefail
@@ -45,6 +48,15 @@ case "${1:-1}" in
      echo "tests at $(since)"
      profile "$OUT/profile" $(( ${WALL:-150} - ($(date +%s) - s) )) 32,1,8
      grep '^{"batch"' "$OUT/profile/profile.log" | cut -c1-330 ;;
+  7) mkdir -p "$OUT/tests"
+     timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider -rf \
+       tests/test_codec_kernels.py::test_decoder_kernels_on_cuda_decode_the_eager_pcm 2>&1 | tee "$OUT/tests/gpu-tests.log" | tail -3
+     echo "tests at $(since)"
+     profile "$OUT/profile" 100 32,8
+     OUT="$OUT/both" POISSON_S=$(( ${WALL:-585} - ($(date +%s) - s) - 20 )) POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
+       POISSON_ARGS="--rates 10,30 --seconds ${RATE_S:-12} --warmup-s 1 --pause-s 0.5 --voices clone,preset,custom_voice --doors http,wyoming" \
+       bash benchmarks/gpu.sh poisson | grep -E '^[|] (http|wyoming)|^=='
+     echo "poisson at $(since)" ;;
   5) OUT="$OUT/both" POISSON_S=$(( ${WALL:-585} - 60 )) POISSON_SERVER_ARGS="--max-queue 64 --max-streams 48" \
        POISSON_ARGS="--rates 1,10,20,30,40 --seconds ${RATE_S:-10} --warmup-s 1 --pause-s 0.5 --voices clone,preset,custom_voice --doors http,wyoming" \
        bash benchmarks/gpu.sh poisson | tail -36
