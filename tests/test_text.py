@@ -601,7 +601,7 @@ def test_products_say_their_operator_and_emphasis_does_not(raw: str, expected: l
     [
         ("Rated 5* by users", "Rated 5* by users"),  # a "*" that can only close, and nothing open
         ("Rated 5*", "Rated 5*"),
-        ("**Rated 5* by users**", "Rated 5* by users"),  # open, but not a run of its length
+        ("**Rated 5* by users**", "Rated 5 by users*"),  # CommonMark: the "*" closes one of the "**"
         ("A*B and a*b", "AB and ab"),  # CommonMark: "A", italic "B and a", "b"
         ("***a** b*, *a **b***", "a b, a b"),
         ("*Note:* 4.5* stars", "Note: 4.5* stars"),
@@ -611,12 +611,22 @@ def test_products_say_their_operator_and_emphasis_does_not(raw: str, expected: l
         ("*a", "*a"),
         ("**a and a **b", "**a and a **b"),
         ("a* b, 5 * 3, 2*3, a ** b", "a* b, 5 × 3, 2×3, a ** b"),
-        ("*a **b*", "a **b"),  # the run inside the one closed is text
+        ("*a **b*", "*a *b"),  # CommonMark: the "*" closes the innermost run, one of the "**"
+        ("*a b**c d*", "a b**c d"),  # the run inside the one closed (and passed over) is text
         ("***a**", "*a"),  # the star of three that no closer took
         ("A*B", "A*B"),
         ("x *y z\nnext *w*", "x *y z next w"),  # not closed over a line break
         ("- *item\n- **bold**", "*item. bold."),
         ("*Note: a *b*", "*Note: a b"),
+        # unbalanced runs: the stars neither run pairs off are text, on their side (CommonMark)
+        ("**a*", "*a"),  # "*" + italic "a"
+        ("*a**", "a*"),  # italic "a" + "*"
+        ("**a", "**a"),
+        ("a**b*", "a**b*"),  # rule of 3: "**" may open and close, and 2 + 1 is 3
+        ("*a***", "a**"),
+        ("**a*** b", "a* b"),
+        ("x **a* y", "x *a y"),
+        ("**a*b", "**a*b"),
     ],
 )
 def test_a_star_run_that_is_no_emphasis_is_kept(raw: str, clean: str) -> None:

@@ -11,12 +11,14 @@ even cut across deltas (``writing.drop_escapes``). Symbols that carry meaning (�
 currency signs, @, &, a "*" that is no emphasis: "5 * 3", "2*3", "Rated 5* by users") and all
 numbers, dates and times are left to the model, which reads them in context.
 
-A "*" run is emphasis as CommonMark's flanking rules say (``_Emphasis.run``): it may open
-when a word follows it, close when a word precedes it; one that can only close is emphasis
-only when an opener of its length is open on its line ("Rated 5*", "5* by users" keep their
-star, as CommonMark keeps them), and "A*B and a*b" is "A" + italic "B and a" + "b", as the
-spec reads it. One that opens is emphasis only once a closer comes, on its line and within
-``MAX_EMPHASIS_CHARS``; else it is text, as CommonMark keeps it ("a *b", "**a", "Rating: *").
+A "*" run is emphasis as CommonMark's flanking rules and its pairing of runs say
+(``_Emphasis.run``): it may open when a word follows it, close when a word precedes it; one
+that can only close is emphasis only when a run it may pair with is open on its line
+("Rated 5*", "5* by users" keep their star, as CommonMark keeps them), the stars of either
+run that pairing leaves over are text ("**a*" is "*" + italic "a", "*a**" italic "a" + "*"),
+and "A*B and a*b" is "A" + italic "B and a" + "b", as the spec reads it. One that opens is
+emphasis only once a closer comes, on its line and within ``MAX_EMPHASIS_CHARS``; else it
+is text, as CommonMark keeps it ("a *b", "**a", "Rating: *").
 So the speech text after a run that opens waits for its closer, at most until its line ends
 or ``MAX_EMPHASIS_CHARS`` have passed; the text before it is not held, nor is any text for
 a "*" that cannot open (spaced, arithmetic, after a word). Emphasis does not go on over a
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import html
 import re
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .markup import (
@@ -440,6 +443,24 @@ _OPERAND_RE = re.compile(r"[-+−]?[$€£¥₹]?\d")
 MAX_EMPHASIS_CHARS = 600
 
 
+@dataclass
+class _Run:
+    """A "*" run open as emphasis on a line: ``left`` of its ``size`` stars not closed yet,
+    standing at ``slot`` in ``_Emphasis``'s held parts; it began at ``position`` (characters
+    of the line), and ``closes`` says whether it could close too (CommonMark's "both")."""
+
+    left: int
+    slot: int
+    position: int
+    size: int
+    closes: bool
+
+    def pairs(self, size: int, opens: bool) -> bool:
+        """Whether a closing run of ``size`` stars, which may also open if ``opens``, may
+        close this one: CommonMark's rule of 3 (rules 9 and 10 of emphasis)."""
+        return not (opens or self.closes) or (self.size + size) % 3 != 0 or self.size % 3 == size % 3 == 0
+
+
 class _Emphasis:
     """The "*" runs open as emphasis on a line, and the speech text held since the first of
     them: whether a run is emphasis is known only once its closer comes, so the text after
@@ -452,7 +473,7 @@ class _Emphasis:
 
     def __init__(self) -> None:
         self._parts: list[str] = []  # speech text since the first open run (all, without one)
-        self._runs: list[tuple[int, int, int]] = []  # (stars left, index in _parts, position)
+        self._runs: list[_Run] = []  # open, innermost last
         self._column = 0  # characters of the line read before the current text
 
     def add(self, speech: str) -> None:
@@ -468,12 +489,13 @@ class _Emphasis:
 
     def decided(self) -> str:
         """The speech text no open run holds back (taken)."""
-        held = self._runs[0][1] if self._runs else len(self._parts)
+        held = self._runs[0].slot if self._runs else len(self._parts)
         if not held:
             return ""
         out = "".join(self._parts[:held])
         del self._parts[:held]
-        self._runs = [(left, slot - held, position) for left, slot, position in self._runs]
+        for run in self._runs:
+            run.slot -= held
         return out
 
     def end(self) -> str:
@@ -484,44 +506,47 @@ class _Emphasis:
 
     def run(self, marker: str, before: str, after: str, position: int) -> str:
         """A run of "*" (not arithmetic) at ``position`` in the current text, read by
-        CommonMark's flanking rules: "" when it opens or closes emphasis (an opening one
-        stands in the held text as its stars until it closes), else itself, as text.
+        CommonMark's flanking rules and its "process emphasis" steps: "" when all its stars
+        open or close emphasis (an opening run stands in the held text as its stars until it
+        closes), else the stars that do neither, as text.
 
         It may open when ``after`` (the raw character after it; " " at the line's end) is
         no space, and is a letter or digit or ``before`` is a space or punctuation; it may
-        close in the mirror case. One that may close closes the innermost open run of its
-        length, or takes its length off an open run of 3 or more ("***a** b*"), or, of 3 or
-        more, closes the innermost runs its length adds up to ("*a **b***"); the runs
-        inside the one it closes stay text ("*a **b*"). One that closes none is text when it
-        cannot open ("Rated 5* by users")."""
+        close in the mirror case. One that may close takes the innermost open run it may
+        pair with (not when either may both open and close and their lengths add up to a
+        multiple of 3, unless both are multiples of 3: "a**b*" is text), two stars from each
+        if both have two, else one; the stars left on the open run wait for another closer
+        or stay as text ("**a*" is "*" + italic "a"), those left on this one close the next
+        open run out ("*a **b***") or stay as text ("*a**" is italic "a" + "*"). The runs inside the one
+        it closes stay text ("*a b**c d*"). Stars left that may open wait as an open run;
+        others are text ("Rated 5* by users")."""
         position += self._column
         self._expire(position)
         opens = not after.isspace() and (after.isalnum() or before.isspace() or not before.isalnum())
         closes = not before.isspace() and (before.isalnum() or after.isspace() or not after.isalnum())
         size, runs = len(marker), self._runs
-        if closes:
-            for index in range(len(runs) - 1, -1, -1):
-                left, slot, start = runs[index]
-                if left == size or left >= 3 > size:
-                    del runs[index:]  # (the runs inside it stay as their stars)
-                    self._parts[slot] = "*" * (left - size)
-                    runs.extend([(left - size, slot, start)] if left > size else [])
-                    return ""
-            inner = [sum(left for left, _, _ in runs[index:]) for index in range(len(runs))]
-            if size >= 3 and size in inner:  # "*a **b***": closes the two
-                for _, slot, _ in runs[inner.index(size) :]:
-                    self._parts[slot] = ""
-                del runs[inner.index(size) :]
-                return ""
-        if opens:
-            runs.append((size, len(self._parts), position))
-            self._parts.append(marker)
+        left = size
+        while closes and left:
+            index = next((i for i in range(len(runs) - 1, -1, -1) if runs[i].pairs(size, opens)), None)
+            if index is None:
+                break
+            opener = runs[index]
+            used = 2 if left >= 2 and opener.left >= 2 else 1
+            opener.left -= used
+            left -= used
+            del runs[index + (opener.left > 0) :]  # (the runs inside it stay as their stars)
+            self._parts[opener.slot] = "*" * opener.left
+        if not left:
             return ""
-        return marker
+        if opens:
+            runs.append(_Run(left, len(self._parts), position, size, closes))
+            self._parts.append("*" * left)
+            return ""
+        return "*" * left
 
     def _expire(self, position: int) -> None:
         """Runs that opened more than ``MAX_EMPHASIS_CHARS`` before ``position`` are text."""
-        while self._runs and self._runs[0][2] + MAX_EMPHASIS_CHARS < position:
+        while self._runs and self._runs[0].position + MAX_EMPHASIS_CHARS < position:
             del self._runs[0]
 
 
