@@ -543,6 +543,55 @@ async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) 
 
 
 @pytest.mark.parametrize(
+    "chunk",
+    [
+        b'{"type": "synthesize-chunk", "data": {"text": 42}}\n',
+        b'{"type": "synthesize-chunk", "data": {"start": true}}\n',  # no text
+        b'{"type": "synthesize-chunk", "data_length": 2}\n[]',  # the data part is not an object
+    ],
+    ids=["text-number", "no-text", "data-part-list"],
+)
+async def test_a_malformed_chunk_refuses_its_stream_and_still_stops(server: Server, chunk: bytes) -> None:
+    """A malformed ``synthesize-chunk`` lost part of the streamed text, so none of it is
+    spoken: the stream is refused as a chunk over --max-chars refuses it (one ``error``
+    naming what was wrong, later chunks dropped quietly, ``synthesize-stopped`` after
+    ``synthesize-stop``, logged once as refused), and the connection speaks the next
+    stream (the user trial: the rest of the text was spoken with a hole in it)."""
+    mark = len(server.output())
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+
+    async def exchange(*events: Event | bytes) -> list[Event]:
+        """Send ``events`` (raw bytes as they are), read the replies up to ``synthesize-stopped``."""
+        for event in events:
+            if isinstance(event, bytes):
+                writer.write(event)
+            else:
+                await async_write_event(event, writer)
+        replies: list[Event] = []
+        while not replies or replies[-1].type != "synthesize-stopped":
+            reply = await asyncio.wait_for(async_read_event(reader), _GUARD_S)
+            assert reply is not None, [e.type for e in replies]
+            replies.append(reply)
+        return replies
+
+    try:
+        start = SynthesizeStart(voice=SynthesizeVoice(name="aria")).event()
+        events = await exchange(start, SynthesizeChunk(text="Hello ").event(), chunk,
+                                SynthesizeChunk(text="there.").event(), SynthesizeStop().event())
+        types = [e.type for e in events]
+        assert types.count("error") == 1 and "audio-chunk" not in types, types
+        error = Error.from_event(events[types.index("error")])
+        assert error.code == "malformed-event" and (error.text or "").startswith("Malformed"), error
+        assert "text stream is refused" in (error.text or ""), error
+        events = await exchange(start, SynthesizeChunk(text="Okay.").event(), SynthesizeStop().event())
+        assert "error" not in [e.type for e in events] and audio_of(events)[0], [e.type for e in events]
+    finally:
+        writer.close()
+    log = server.output()[mark:]
+    assert log.count("wyoming request refused (malformed-event: Malformed") == 1, log
+
+
+@pytest.mark.parametrize(
     "start",
     [
         Event("synthesize-start", {"voice": "aria"}),  # malformed: voice is a string

@@ -7,7 +7,10 @@ Audio goes out as ``audio-start`` / ``audio-chunk`` / ``audio-stop`` in one form
 punctuation, emoji or markup) gets ``audio-start`` and ``audio-stop`` with no audio between,
 as wyoming-piper answers it. Bad requests get an ``error`` event and the connection stays
 usable, but for a refused ``synthesize`` (malformed or not): its ``error``, then the
-connection ends (``Qwen3TtsEventHandler._refuse``). Unknown event types are ignored.
+connection ends (``Qwen3TtsEventHandler._refuse``). A refused ``synthesize-chunk`` (its
+text over the limit, or malformed) refuses its whole text stream, which still ends with
+``synthesize-stopped`` (``Qwen3TtsEventHandler._refuse_stream``). Unknown event types are
+ignored.
 
 Limits (``WyomingLimits``), all enforced here, so no client can hold the server:
 
@@ -283,8 +286,15 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         the reason, and none is left reading an empty reply as the next request's. Audio
         still owed on the connection is sent first. Every other refusal (those of a text
         stream's events included, and of a malformed compatibility copy of its text: a
-        ``synthesize`` while a stream is open) keeps the connection.
+        ``synthesize`` while a stream is open) keeps the connection; a malformed
+        ``synthesize-chunk`` also refuses its open text stream (``_refuse_stream``).
         """
+        chunk = event_type is not None and SynthesizeChunk.is_type(event_type)
+        if chunk and self._stream is not None and isinstance(err, MalformedEventError):
+            # A malformed chunk lost part of the text: speaking the rest would say a reply
+            # with a hole in it. Refused as a text over the limit is (``_refuse_stream``).
+            await self._refuse_stream(err, f"{err}; the text stream is refused, since part of its text is lost")
+            return
         in_stream = self._stream is not None or self._stream_refused
         ends = event_type is not None and Synthesize.is_type(event_type) and not in_stream
         if ends and self._tail is not None and not self._tail.done():
@@ -296,6 +306,19 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             await self._error(str(err), err.code)
         if ends:
             self.close()  # the read loop ends; the error is flushed before the close
+
+    async def _refuse_stream(self, err: RequestError, text: str) -> None:
+        """Refuse the open text stream after one of its chunks was refused (``err``: its
+        text went over the limit, or the chunk was malformed): its generation stops, the
+        client gets one ``error`` saying ``text``, the stream's later chunks and
+        compatibility copy are dropped quietly and its ``synthesize-stop`` gets
+        ``synthesize-stopped``; the connection serves on. Logged once, by the request's
+        summary line (the ``error`` itself at DEBUG)."""
+        assert self._stream is not None
+        self._stream.refuse(err)
+        self._stream, self._stream_refused = None, True
+        self._service.count_error("wyoming", err)
+        await self._error(text, err.code, logging.DEBUG)
 
     def busy(self) -> bool:
         """True while the server owes this client audio (text in, audio not all sent)."""
@@ -344,10 +367,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             try:
                 self._stream.add_text(text)
             except RequestError as err:
-                self._stream.refuse(err)  # the request's summary line logs it, with its reason
-                self._stream, self._stream_refused = None, True
-                self._service.count_error("wyoming", err)
-                await self._error(str(err), err.code, logging.DEBUG)
+                await self._refuse_stream(err, str(err))
                 return
         elif SynthesizeStop.is_type(event.type):
             await self._stop_stream()
