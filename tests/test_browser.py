@@ -232,6 +232,40 @@ def test_try_box_plays_speech_while_it_streams(page: Page) -> None:
     most = frame_budget("Hi") * SAMPLES_PER_FRAME
     assert most - SAMPLES_PER_FRAME <= samples <= most and stat(page, "streamChunks") >= 1
     expect(page.locator("#try-status")).to_contain_text("done")
+    expect(page.locator("#try-stop")).to_be_disabled()  # played out: nothing to stop
+
+
+def test_stop_stays_until_the_speech_has_played_out_and_silences_it(page: Page, tmp_path: Path) -> None:
+    """Stop turned off (and the speech was over for the page) the moment the answer had all
+    arrived, while seconds of it were still to be heard: what still played could not be
+    stopped. Now Stop stays until the speech has played out, and pressing it silences it.
+    The server's answer is handed over whole (route.fetch), as a fast server's is: all of it
+    arrives before its first second has played, whatever the load on this machine."""
+    page.route("**/v1/audio/speech", lambda route: route.fulfill(response=route.fetch()))
+    # When the audio scheduled so far ends, on the page's audio clock.
+    page.evaluate("""() => {
+        const start = AudioBufferSourceNode.prototype.start;
+        window.playEnd = 0;
+        AudioBufferSourceNode.prototype.start = function (when) {
+            window.playEnd = Math.max(window.playEnd, when + this.buffer.duration);
+            return start.apply(this, arguments);
+        };
+    }""")
+    page.select_option("#try-voice", "clone")
+    page.fill("#try-text", "The lights are on.")
+    page.click("#try-speak")
+    wait_for(page, "window.studioStats.streamDone")
+    left, stop_offered = page.evaluate(
+        "[playEnd - audioContext.currentTime, !document.getElementById('try-stop').disabled]")
+    assert left > 0 and stop_offered, (left, stop_offered)  # all here, still playing: Stop is offered
+    expect(page.locator("#try-status")).to_contain_text("playing")
+    page.screenshot(path=str(tmp_path / "studio-try-received-still-playing.png"))
+    page.click("#try-stop")
+    assert page.evaluate("audioContext === null")  # closed: silent at once
+    expect(page.locator("#try-stop")).to_be_disabled()
+    expect(page.locator("#try-status")).to_have_text("stopped")
+    page.screenshot(path=str(tmp_path / "studio-try-stopped.png"))
+    page.unroute_all()
 
 
 def test_upload_through_the_file_input_creates_a_voice_in_wyoming_info(page: Page, studio: Server, tmp_path: Path) -> None:

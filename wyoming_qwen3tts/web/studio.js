@@ -579,7 +579,9 @@ let audioContext = null;
 // Streams voiceName saying text; its notes and error are said in line: the Try box's status,
 // or the line of the row whose Play speaks a greeting. One speech at a time: the last one's
 // note, said elsewhere, goes (not its error). key: the row whose greeting it is (its Play
-// says so until the greeting ends), or none (the Try box).
+// says so until the greeting ends), or none (the Try box). The speech is on (Stop offered,
+// state.tryAbort its controller) until what arrived has played out, not merely arrived: the
+// whole answer comes well before its last second is heard.
 async function speak(voiceName, text, line, key) {
     stopPlaying();
     const last = state.speakLine;
@@ -589,8 +591,17 @@ async function speak(voiceName, text, line, key) {
     state.tryAbort = controller;
     const playing = key === undefined ? null : {key: key, words: "… loading", speech: controller};
     setPlaying(playing);
-    const ended = () => { if (playing && state.playing === playing) setPlaying(null); };
-    let lastSource = null;
+    let unplayed = 0;  // sources scheduled that have not ended yet
+    let received = false;  // the answer is all here, or failed
+    let done = "";  // the note once it has played out (none after an error)
+    const ended = () => {
+        if (!received || unplayed) return;
+        if (playing && state.playing === playing) setPlaying(null);
+        if (state.tryAbort !== controller) return;  // stopped, or another speech on
+        state.tryAbort = null;
+        $("try-stop").disabled = true;
+        if (done) line.textContent = done;
+    };
     $("try-stop").disabled = false;
     setStatus(line, "waiting for the first audio…");
     Object.assign(window.studioStats, {streamBytes: 0, streamChunks: 0, streamDone: false});
@@ -624,7 +635,8 @@ async function speak(voiceName, text, line, key) {
             playAt = Math.max(playAt, audioContext.currentTime + 0.02);
             source.start(playAt);
             playAt += buffer.duration;
-            lastSource = source;
+            unplayed += 1;
+            source.addEventListener("ended", () => { unplayed -= 1; ended(); });
             if (playing && playing.words !== "■ Playing" && state.playing === playing) {
                 playing.words = "■ Playing";
                 showPlaying();
@@ -635,17 +647,12 @@ async function speak(voiceName, text, line, key) {
             line.textContent = `playing: ${seconds.toFixed(1)} s received`;
         }
         window.studioStats.streamDone = true;
-        line.textContent = `done: ${(window.studioStats.streamBytes / 2 / SAMPLE_RATE).toFixed(1)} s`;
-        if (lastSource) lastSource.addEventListener("ended", ended);  // the greeting's Play says so until then
-        else ended();
+        done = `done: ${(window.studioStats.streamBytes / 2 / SAMPLE_RATE).toFixed(1)} s`;
     } catch (error) {
-        ended();
         if (!controller.signal.aborted) failAt(line, error);  // stopped: stopSpeaking said so
     } finally {
-        if (state.tryAbort === controller) {
-            state.tryAbort = null;
-            $("try-stop").disabled = true;
-        }
+        received = true;
+        ended();  // now, or when the last source scheduled ends
     }
 }
 
