@@ -37,6 +37,7 @@ from wyoming_qwen3tts.voices import (
     ModelKind,
     Reference,
     SkippedClip,
+    TranscriptFault,
     UnknownVoiceError,
     VoiceCatalog,
     VoiceSource,
@@ -1368,7 +1369,9 @@ def test_a_transcript_over_the_studios_limit_skips_its_clip_as_other_transcript_
            "the sound of the voice alone")
     huh = f"its transcript huh.txt is 2,000,001 bytes long, over the 1,000 {fix}"
     long = f"its transcript long.txt is 5,001 characters long, over the 1,000 {fix}"
-    skipped = [SkippedClip("huh", "huh.wav", huh, "huh.txt"), SkippedClip("long", "long.wav", long, "long.txt")]
+    too_long = TranscriptFault.TOO_LONG
+    skipped = [SkippedClip("huh", "huh.wav", huh, "huh.txt", fault=too_long),
+               SkippedClip("long", "long.wav", long, "long.txt", fault=too_long)]
     assert warned == skip_warnings(tmp_path, skipped) and catalog.skipped() == skipped, warned
     assert [v.name for v in catalog.voices()] == ["full"]
     assert catalog.get("full").reference.transcript.startswith("Say it.")  # type: ignore[union-attr]
@@ -1384,6 +1387,27 @@ def test_a_transcript_over_the_studios_limit_skips_its_clip_as_other_transcript_
     (tmp_path / "long.txt").write_text("Hello there.")  # cut to what the clip says: a voice at once
     catalog.refresh()
     assert catalog.get("long").reference.transcript == "Hello there."  # type: ignore[union-attr]
+
+
+def test_a_skipped_transcript_gets_the_fix_of_its_fault_not_of_its_wording(tmp_path: Path) -> None:
+    """``transcript_fix`` told a transcript not saved as UTF-8 from one too long by whether
+    the reason's words ended in "UTF-8": a reason worded otherwise would get the other fix.
+    The kind now comes from where the transcript was refused (``TranscriptFault``): real
+    files through the catalogue's loader, each fault its fix, and the fix follows the kind
+    whatever the reason says."""
+    text = "Café au lait."
+    for name, data in [("lat", text.encode("cp1252")), ("cut", text.encode("utf-16")[:-1]),
+                       ("long", b"a" * (MAX_TRANSCRIPT_CHARS + 1)), ("huge", b"a" * 2_000_001)]:
+        (tmp_path / f"{name}.wav").write_bytes(_tone_wav(2.0))
+        (tmp_path / f"{name}.txt").write_bytes(data)
+    catalog = VoiceCatalog(tmp_path, ALL)
+    faults = {clip.file: (clip.transcript, clip.fault, clip.transcript_fix) for clip in catalog.skipped()}
+    utf8, cut = (TranscriptFault.ENCODING, "again as UTF-8"), (TranscriptFault.TOO_LONG, "with only what the clip says")
+    assert faults == {"cut.wav": ("cut.txt", *utf8), "huge.wav": ("huge.txt", *cut), "lat.wav": ("lat.txt", *utf8),
+                      "long.wav": ("long.txt", *cut)}, faults
+    worded = SkippedClip("k", "k.wav", "its transcript k.txt is too long for UTF-8", "k.txt", fault=TranscriptFault.TOO_LONG)
+    assert worded.transcript_fix == "with only what the clip says"
+    assert SkippedClip("k", "k.wav", "too short").transcript_fix == ""  # no transcript fault
 
 
 def test_deleting_skipped_files_names_every_file_removed_and_an_orphan_transcript_is_listed_and_deletable(

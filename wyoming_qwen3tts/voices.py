@@ -36,7 +36,7 @@ import unicodedata
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 
 import numpy as np
 import soundfile as sf
@@ -147,13 +147,27 @@ _TRANSCRIPT_BOMS = (
 )
 
 
+class TranscriptFault(enum.Enum):
+    """Why the catalogue does not use a transcript, as a kind (``TranscriptError.fault``,
+    ``SkippedClip.fault``); its value is how the transcript is saved to fix it, for advice
+    ("Save its transcript kim.txt <value>": ``SkippedClip.transcript_fix``)."""
+
+    #: No text the catalogue reads (``TranscriptEncodingError``).
+    ENCODING = "again as UTF-8"
+    #: Over ``MAX_TRANSCRIPT_CHARS`` (``TranscriptTooLongError``).
+    TOO_LONG = "with only what the clip says"
+
+
 class TranscriptError(ValueError):
     """A transcript the catalogue does not use: its message is the reason the clip is skipped,
     naming the transcript's file name (no folders) and saying what to do with it.
 
     Attributes:
         file: the transcript's file name.
+        fault: what is wrong with it, as a kind (each subclass has its own).
     """
+
+    fault: ClassVar[TranscriptFault]
 
     def __init__(self, file: str, message: str) -> None:
         super().__init__(message)
@@ -163,6 +177,8 @@ class TranscriptError(ValueError):
 class TranscriptEncodingError(TranscriptError):
     """A transcript that is no text the catalogue reads (UTF-8, or UTF-16/32 with a byte-order
     mark): the reason says to save it as UTF-8."""
+
+    fault = TranscriptFault.ENCODING
 
     def __init__(self, file: str, encoding: str) -> None:
         # No parentheses: the start-up survey puts the reason in some (``startup.survey_clips``).
@@ -176,6 +192,8 @@ class TranscriptEncodingError(TranscriptError):
 class TranscriptTooLongError(TranscriptError):
     """A transcript over ``MAX_TRANSCRIPT_CHARS`` characters (``size``: how long it is, in
     characters, or in bytes for a file too large to read): the reason says to cut it."""
+
+    fault = TranscriptFault.TOO_LONG
 
     def __init__(self, file: str, size: str) -> None:
         super().__init__(file, f"its transcript {file} is {size} long, over the {MAX_TRANSCRIPT_CHARS:,} characters a "
@@ -728,11 +746,12 @@ class ClipSkip:
     """Why a clip of the clone library is no voice (``why``, one phrase), the level it is
     logged at (``level``: WARNING for a user's choice of clip, ERROR for a broken file), and
     the transcript's file name when the fault is the transcript's, not the clip's
-    (``transcript``; None: the clip's)."""
+    (``transcript``; None: the clip's), and then what the fault is (``fault``)."""
 
     why: str
     level: int
     transcript: str | None = None
+    fault: TranscriptFault | None = None
 
 
 @dataclass(frozen=True)
@@ -748,19 +767,22 @@ class SkippedClip:
             transcript's) no clip beside it.
         transcript: the transcript's file name when the fault is the transcript's (the clip
             is fine: save the transcript again), else None.
+        fault: what is wrong with the transcript, where ``transcript`` is set (keyword only);
+            else None.
     """
 
     name: str
     file: str
     reason: str
     transcript: str | None = None
+    fault: TranscriptFault | None = field(default=None, kw_only=True)
 
     @property
     def transcript_fix(self) -> str:
         """How its transcript is saved to make it a voice, for advice ("Save its transcript
-        kim.txt <this>"): "again as UTF-8" (not saved as UTF-8) or "with only what the clip
-        says" (over ``MAX_TRANSCRIPT_CHARS``). Meaningful where ``transcript`` is set."""
-        return "again as UTF-8" if self.reason.endswith("UTF-8") else "with only what the clip says"
+        kim.txt <this>"), from ``fault``: "again as UTF-8" (not saved as UTF-8) or "with only
+        what the clip says" (over ``MAX_TRANSCRIPT_CHARS``); "" where ``fault`` is None."""
+        return self.fault.value if self.fault is not None else ""
 
 
 def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip:
@@ -784,7 +806,7 @@ def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip
     except ClipTooShortError as err:  # under MIN_REFERENCE_SECONDS: too short all the same
         return ClipSkip(too_short_reason(err.seconds), logging.WARNING)
     except TranscriptError as err:  # saved in another encoding, or a whole script: a user's file, a WARNING too
-        return ClipSkip(str(err), logging.WARNING, err.file)
+        return ClipSkip(str(err), logging.WARNING, err.file, err.fault)
     except NoAudioTrackError:  # a picture or a silent video renamed: a user's file
         return ClipSkip("the file holds no audio track", logging.WARNING)
     except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, never fatal
@@ -1031,7 +1053,7 @@ class VoiceCatalog:
                 # for clients: the file's name, not the server's folders (soundfile names the path)
                 reason = clip.why.replace(str(path), path.name)
                 problems[key] = f"{path.name}: {reason}"
-                skipped[key] = SkippedClip(name, path.name, reason, clip.transcript)
+                skipped[key] = SkippedClip(name, path.name, reason, clip.transcript, fault=clip.fault)
                 continue
             reference = clip
             long = overlong_transcript_reason(text_name or "", reference.transcript,
