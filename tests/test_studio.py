@@ -280,9 +280,19 @@ async def test_oversized_upload_is_refused_while_streaming(studio: Server, folde
     headers = {"Content-Type": "multipart/form-data; boundary=b"}
     status, data = await call(studio, "POST", "/v1/audio/voices", data=body(), headers=headers)
     assert status == 413 and json.loads(data)["error"]["code"] == "clip-too-large"
-    headers["Content-Length"] = str(MAX_UPLOAD_BYTES + (1 << 20))  # announced: refused before reading
+    assert json.loads(data)["error"]["message"].startswith("The clip is over the 20 MB limit")
+    # Announced: refused before reading, so whether it is a form is not known: the message
+    # speaks of the body (this one is no form at all), not of a clip.
+    headers["Content-Length"] = str(MAX_UPLOAD_BYTES + (1 << 20))
     status, data = await call(studio, "POST", "/v1/audio/voices", data=bytes(MAX_UPLOAD_BYTES + (1 << 20)), headers=headers)
-    assert status == 413 and "20 MB" in json.loads(data)["error"]["message"]
+    message = json.loads(data)["error"]["message"]
+    assert status == 413 and message.startswith("The request body is over the 20 MB limit (21,"), message
+    assert "a clip upload must be under 20 MB" in message, message
+    # A multipart type with no boundary is known to be no form before any byte is read: 400.
+    headers["Content-Type"] = "multipart/form-data"
+    status, data = await call(studio, "POST", "/v1/audio/voices", data=bytes(MAX_UPLOAD_BYTES + (1 << 20)), headers=headers)
+    error = json.loads(data)["error"]
+    assert status == 400 and error["code"] == "invalid-body" and "no usable multipart boundary" in error["message"], error
     assert snapshot(folders[0]) == before and studio.alive()
 
 

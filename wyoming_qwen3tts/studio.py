@@ -267,15 +267,21 @@ async def create_clone(request: web.Request) -> web.Response:
     if request.content_type != "multipart/form-data":
         message = "Send multipart/form-data with the fields name, file and (optional) transcript"
         raise ApiError(400, message, "invalid-body")
-    if request.content_length is not None and request.content_length > MAX_UPLOAD_BYTES + (64 << 10):
-        raise too_large(request.content_length)
+    try:
+        reader = await request.multipart()  # reads the header's boundary, none of the body
+    except (LookupError, ValueError) as err:  # no boundary, or one over 70 characters
+        message = (
+            f"The Content-Type has no usable multipart boundary ({err}); "
+            "send the form as a multipart client does (curl -F, a browser's FormData)"
+        )
+        raise ApiError(400, message, "invalid-body") from None
+    _check_body_size(request.content_length)
     with contextlib.ExitStack() as held:
         name: str | None = None
         transcript: str | None = None
         data: bytes | None = None
         filename = ""
         try:
-            reader = await request.multipart()
             while (part := await reader.next()) is not None:
                 if not isinstance(part, BodyPartReader):
                     continue
@@ -301,6 +307,21 @@ async def create_clone(request: web.Request) -> web.Response:
         "with transcript" if transcript else "no transcript: x-vector only",
     )
     return web.json_response(listed_voice(service, voice), status=201)
+
+
+def _check_body_size(size: int | None) -> None:
+    """Refuse a clip upload whose whole body (its ``Content-Length``, ``size`` bytes; None
+    when not announced) is over ``MAX_UPLOAD_BYTES`` and the form's room, before reading it.
+    Whether such a body is a valid form is not known without reading it, so the message
+    speaks of the body, not of the clip.
+
+    Raises:
+        VoiceEditError: 413 ``clip-too-large``.
+    """
+    if size is not None and size > MAX_UPLOAD_BYTES + (64 << 10):
+        limit = MAX_UPLOAD_BYTES // 1_000_000
+        message = f"The request body is over the {limit} MB limit ({size:,} bytes): a clip upload must be under {limit} MB"
+        raise VoiceEditError(413, "clip-too-large", message, "file")
 
 
 async def _read_limited(part: BodyPartReader) -> bytes:
