@@ -211,6 +211,34 @@ def test_an_unknown_default_voice_exits_before_any_model_loads(
     assert "Loading" not in result.stderr and "Traceback" not in result.stderr
 
 
+def test_an_unknown_default_voice_lists_the_valid_voices_as_the_server_lists_them(
+    checkpoints: Path, voices_dir: Path, tmp_path: Path
+) -> None:
+    """``--voice nosuch``: start-up's list of valid voices was sorted by casefold, the first 8,
+    and a clone ``Aria`` came beside the preset ``aria`` it takes the name of, while the
+    running server's messages (``service.shown_names`` of the catalogue's voices) list them
+    by name, the first 12, each name once. Now start-up lists the same names in that order."""
+    from wyoming_qwen3tts.service import shown_names
+    from wyoming_qwen3tts.voices import ModelKind, VoiceCatalog
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    for name in ("clone", "Aria", "Zed", "Bob"):
+        (voices / f"{name}.wav").write_bytes((voices_dir / "clone.wav").read_bytes())
+    result = run_cli(
+        "--data-dir", str(tmp_path), "--voices-dir", str(voices), "--clone-model", str(checkpoints / "base"),
+        "--design-model", str(checkpoints / "voice_design"), "--custom-voice-model", "none", "--device", "cpu",
+        "--engine", "reference", "--voice", "nosuch", cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    listed = "Aria, Bob, Zed, alina, beatriz, camille, clone, ember, giulia, haruto, james, lena, ... (16 in all)"
+    assert last.endswith(f"; valid voices: {listed}"), last
+    catalog = VoiceCatalog(voices, {ModelKind.BASE, ModelKind.VOICE_DESIGN})
+    assert shown_names([v.name for v in catalog.voices()]) == listed
+    assert "Loading" not in result.stderr and "Traceback" not in result.stderr
+
+
 def test_a_default_voice_whose_clip_is_too_short_exits_before_any_model_loads(
     checkpoints: Path, voices_dir: Path, tmp_path: Path
 ) -> None:

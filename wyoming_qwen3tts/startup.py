@@ -34,6 +34,7 @@ from .engine.sizing import (
     GB, TURNS_GRAPH_ROWS, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions, turns_fit,
 )
 from .metrics import Metrics
+from .service import shown_names
 from .voices import (
     AUDIO_SUFFIXES, MIN_CLIP_SECONDS, PRESETS_FILE, ClipSkip, ModelKind, Reference, VoiceCatalog, VoiceSource,
     clone_name, has_control_characters, load_presets, name_key, read_clone_clip, transcript_name, voice_clips,
@@ -446,7 +447,9 @@ def check_default_voice(
         speakers: the CustomVoice model's speakers, casefolded (``known_speakers``), or None.
 
     Raises:
-        SystemExit: one line naming the voice, why it cannot be served, and a few valid voices.
+        SystemExit: one line naming the voice, why it cannot be served, and the valid voices
+            as the running server's messages list them (``service.shown_names``: by name, a
+            name another voice takes listed once, the first 12 and how many in all).
     """
     custom = ModelKind.CUSTOM_VOICE in kinds
     if not name or not kinds or (custom and speakers is None):
@@ -469,12 +472,13 @@ def check_default_voice(
     preset = next((v for v in presets.values() if wanted in {name_key(n) for n in (v.name, *v.aliases)}), None)
     if preset is not None and ModelKind.VOICE_DESIGN in kinds:
         return
-    valid = sorted(
-        set(clones) | ({v.name for v in presets.values()} if ModelKind.VOICE_DESIGN in kinds else set())
-        | (speakers if custom and speakers else set()),
-        key=str.casefold,
-    )
-    shown = ", ".join(valid[:8]) + (f", ... ({len(valid)} in all)" if len(valid) > 8 else "") if valid else "none"
+    # The names the catalogue will serve, as every other message lists them (``shown_names``):
+    # one per name key, a later layer's spelling winning (presets, speakers, clones).
+    valid = {name_key(n): n for n in [
+        *([v.name for v in presets.values()] if ModelKind.VOICE_DESIGN in kinds else []),
+        *(sorted(speakers) if custom and speakers else []), *clones,
+    ]}
+    shown = shown_names(list(valid.values()))
     skipped = unusable.get(wanted)
     if skipped is not None:  # the folder scan's reason, as the catalogue's refusal after loading says it
         file, reason, transcript = skipped
