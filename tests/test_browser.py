@@ -268,6 +268,31 @@ def test_stop_stays_until_the_speech_has_played_out_and_silences_it(page: Page, 
     page.unroute_all()
 
 
+def test_a_speechs_done_goes_when_its_text_changes_or_the_next_play_starts(page: Page, tmp_path: Path) -> None:
+    """A speech's "done: N s" (the Try box's, or a greeting's beside its row's Play) stayed
+    once it told of nothing on screen: through edits of the text it was said of, and while
+    another voice's clip played. Now it is a result, like the forms' ones: it goes when the
+    Try box's text changes, or when the next Play or Speak starts."""
+    try_status = page.locator("#try-status")
+    page.select_option("#try-voice", "clone")
+    page.fill("#try-text", "Hi")
+    page.click("#try-speak")
+    expect(try_status).to_contain_text("done")
+    page.screenshot(path=str(tmp_path / "studio-try-done.png"))
+    page.fill("#try-text", "Hi there")  # the text it was said of is gone: so is its "done"
+    expect(try_status).to_have_text("")
+    page.screenshot(path=str(tmp_path / "studio-try-edited.png"))
+    greeting = row(page, "ryan").locator(".row-status")
+    row(page, "ryan").get_by_role("button", name="▶ Play").click()
+    expect(greeting).to_contain_text("done")
+    page.screenshot(path=str(tmp_path / "studio-greeting-done.png"))
+    row(page, "clone").get_by_role("button", name="▶ Play").click()  # the next Play: the greeting's "done" goes
+    expect(greeting).to_have_text("")
+    wait_for(page, "window.studioStats.samplesEnded >= 1")
+    row(page, "ryan").scroll_into_view_if_needed()
+    page.screenshot(path=str(tmp_path / "studio-greeting-done-gone.png"))
+
+
 def test_upload_through_the_file_input_creates_a_voice_in_wyoming_info(page: Page, studio: Server, tmp_path: Path) -> None:
     clip = tmp_path / "Kitchen Voice.wav"
     sf.write(clip, tone(3.0, freq=230.0), 22050)

@@ -534,9 +534,17 @@ function stopPlaying() {
     setPlaying(null);
 }
 
+// A new Play or Speak stops what plays, and the last speech's note ("done", "stopped"), which
+// told of what played before, goes (not its error).
+function playAnew() {
+    stopPlaying();
+    const last = state.speakLine;
+    if (last && !last.classList.contains("error")) setStatus(last, "");
+}
+
 // Plays the clip at url for the row key; its note (while it loads) and its error are said in status, the row's line.
 async function playBlob(url, key, status, note) {
-    stopPlaying();
+    playAnew();
     const playing = {key: key, words: "… loading"};
     setPlaying(playing);
     setStatus(status, note || "");
@@ -577,15 +585,14 @@ function playSample(voice, status) {
 let audioContext = null;
 
 // Streams voiceName saying text; its notes and error are said in line: the Try box's status,
-// or the line of the row whose Play speaks a greeting. One speech at a time: the last one's
-// note, said elsewhere, goes (not its error). key: the row whose greeting it is (its Play
-// says so until the greeting ends), or none (the Try box). The speech is on (Stop offered,
+// or the line of the row whose Play speaks a greeting. One speech at a time (playAnew). Its
+// "done" is a result: it goes when the next Play or Speak starts, or the Try box's text or
+// voice changes (clearOnChange). key: the row whose greeting it is (its Play says so until
+// the greeting ends), or none (the Try box). The speech is on (Stop offered,
 // state.tryAbort its controller) until what arrived has played out, not merely arrived: the
 // whole answer comes well before its last second is heard.
 async function speak(voiceName, text, line, key) {
-    stopPlaying();
-    const last = state.speakLine;
-    if (last && last !== line && !last.classList.contains("error")) setStatus(last, "");
+    playAnew();
     state.speakLine = line;
     const controller = new AbortController();
     state.tryAbort = controller;
@@ -600,7 +607,7 @@ async function speak(voiceName, text, line, key) {
         if (state.tryAbort !== controller) return;  // stopped, or another speech on
         state.tryAbort = null;
         $("try-stop").disabled = true;
-        if (done) line.textContent = done;
+        if (done) setStatus(line, done, "ok");
     };
     $("try-stop").disabled = false;
     setStatus(line, "waiting for the first audio…");
