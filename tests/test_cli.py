@@ -217,7 +217,8 @@ def test_an_unknown_default_voice_lists_the_valid_voices_as_the_server_lists_the
     """``--voice nosuch``: start-up's list of valid voices was sorted by casefold, the first 8,
     and a clone ``Aria`` came beside the preset ``aria`` it takes the name of, while the
     running server's messages (``service.shown_names`` of the catalogue's voices) list them
-    by name, the first 12, each name once. Now start-up lists the same names in that order."""
+    by name regardless of case, the first 12, each name once. Now start-up lists the same
+    names in that order (capitals were first, as in "Aria, Bob, Zed, alina", until stop 48)."""
     from wyoming_qwen3tts.service import shown_names
     from wyoming_qwen3tts.voices import ModelKind, VoiceCatalog
 
@@ -232,7 +233,7 @@ def test_an_unknown_default_voice_lists_the_valid_voices_as_the_server_lists_the
     )
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    listed = "Aria, Bob, Zed, alina, beatriz, camille, clone, ember, giulia, haruto, james, lena, ... (16 in all)"
+    listed = "alina, Aria, beatriz, Bob, camille, clone, ember, giulia, haruto, james, lena, mateo, ... (16 in all)"
     assert last.endswith(f"; valid voices: {listed}"), last
     catalog = VoiceCatalog(voices, {ModelKind.BASE, ModelKind.VOICE_DESIGN})
     assert shown_names([v.name for v in catalog.voices()]) == listed

@@ -930,9 +930,10 @@ class SpeechStream:
 
 
 def shown_names(names: list[str], most: int = 12) -> str:
-    """Voice ``names`` for a message, by name: the first ``most``, then how many in all;
-    "none" for none."""
-    ordered = sorted(names)
+    """Voice ``names`` for a message, by name regardless of case (as the studio and
+    ``GET /v1/audio/voices`` list them): the first ``most``, then how many in all; "none"
+    for none."""
+    ordered = sorted(names, key=lambda name: (name.casefold(), name))
     return ", ".join(ordered[:most]) + (f", ... ({len(ordered)} in all)" if len(ordered) > most else "") or "none"
 
 
