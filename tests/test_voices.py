@@ -1434,6 +1434,7 @@ def test_deleting_skipped_files_names_every_file_removed_and_an_orphan_transcrip
     assert isinstance(gone, DeletedSkipped) and (gone.file, gone.files) == ("kim.wav", ("Kim.AIFF", "kim.wav"))
     gone = library.delete("latin", skipped=True)
     assert isinstance(gone, DeletedSkipped) and (gone.file, gone.files) == ("latin.wav", ("latin.txt", "latin.wav"))
+    assert gone.transcript_fix == "again as UTF-8"  # the deleted record keeps its fault's kind
     gone = library.delete("WAVV")  # no voice: its skipped files, as for a clip
     assert isinstance(gone, DeletedSkipped) and (gone.file, gone.files) == ("wavv.txt", ("wavv.txt",))
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["other.txt", "other.wav"]

@@ -685,7 +685,7 @@ class VoiceLibrary:
         _LOGGER.info("Voice studio: skipped clips %s deleted (%s); files removed: %s", shown,
                      "; ".join(f"{clip.file}: {clip.reason}" for clip in clips), ", ".join(sorted(removed)) or "none")
         self.catalog.refresh(force=True)
-        return DeletedSkipped(main.name, main.file, main.reason, main.transcript, tuple(sorted(removed)))
+        return DeletedSkipped(main.name, main.file, main.reason, main.transcript, tuple(sorted(removed)), fault=main.fault)
 
     def _delete(self, name: str) -> Voice:
         """``delete`` under the lock."""

@@ -384,7 +384,7 @@ def _studio_paths() -> dict[str, Any]:
                 "responses": {
                     "201": _json(voice, "The new voice."),
                     **edits,
-                    "413": _error("The clip is over 20 MB."),
+                    "413": _error("The request body, or the clip in it, is over 20 MB."),
                 },
             }
         },
