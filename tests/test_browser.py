@@ -268,6 +268,21 @@ def test_stop_stays_until_the_speech_has_played_out_and_silences_it(page: Page, 
     page.unroute_all()
 
 
+def test_stop_pressed_before_the_audio_starts_stops_without_a_script_error(page: Page) -> None:
+    """Stop pressed in the same moment as Speak (while the page still waits for its audio
+    output to start) closed the audio output under the speech, whose next step then failed
+    in the page (an unhandled rejection: the ``page`` fixture fails on any script error).
+    Now the speech ends quietly: "stopped", Stop off, and the next Speak plays."""
+    page.select_option("#try-voice", "clone")
+    page.fill("#try-text", "Hi")
+    page.evaluate("document.getElementById('try-speak').click(); document.getElementById('try-stop').click()")
+    expect(page.locator("#try-status")).to_have_text("stopped")
+    expect(page.locator("#try-stop")).to_be_disabled()
+    page.click("#try-speak")
+    wait_for(page, "window.studioStats.streamDone")
+    expect(page.locator("#try-status")).to_contain_text("done")
+
+
 def test_a_speechs_done_goes_when_its_text_changes_or_the_next_play_starts(page: Page, tmp_path: Path) -> None:
     """A speech's "done: N s" (the Try box's, or a greeting's beside its row's Play) stayed
     once it told of nothing on screen: through edits of the text it was said of, and while

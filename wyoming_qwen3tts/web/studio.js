@@ -613,10 +613,12 @@ async function speak(voiceName, text, line, key) {
     setStatus(line, "waiting for the first audio…");
     Object.assign(window.studioStats, {streamBytes: 0, streamChunks: 0, streamDone: false});
     if (!audioContext) audioContext = new AudioContext({sampleRate: SAMPLE_RATE});
-    await audioContext.resume();
-    let playAt = audioContext.currentTime + 0.1;
+    const context = audioContext;  // this speech's: Stop closes it (and forgets it) at any step
+    let playAt = 0;
     let carry = null;
     try {
+        await context.resume();
+        playAt = context.currentTime + 0.1;
         const response = await api("v1/audio/speech", {
             method: "POST",
             headers: {"Content-Type": "application/json"},
@@ -633,13 +635,13 @@ async function speak(voiceName, text, line, key) {
             carry = whole < bytes.length ? bytes.slice(whole) : null;
             if (!whole) continue;
             const pcm = new Int16Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + whole));
-            const buffer = audioContext.createBuffer(1, pcm.length, SAMPLE_RATE);
+            const buffer = context.createBuffer(1, pcm.length, SAMPLE_RATE);
             const channel = buffer.getChannelData(0);
             for (let i = 0; i < pcm.length; i++) channel[i] = pcm[i] / 32768;
-            const source = audioContext.createBufferSource();
+            const source = context.createBufferSource();
             source.buffer = buffer;
-            source.connect(audioContext.destination);
-            playAt = Math.max(playAt, audioContext.currentTime + 0.02);
+            source.connect(context.destination);
+            playAt = Math.max(playAt, context.currentTime + 0.02);
             source.start(playAt);
             playAt += buffer.duration;
             unplayed += 1;
