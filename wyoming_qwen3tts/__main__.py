@@ -27,7 +27,7 @@ from .engine import DTYPES, ENGINES, Engine, resolve_checkpoint
 from .engine.on_demand import DEFAULT_IDLE_S
 from .engine.precision import WEIGHT_QUANTS
 from .engine.sizing import DESIGN_MEMORY
-from .engine.cpu.defaults import cpu_default_voice
+from .engine.cpu.defaults import CPU_DEFAULT_SPEAKER, cpu_default_voice
 from .engine.cpu.ggml import GgmlEngine
 from .engine.cpu.gguf_files import DEFAULT_QUANT as DEFAULT_GGUF_QUANT, QUANTS as GGUF_QUANTS, gguf_identity
 from .metrics import Metrics
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--clone-model", default=DEFAULT_MODELS[ModelKind.BASE], help="Base model: hub id, folder or none (without a GPU, when neither this nor --custom-voice-model is named: the 0.6B Base model)")
     parser.add_argument("--design-model", default=DEFAULT_MODELS[ModelKind.VOICE_DESIGN], help="VoiceDesign model: hub id, folder or none")
     parser.add_argument("--custom-voice-model", default=DEFAULT_MODELS[ModelKind.CUSTOM_VOICE], help="CustomVoice model: hub id, folder or none (without a GPU, when neither this nor --clone-model is named: the 0.6B CustomVoice model, speaker ryan)")
-    parser.add_argument("--voice", type=_voice_option, help=f"Default voice; auto (any case) or empty: {DEFAULT_VOICE!r} if available, else the first by name")
+    parser.add_argument("--voice", type=_voice_option, help=f"Default voice; auto (any case) or empty: {DEFAULT_VOICE!r} if available (without a GPU, with the CPU's CustomVoice model: {CPU_DEFAULT_SPEAKER!r}), else the first by name")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA when available")
     parser.add_argument("--chunk-size", type=int, default=1, help="Codec frames per audio chunk (80 ms each); 1 starts soonest and, on the batched engine, costs no speed")
     parser.add_argument("--chunk-growth", action="store_true", help="Batched engine: first chunk of one frame, then 2, 4, 8... frames up to --chunk-size (first audio as with --chunk-size 1, fewer chunks after)")
@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ggml-threads", type=int, default=0, help="GGML engine: CPU threads per stream, half of them decoding audio (0: by the machine, engine.cpu.machine.default_threads: 1 on one core, 2 on 2-7 cores, 4 on 8-11, 6 on 12-15, 8 from 16); 3 on 2 cores starts speaking sooner but generates slower")
     parser.add_argument("--ggml-icl", action="store_true", help="GGML engine: clone voices with a transcript are cloned in context (closer likeness), but the first request of each clip on each stream waits about 2 s per second of reference clip (2 cores) before its first audio (the default voice pays it ahead: at start, or between requests for a default picked while serving); default: by x-vector, starting at once")
     parser.add_argument("--gguf-quant", type=str.upper, choices=GGUF_QUANTS, default=DEFAULT_GGUF_QUANT, help="GGML engine: weights fetched or converted at this quantization (Q4_0: 4-bit generation weights, converted from a checkpoint folder only; Q4_K_M: downloaded only)")
-    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="Weights: auto is bfloat16 on CUDA, float32 on the CPU")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="Weights: auto is bfloat16 on CUDA (float16 on GPUs without bfloat16, logged), float32 on the CPU")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="Longest text per request")
     parser.add_argument("--seed", type=int, help="Seed for requests that bring none (default: random per stream)")
     parser.add_argument("--fixed-frames", type=int, help="Benchmarks: generate exactly N codec frames per sentence")
