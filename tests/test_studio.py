@@ -454,6 +454,36 @@ async def test_design_candidates_keep_one_and_override_a_shipped_preset(studio: 
     assert (await voices_of(studio))["james"]["source"] == "shipped"
 
 
+async def test_a_clone_under_a_shipped_presets_name_is_told_what_works_for_a_clone(
+    studio: Server, folders: tuple[Path, Path]
+) -> None:
+    """An upload (even with a ``replace`` field) or a clone voice's rename onto a shipped
+    preset's name was told to keep it again with ``"replace": true``, which only a kept
+    design has: a dead end. The refusal now says to choose another name, or to copy the clip
+    into the voices folder by hand, and that advice works (the clone is spoken in the
+    preset's place; deleting it brings the preset back)."""
+    voices = folders[0]
+    form = upload("lena", encoded(tone(2.0), "wav"))
+    form.add_field("replace", "true")
+    status, body = await call(studio, "POST", "/v1/audio/voices", data=form)
+    renamed, renamed_body = await call(studio, "PATCH", "/v1/audio/voices/clone", json={"name": "lena"})
+    assert (voices / "clone.wav").is_file() and not list(voices.glob("lena.*"))
+    for status, body in ((status, body), (renamed, renamed_body)):
+        error = json.loads(body)["error"]
+        assert (status, error["code"]) == (409, "name-taken"), body
+        assert "replace" not in error["message"] and "choose another name" in error["message"], body
+        assert f"copied by hand into the voices folder as {voices / 'lena.wav'}" in error["message"], body
+
+    sf.write(voices / "lena.wav", tone(2.0, freq=170.0), 24000)  # the advice followed
+    try:
+        lena = (await voices_of(studio))["lena"]
+        assert lena["source"] == "clone" and lena["shadows"] == "shipped", lena
+    finally:
+        status, body = await call(studio, "DELETE", "/v1/audio/voices/lena")
+    assert status == 200 and not (voices / "lena.wav").exists(), body
+    assert (await voices_of(studio))["lena"]["source"] == "shipped"
+
+
 @pytest.mark.parametrize(
     ("body", "code"),
     [
@@ -1114,6 +1144,12 @@ def test_a_pinned_default_may_go_exactly_when_a_voice_of_its_name_lies_beneath_i
     with pytest.raises(VoiceEditError) as refused:
         VoiceLibrary(clones_only, lambda: service.pinned_default).delete("lena")
     assert refused.value.code == "default-voice"
+    # An upload under a shipped preset's name is refused there too: with a clone's way to
+    # take it, not "replace": true (a kept design's, and no design is kept without the model).
+    with pytest.raises(VoiceEditError) as refused:
+        VoiceLibrary(clones_only, lambda: service.pinned_default).check_free("aria", replace_skipped=True)
+    message = str(refused.value)
+    assert refused.value.code == "name-taken" and "replace" not in message and str(tmp_path / "aria.wav") in message
 
 
 async def test_a_gone_pinned_default_refuses_only_requests_it_would_have_spoken(checkpoints: Path, tmp_path: Path) -> None:

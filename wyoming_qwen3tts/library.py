@@ -295,7 +295,12 @@ class VoiceLibrary:
     # --- checks -----------------------------------------------------------------------
 
     def check_free(
-        self, name: object, replace_shipped: bool = False, renaming: Voice | None = None, replace_skipped: bool = False
+        self,
+        name: object,
+        replace_shipped: bool = False,
+        renaming: Voice | None = None,
+        replace_skipped: bool = False,
+        for_clone: bool = False,
     ) -> str:
         """A valid name that no voice, alias, file or running upload uses yet.
 
@@ -304,8 +309,13 @@ class VoiceLibrary:
                 yet (the new preset overrides it).
             replace_skipped: allow the name of a clip the catalogue skips (too short, silent,
                 unreadable: ``VoiceCatalog.skipped``): an upload replaces it, and no voice is lost.
+                Only an upload's check allows it: it implies ``for_clone``.
             renaming: the voice being renamed: its own name and files do not count (a
                 change of case only is allowed).
+            for_clone: the name is for a clone voice (an upload, a clone voice's rename): a
+                shipped preset's name is refused with a clone's way to take it (a clip copied
+                into the voices folder by hand), not ``"replace": true``, which only a kept
+                design has.
 
         Raises:
             VoiceEditError: 400 ``invalid-type`` / ``invalid-name`` (``check_name``), 409
@@ -316,11 +326,16 @@ class VoiceLibrary:
         if key in self._reserved:
             message = f"Another change to a voice named {name!r} is in progress; try again"
             raise VoiceEditError(409, "name-busy", message, "name")
-        self._check_taken(name, replace_shipped, renaming, replace_skipped)
+        self._check_taken(name, replace_shipped, renaming, replace_skipped, for_clone or replace_skipped)
         return name
 
     def _check_taken(
-        self, name: str, replace_shipped: bool, renaming: Voice | None = None, replace_skipped: bool = False
+        self,
+        name: str,
+        replace_shipped: bool,
+        renaming: Voice | None = None,
+        replace_skipped: bool = False,
+        for_clone: bool = False,
     ) -> None:
         """``check_free`` without the in-process reservations (raises 409 ``name-taken``)."""
         key = name.casefold()
@@ -337,7 +352,9 @@ class VoiceLibrary:
             if not overridable:
                 what = "an alias of" if taken.name.casefold() != key else "the name of"
                 message = f"{name!r} is already {what} the {taken.source.value} voice {taken.name!r}"
-                if taken.source is VoiceSource.SHIPPED and taken.name.casefold() == key:
+                if taken.source is VoiceSource.SHIPPED and taken.name.casefold() == key and for_clone:
+                    message += self._shipped_name_for_clone(name)
+                elif taken.source is VoiceSource.SHIPPED and taken.name.casefold() == key:
                     message += (
                         '; to override it with your preset, keep it again with "replace": true (deleting '
                         "yours brings the shipped one back), or choose another name"
@@ -349,7 +366,8 @@ class VoiceLibrary:
                 message += self._skipped_note(name, "an upload or rename cannot replace it under this name: replace the file in the folder, or delete it")
                 raise VoiceEditError(409, "name-taken", message, "name")
         elif key in shipped and not replace_shipped:
-            message = f'{name!r} is the name of a shipped preset; set "replace": true to override it'
+            message = f"{name!r} is the name of a shipped preset"
+            message += self._shipped_name_for_clone(name) if for_clone else '; set "replace": true to override it'
             raise VoiceEditError(409, "name-taken", message, "name")
         if ModelKind.VOICE_DESIGN in self.catalog.kinds:
             # The user's presets.toml as written, not as served: a table the catalogue skips
@@ -384,6 +402,18 @@ class VoiceLibrary:
                         f"{quote(skipped.name, safe='')}; the studio's Skipped files list)"
                     )
                     raise VoiceEditError(409, "name-taken", message, "name")
+
+    def _shipped_name_for_clone(self, name: str) -> str:
+        """The advice ending a clone voice's refusal of the shipped preset ``name``: an upload
+        or rename cannot take it (``"replace": true`` is a kept design's), a clip copied into
+        the voices folder by hand can (``VoiceCatalog.voices``: a clone shadows a preset)."""
+        folder = self.catalog.voices_dir
+        where = f"as {folder / (name + '.wav')}" if folder is not None else f"as {name}.wav"
+        return (
+            "; choose another name. A clone voice takes a shipped preset's name only from a clip "
+            f"copied by hand into the voices folder {where}: it is then spoken in the preset's "
+            "place, and deleting it brings the preset back"
+        )
 
     def _skipped_note(self, name: str, how: str) -> str:
         """For a refusal of a name that a preset or speaker serves: "" or, when a skipped
@@ -498,7 +528,7 @@ class VoiceLibrary:
         wav, txt = folder / f"{name}.wav", folder / f"{name}.txt"
         with self.locked():
             # another server may have taken it; a skipped clip of the name is replaced
-            self._check_taken(name, replace_shipped=False, replace_skipped=True)
+            self._check_taken(name, replace_shipped=False, replace_skipped=True, for_clone=True)
             skipped = self.catalog.skipped_clip(name)
             try:
                 # Orphan transcripts of the name (in any case or form: the catalogue reads them
@@ -588,7 +618,8 @@ class VoiceLibrary:
         # A user preset that overrides a shipped one may change its name's case; a rename
         # onto another shipped preset's name is refused (keep a design with replace for that).
         case_only = isinstance(new, str) and new.strip().casefold() == voice.name.casefold()
-        new_name = self.check_free(new, replace_shipped=voice.source is VoiceSource.USER and case_only, renaming=voice)
+        new_name = self.check_free(new, replace_shipped=voice.source is VoiceSource.USER and case_only, renaming=voice,
+                                   for_clone=voice.source is VoiceSource.CLONE)
         if new_name == voice.name:
             return voice
         if voice.source is VoiceSource.CLONE:
