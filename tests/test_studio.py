@@ -220,6 +220,7 @@ async def test_upload_creates_a_voice_spoken_at_once_over_both_doors(studio: Ser
         (upload("notaudio", b"this is a text file, not a recording" * 10), 400, "not-audio"),
         (upload("picture", b"\x89PNG\r\n\x1a\n" + bytes(2000)), 400, "not-audio"),
         (upload("short", encoded(tone(0.6), "wav")), 400, "clip-too-short"),
+        (upload("cutoff", encoded(tone(3.0), "wav")[:2000]), 400, "clip-too-short"),  # cut off: said so, same code
         (upload("silent", encoded(np.zeros(48000, np.float32), "wav")), 400, "clip-silent"),
         (upload("hum", encoded(tone(3.0, level=0.002), "wav")), 400, "clip-silent"),
         (upload("", encoded(tone(2.0), "wav")), 400, "invalid-name"),

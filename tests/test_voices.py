@@ -322,6 +322,39 @@ def test_a_clip_shorter_than_the_studio_takes_is_skipped_until_replaced_with_a_l
         assert taken_logs(caplog, logging.WARNING, "kim") == []
 
 
+def test_a_clip_cut_off_short_of_its_header_is_said_to_be_cut_off_as_an_upload_and_in_the_folder(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 3 s WAV cut to its first 2000 bytes (an incomplete download; its header still says
+    3 s) was refused as "The clip is 0.04 s long; at least 1 s is needed", baffling for a
+    file a player calls 3 s long. The upload's refusal (still ``clip-too-short``) and the
+    folder scan's reason now say the file looks cut off, with both lengths; a clip that is
+    short in its header too keeps the short clip's words."""
+    whole = _tone_wav(3.0)
+    cut = whole[:2000]
+    reason = ("the clip holds 0.04 s of audio though its header says 3.00 s: the file looks cut off, an incomplete "
+              "download or copy")
+    with pytest.raises(VoiceEditError) as refused:
+        decode_clip(cut)
+    assert (refused.value.status, refused.value.code) == (400, "clip-too-short")
+    assert str(refused.value) == f"T{reason[1:]}; upload the whole file"
+    with pytest.raises(VoiceEditError) as refused:
+        decode_clip(_tone_wav(0.5))
+    assert str(refused.value) == "The clip is 0.50 s long; at least 1 s is needed"
+
+    write_voice(tmp_path, "icl")
+    (tmp_path / "kim.wav").write_bytes(cut)
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, ALL)
+    assert catalog.find("kim") is None and catalog.skipped_clips() == [f"kim.wav: {reason}"]
+    assert taken_logs(caplog, logging.WARNING, "kim.wav") == [f"Skipping clone voice {tmp_path / 'kim.wav'}: {reason}"]
+    # The header's length: a WAV's own (FFmpeg and libsndfile trim it to the bytes present).
+    from wyoming_qwen3tts.voices import declared_seconds
+
+    assert declared_seconds(io.BytesIO(cut)) == declared_seconds(str(tmp_path / "kim.wav")) == 3.0
+    assert declared_seconds(io.BytesIO(b"not audio at all")) is None
+
+
 def test_a_silent_clip_and_a_short_one_are_skipped_alike_at_warning_in_words_fit_for_the_studio_page(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

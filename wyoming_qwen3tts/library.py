@@ -52,6 +52,7 @@ from .voices import (
     VoiceSource,
     clip_preference,
     clone_files,
+    cut_off_reason,
     decode_audio,
     has_control_characters,
     name_key,
@@ -149,7 +150,8 @@ def decode_clip(data: bytes) -> np.ndarray:
     Raises:
         VoiceEditError: 413 ``clip-too-large`` (over ``MAX_UPLOAD_BYTES``), 400
             ``not-audio`` (no audio track, or FFmpeg cannot read it), ``clip-too-short``
-            (under ``MIN_CLIP_SECONDS``), ``clip-silent`` (under ``MIN_SOUND_SECONDS`` of sound,
+            (under ``MIN_CLIP_SECONDS``; one cut off, shorter than its header says, is said
+            to be, ``voices.cut_off_reason``), ``clip-silent`` (under ``MIN_SOUND_SECONDS`` of sound,
             ``voices.sound_seconds``).
     """
     if len(data) > MAX_UPLOAD_BYTES:
@@ -164,7 +166,9 @@ def decode_clip(data: bytes) -> np.ndarray:
         raise VoiceEditError(400, "not-audio", message, "file") from None
     seconds = len(audio) / SAMPLE_RATE
     if seconds < MIN_CLIP_SECONDS:
-        message = f"The clip is {seconds:.2f} s long; at least {MIN_CLIP_SECONDS:.0f} s is needed"
+        cut_off = cut_off_reason(seconds, io.BytesIO(data))  # its header may say more: a cut-off file
+        message = (f"{cut_off[0].upper()}{cut_off[1:]}; upload the whole file" if cut_off else
+                   f"The clip is {seconds:.2f} s long; at least {MIN_CLIP_SECONDS:.0f} s is needed")
         raise VoiceEditError(400, "clip-too-short", message, "file")
     sound = sound_seconds(audio, SAMPLE_RATE)
     if sound < MIN_SOUND_SECONDS:  # the folder scan's rule and words (``voices.read_clone_clip``)

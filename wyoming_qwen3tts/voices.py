@@ -105,6 +105,64 @@ def too_short_reason(seconds: float) -> str:
     return f"the clip is {seconds:.2f} s long, under the {MIN_CLIP_SECONDS:g} s a clone clip needs"
 
 
+#: How much shorter than its header declares a clip's decoded audio must be to look cut off
+#: (``cut_off_reason``), in seconds: more than any codec's priming and padding (an AAC frame
+#: at 44.1 kHz is 46 ms), so a whole file never looks cut off.
+_CUT_OFF_SLACK_SECONDS = 0.1
+
+
+def declared_seconds(source: str | BinaryIO) -> float | None:
+    """How long the header of the audio file ``source`` (a path, or a binary file object read
+    from its start) says its audio is, in seconds, or None where it says nothing usable (a
+    streamed WAV's unset size, a file FFmpeg cannot open). A WAV's comes from its ``data``
+    chunk's size and byte rate, read here: FFmpeg and libsndfile trim that size to the bytes
+    present, so a cut-off WAV would look whole. Other formats' from FFmpeg's (PyAV) container
+    duration (FLAC's STREAMINFO, an MP3's Xing header). Never raises."""
+    try:
+        if isinstance(source, str):
+            with open(source, "rb") as file:
+                return _declared_seconds(file)
+        return _declared_seconds(source)
+    except Exception:  # noqa: BLE001 - a header that cannot be read declares nothing
+        return None
+
+
+def _declared_seconds(file: BinaryIO) -> float | None:
+    """``declared_seconds`` of an open file (raises on what it cannot read)."""
+    head = file.read(12)
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+        byte_rate = 0
+        while len(chunk := file.read(8)) == 8:
+            size = int.from_bytes(chunk[4:], "little")
+            if chunk[:4] == b"fmt ":
+                byte_rate = int.from_bytes(file.read(size)[8:12], "little")
+            elif chunk[:4] == b"data":
+                return size / byte_rate if byte_rate and size not in (0, 0xFFFFFFFF) else None
+            else:
+                file.seek(size, os.SEEK_CUR)
+            file.seek(size % 2, os.SEEK_CUR)  # chunks are padded to an even size
+        return None
+    import av  # FFmpeg's libraries load only where such a clip is read
+
+    file.seek(0)
+    with av.open(file, mode="r") as container:
+        return container.duration / av.time_base if container.duration else None
+
+
+def cut_off_reason(seconds: float, source: str | BinaryIO) -> str | None:
+    """Why a clip whose decoded audio is ``seconds`` long (under ``MIN_CLIP_SECONDS``) is no
+    clone voice, when its header (``declared_seconds`` of ``source``) says it is long enough
+    and its audio ends over ``_CUT_OFF_SLACK_SECONDS`` earlier: the file looks cut off (an
+    incomplete download or copy), one phrase in the shape of ``too_short_reason``. None: the
+    header says nothing, or no more than the audio holds (a short clip, ``too_short_reason``)."""
+    declared = declared_seconds(source)
+    if declared is None or declared < MIN_CLIP_SECONDS or seconds > declared - _CUT_OFF_SLACK_SECONDS:
+        return None
+    # No parentheses: the start-up survey puts the reason in some (``startup.survey_clips``).
+    return (f"the clip holds {seconds:.2f} s of audio though its header says {declared:.2f} s: the file "
+            "looks cut off, an incomplete download or copy")
+
+
 def sound_seconds(audio: np.ndarray, sample_rate: int) -> float:
     """How much of a clip is sound, in seconds: its whole ``SOUND_FRAME_SECONDS`` frames whose
     RMS reaches ``SILENCE_RMS`` once the clip's mean (a DC offset) is taken away. 0.0 for
@@ -789,7 +847,7 @@ def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip
     """The clip at ``path`` (its transcript: ``transcript``, or none) as a Reference, or why it
     cannot clone (never raises): shorter than ``MIN_CLIP_SECONDS`` or silent (a WARNING, as
     the studio refuses such an upload: a user's choice of clip, not a broken file;
-    ``too_short_reason``, ``silent_reason``), a transcript not saved as UTF-8 (a WARNING
+    ``too_short_reason``, ``silent_reason``; shorter than its header says, ``cut_off_reason``), a transcript not saved as UTF-8 (a WARNING
     naming the transcript, ``TranscriptEncodingError``), a format the folder does not read
     (a suffix not in ``AUDIO_SUFFIXES``: a WARNING, ``unread_format_reason``, the file is not
     opened), a transcript over ``MAX_TRANSCRIPT_CHARS`` (a WARNING, ``TranscriptTooLongError``),
@@ -804,7 +862,7 @@ def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip
     try:
         reference = Reference.load(path, transcript)
     except ClipTooShortError as err:  # under MIN_REFERENCE_SECONDS: too short all the same
-        return ClipSkip(too_short_reason(err.seconds), logging.WARNING)
+        return ClipSkip(cut_off_reason(err.seconds, str(path)) or too_short_reason(err.seconds), logging.WARNING)
     except TranscriptError as err:  # saved in another encoding, or a whole script: a user's file, a WARNING too
         return ClipSkip(str(err), logging.WARNING, err.file, err.fault)
     except NoAudioTrackError:  # a picture or a silent video renamed: a user's file
@@ -815,7 +873,7 @@ def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip
         return ClipSkip(str(err), logging.ERROR)
     seconds = len(reference.audio) / reference.sample_rate
     if seconds < MIN_CLIP_SECONDS:  # as uploads are refused (clip-too-short)
-        return ClipSkip(too_short_reason(seconds), logging.WARNING)
+        return ClipSkip(cut_off_reason(seconds, str(path)) or too_short_reason(seconds), logging.WARNING)
     sound = sound_seconds(reference.audio, reference.sample_rate)
     if sound < MIN_SOUND_SECONDS:  # as uploads are refused (clip-silent): it would clone silence
         return ClipSkip(silent_reason(sound), logging.WARNING)
