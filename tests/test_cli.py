@@ -456,7 +456,7 @@ def test_a_torchaudio_built_for_another_torch_is_named_in_the_load_failure(monke
 def test_the_clone_model_alone_with_no_clip_and_no_studio_stops_before_loading(checkpoints: Path, tmp_path: Path) -> None:
     """Base model only, the HTTP port and with it the voice studio off (``--http-port 0``),
     and a voices folder with no usable clip (a transcript, a broken file, a clip whose
-    name holds a tab and a 0.5 s one, each named): no voice could ever be added through the server, and a
+    name holds a tab, a 0.5 s one and one cut off short of its header's 3 s, each named): no voice could ever be added through the server, and a
     headless server with none is most likely pointed at the wrong folder, so start-up ends
     at once, before any model loads (a download of several GB for a real one), naming the
     folder and the three ways out. With the studio the server starts and serves it
@@ -467,12 +467,16 @@ def test_the_clone_model_alone_with_no_clip_and_no_studio_stops_before_loading(c
     (voices / "broken.wav").write_bytes(b"RIFF....not a wav file")
     sf.write(voices / "tab\there.wav", np.full(24000, 0.2, dtype=np.float32), 24000)  # skipped by the catalogue
     sf.write(voices / "short.wav", np.full(12000, 0.2, dtype=np.float32), 24000)  # 0.5 s: under MIN_CLIP_SECONDS
+    sf.write(voices / "cut.wav", np.full(72000, 0.2, dtype=np.float32), 24000)  # 3 s, then cut off after 0.04 s
+    (voices / "cut.wav").write_bytes((voices / "cut.wav").read_bytes()[:2000])
     result = run_clone_alone(tmp_path, voices, checkpoints, "--http-port", "0")
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last == (f"No voices: add a clone voice (<id>.wav and its transcript <id>.txt) to {voices}, or enable "
                     "the VoiceDesign model (--design-model) or the CustomVoice model (--custom-voice-model); "
-                    "skipped: broken.wav (the file could not be decoded as audio: Format not recognised), short.wav "
+                    "skipped: broken.wav (the file could not be decoded as audio: Format not recognised), cut.wav (the "
+                    "clip holds 0.04 s of audio though its header says 3.00 s: the file looks cut off, an incomplete "
+                    "download or copy), short.wav "
                     "(0.50 s long, under the 1 s a clone clip needs), 'tab\\there.wav' (control characters in its name)"), last
     assert "Loading" not in result.stderr and "Traceback" not in result.stderr
 

@@ -350,8 +350,8 @@ def _studio_paths() -> dict[str, Any]:
         "403": _error("A shipped preset or built-in speaker cannot be changed."),
         "404": _error("No such voice."),
         "409": _error(
-            "Name taken or busy (name-taken says how: \"replace\": true for a shipped preset's name, or the "
-            "skipped clip of that name), the default voice, other files of the voice's name (duplicate-files), "
+            "Name taken or busy (name-taken says how: \"replace\": true to keep a design under a shipped "
+            "preset's name, another name for a clone, or the skipped clip of that name), the default voice, other files of the voice's name (duplicate-files), "
             "presets.toml unreadable, no voices folder, or the model is off."
         ),
         "500": _error("The voices folder could not be written."),

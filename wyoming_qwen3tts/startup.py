@@ -37,7 +37,8 @@ from .metrics import Metrics
 from .service import shown_names
 from .voices import (
     AUDIO_SUFFIXES, MIN_CLIP_SECONDS, PRESETS_FILE, ClipSkip, ModelKind, Reference, VoiceCatalog, VoiceSource,
-    clone_name, has_control_characters, load_presets, name_key, read_clone_clip, transcript_name, voice_clips,
+    clone_name, cut_off_reason, has_control_characters, load_presets, name_key, read_clone_clip, transcript_name,
+    voice_clips,
 )
 
 _LOGGER = logging.getLogger("wyoming_qwen3tts")
@@ -356,7 +357,8 @@ def survey_clips(voices_dir: Path) -> tuple[bool, list[str]]:
     (``'tab\\there.wav' (control characters in its name)``, ``' .wav' (a blank name)``,
     ``broken.wav (the file could not be decoded as audio: Format not recognised)``, ``locked.wav
     (no readable audio)`` (a file that cannot be opened), ``short.wav (0.50 s long, under the 1 s a clone clip
-    needs)``, ``hush.wav (the clip is silent: ...)``), by file name. Reads each clip's
+    needs)``, ``cut.wav (the clip holds 0.04 s of audio though its header says 3.00 s: the file
+    looks cut off, an incomplete download or copy)``, ``hush.wav (the clip is silent: ...)``), by file name. Reads each clip's
     samples (at most ``MAX_REFERENCE_SECONDS``) and transcript."""
     skipped, usable = [], False
     for clip, read in _clone_clips(voices_dir):
@@ -371,7 +373,8 @@ def survey_clips(voices_dir: Path) -> tuple[bool, list[str]]:
             if read.level >= logging.ERROR:
                 skipped.append(f"{clip.name} (no readable audio)")
             elif seconds is not None and seconds < MIN_CLIP_SECONDS:
-                skipped.append(f"{clip.name} ({seconds:.2f} s long, under the {MIN_CLIP_SECONDS:g} s a clone clip needs)")
+                short = cut_off_reason(seconds, str(clip)) or f"{seconds:.2f} s long, under the {MIN_CLIP_SECONDS:g} s a clone clip needs"
+                skipped.append(f"{clip.name} ({short})")
             else:
                 skipped.append(f"{clip.name} ({_for_clients(read, clip)})")
     return usable, skipped
