@@ -39,14 +39,14 @@ def expected_frames(*deltas: str) -> range:
     return range(most - len(segments), most + 1)
 
 
-async def read_until(client: AsyncTcpClient, *stop_types: str) -> list[Event]:
-    """Events up to and including the first of ``stop_types`` (or an error)."""
+async def read_until(client: AsyncTcpClient, *stop_types: str, past_errors: bool = False) -> list[Event]:
+    """Events up to and including the first of ``stop_types`` (or an error, unless ``past_errors``)."""
     events: list[Event] = []
     while True:
         event = await asyncio.wait_for(client.read_event(), _GUARD_S)
         assert event is not None, f"server closed the connection after {[e.type for e in events]}"
         events.append(event)
-        if event.type in stop_types or Error.is_type(event.type):
+        if event.type in stop_types or (Error.is_type(event.type) and not past_errors):
             return events
 
 
@@ -66,6 +66,18 @@ def check_audio_events(events: list[Event], frames: range) -> None:
     assert formats == {(start.rate, start.width, start.channels)} == {(24000, 2, 1)}
     assert len(pcm) % (2 * SAMPLES_PER_FRAME) == 0
     assert len(pcm) // (2 * SAMPLES_PER_FRAME) in frames
+
+
+def shape(events: list[Event]) -> list[str]:
+    """The event types, each run of ``audio-chunk`` events as one."""
+    types = [e.type for e in events]
+    return [t for i, t in enumerate(types) if not (t == "audio-chunk" and types[i - 1 : i] == [t])]
+
+
+#: A refused text stream's replies when it had spoken nothing yet: no empty audio pair.
+REFUSED_SILENT = ["error", "synthesize-stopped"]
+#: ... and when its earlier sentences were being spoken: the audio is closed after the error.
+REFUSED_SPEAKING = ["audio-start", "audio-chunk", "error", "audio-stop", "synthesize-stopped"]
 
 
 async def describe(client: AsyncTcpClient) -> Info:
@@ -513,7 +525,9 @@ async def test_nothing_speakable_gets_empty_audio_on_both_paths(server: Server, 
 async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) -> None:
     """Past --max-chars the streamed text is refused as a one-shot ``synthesize`` of the same
     text is: the same code and the same words, but for the size, which counts only what came
-    before the refusal: "at least" (chunks sent after it are never read)."""
+    before the refusal: "at least" (chunks sent after it are never read). The replies are
+    those of every refused text stream: ``audio-stop`` after the ``error`` only where earlier
+    sentences' audio had started, no empty ``audio-start``/``audio-stop``."""
     mark = len(server.output())
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
         await client.write_event(Synthesize(text="y" * 20_000).event())
@@ -530,9 +544,20 @@ async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) 
         assert "20000 characters" in one_shot.text and "--max-chars" in one_shot.text, one_shot.text
         await client.write_event(SynthesizeChunk(text="more text").event())  # dropped quietly
         await client.write_event(SynthesizeStop().event())
-        events = await read_until(client, "synthesize-stopped")
-        assert events[-1].type == "synthesize-stopped"
+        events += await read_until(client, "synthesize-stopped")
+        # Nothing was spoken: no empty audio-start/audio-stop (the new-user trial got them
+        # here, but not for an unknown voice).
+        assert shape(events) == REFUSED_SILENT, shape(events)
         assert (await describe(client)).tts
+        # Refused while its first sentence is spoken: that audio is closed after the error.
+        await client.write_event(SynthesizeStart(voice=SynthesizeVoice(name="aria")).event())
+        await client.write_event(SynthesizeChunk(text="Hello there. How").event())
+        events = await read_until(client, "audio-chunk")
+        await client.write_event(SynthesizeChunk(text="y" * 20_000).event())
+        await client.write_event(SynthesizeStop().event())
+        events += await read_until(client, "synthesize-stopped", past_errors=True)
+        assert shape(events) == REFUSED_SPEAKING, shape(events)
+        assert Error.from_event(next(e for e in events if Error.is_type(e.type))).code == "text-too-long"
     # Logged as refused, with the reason, not as cancelled; each refusal once (the new-user
     # trial: the streamed one was logged twice, by the request's line and by the handler).
     log = server.output()[mark:]
@@ -552,23 +577,25 @@ async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) 
     ids=["text-number", "no-text", "data-part-list"],
 )
 async def test_a_malformed_chunk_refuses_its_stream_and_still_stops(server: Server, chunk: bytes) -> None:
-    """A malformed ``synthesize-chunk`` lost part of the streamed text, so none of it is
-    spoken: the stream is refused as a chunk over --max-chars refuses it (one ``error``
+    """A malformed ``synthesize-chunk`` lost part of the streamed text, so nothing more of
+    it is spoken: the stream is refused as a chunk over --max-chars refuses it (one ``error``
     naming what was wrong, later chunks dropped quietly, ``synthesize-stopped`` after
     ``synthesize-stop``, logged once as refused), and the connection speaks the next
-    stream (the user trial: the rest of the text was spoken with a hole in it)."""
+    stream (the user trial: the rest of the text was spoken with a hole in it). The replies
+    are those of every refused text stream: ``audio-stop`` after the ``error`` only where
+    earlier sentences' audio had started, no empty ``audio-start``/``audio-stop``."""
     mark = len(server.output())
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
 
-    async def exchange(*events: Event | bytes) -> list[Event]:
-        """Send ``events`` (raw bytes as they are), read the replies up to ``synthesize-stopped``."""
+    async def exchange(*events: Event | bytes, until: str = "synthesize-stopped") -> list[Event]:
+        """Send ``events`` (raw bytes as they are), read the replies up to ``until``."""
         for event in events:
             if isinstance(event, bytes):
                 writer.write(event)
             else:
                 await async_write_event(event, writer)
         replies: list[Event] = []
-        while not replies or replies[-1].type != "synthesize-stopped":
+        while not replies or replies[-1].type != until:
             reply = await asyncio.wait_for(async_read_event(reader), _GUARD_S)
             assert reply is not None, [e.type for e in replies]
             replies.append(reply)
@@ -578,17 +605,20 @@ async def test_a_malformed_chunk_refuses_its_stream_and_still_stops(server: Serv
         start = SynthesizeStart(voice=SynthesizeVoice(name="aria")).event()
         events = await exchange(start, SynthesizeChunk(text="Hello ").event(), chunk,
                                 SynthesizeChunk(text="there.").event(), SynthesizeStop().event())
-        types = [e.type for e in events]
-        assert types.count("error") == 1 and "audio-chunk" not in types, types
-        error = Error.from_event(events[types.index("error")])
+        assert shape(events) == REFUSED_SILENT, shape(events)  # nothing spoken: no empty audio pair
+        error = Error.from_event(events[0])
         assert error.code == "malformed-event" and (error.text or "").startswith("Malformed"), error
         assert "text stream is refused" in (error.text or ""), error
+        # Malformed while its first sentence is spoken: that audio is closed after the error.
+        events = await exchange(start, SynthesizeChunk(text="Hello there. How").event(), until="audio-chunk")
+        events += await exchange(chunk, SynthesizeChunk(text=" are you?").event(), SynthesizeStop().event())
+        assert shape(events) == REFUSED_SPEAKING, shape(events)
         events = await exchange(start, SynthesizeChunk(text="Okay.").event(), SynthesizeStop().event())
         assert "error" not in [e.type for e in events] and audio_of(events)[0], [e.type for e in events]
     finally:
         writer.close()
     log = server.output()[mark:]
-    assert log.count("wyoming request refused (malformed-event: Malformed") == 1, log
+    assert log.count("wyoming request refused (malformed-event: Malformed") == 2, log  # each refused stream once
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,12 @@ punctuation, emoji or markup) gets ``audio-start`` and ``audio-stop`` with no au
 as wyoming-piper answers it. Bad requests get an ``error`` event and the connection stays
 usable, but for a refused ``synthesize`` (malformed or not): its ``error``, then the
 connection ends (``Qwen3TtsEventHandler._refuse``). A refused ``synthesize-chunk`` (its
-text over the limit, or malformed) refuses its whole text stream, which still ends with
-``synthesize-stopped`` (``Qwen3TtsEventHandler._refuse_stream``). Unknown event types are
-ignored.
+text over the limit, or malformed) refuses its whole text stream
+(``Qwen3TtsEventHandler._refuse_stream``). Every refused text stream (its start or a
+chunk refused) is answered alike: ``error``, then ``audio-stop`` only if its
+``audio-start`` had been sent (earlier sentences spoken; ``audio-start`` goes out with a
+reply's first audio), then ``synthesize-stopped`` after its ``synthesize-stop``; never an
+empty ``audio-start``/``audio-stop`` pair. Unknown event types are ignored.
 
 Limits (``WyomingLimits``), all enforced here, so no client can hold the server:
 
@@ -149,6 +152,8 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         self._limits = connections.limits
         self._stream: SpeechStream | None = None  # the open synthesize-start stream
         self._stream_refused = False  # its start or text was refused: drop its chunks quietly
+        #: Refused streams whose ``error`` (text, code, log level) their audio task still owes.
+        self._refusals: dict[SpeechStream, tuple[str, str, int]] = {}
         self._streams: set[SpeechStream] = set()  # all streams still producing audio
         self._tail: asyncio.Task[None] | None = None  # last audio task: replies stay in order
         self._write_lock = asyncio.Lock()
@@ -255,13 +260,13 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
                 read += len(data)
         self.writer.close()
 
-    async def _malformed(self, err: MalformedEventError) -> None:
-        """Answer a malformed event with ``error``. The first of a connection is logged at
-        INFO, later ones at DEBUG, so a client that keeps sending junk cannot fill the log
-        (every one is still counted in ``tts_errors_total``)."""
+    def _malformed(self, err: MalformedEventError) -> Coroutine[Any, Any, None]:
+        """Count a malformed event now; the ``error`` answering it, to send. The first of a
+        connection is logged at INFO, later ones at DEBUG, so a client that keeps sending
+        junk cannot fill the log (every one is still counted in ``tts_errors_total``)."""
         self._service.count_error("wyoming", err)
         self._malformed_seen += 1
-        await self._error(str(err), err.code, logging.INFO if self._malformed_seen == 1 else logging.DEBUG)
+        return self._error(str(err), err.code, logging.INFO if self._malformed_seen == 1 else logging.DEBUG)
 
     async def handle_event(self, event: Event) -> bool:
         """Dispatch one event; a refusal is answered by ``_refuse``. Always returns True (a
@@ -293,32 +298,43 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         if chunk and self._stream is not None and isinstance(err, MalformedEventError):
             # A malformed chunk lost part of the text: speaking the rest would say a reply
             # with a hole in it. Refused as a text over the limit is (``_refuse_stream``).
-            await self._refuse_stream(err, f"{err}; the text stream is refused, since part of its text is lost")
+            self._refuse_stream(err, f"{err}; the text stream is refused, since part of its text is lost")
             return
         in_stream = self._stream is not None or self._stream_refused
         ends = event_type is not None and Synthesize.is_type(event_type) and not in_stream
         if ends and self._tail is not None and not self._tail.done():
             await asyncio.wait([self._tail])  # the audio still owed goes out first
         if isinstance(err, MalformedEventError):
-            await self._malformed(err)
+            reply = self._malformed(err)
         else:
             self._service.count_error("wyoming", err)
-            await self._error(str(err), err.code)
+            reply = self._error(str(err), err.code)
+        if event_type is not None and SynthesizeStart.is_type(event_type) and self._stream_refused:
+            # A refused text stream's error goes in the stream's place among the replies, as
+            # a refused chunk's does (``_refuse_stream``); no audio was started for it.
+            self._chain(reply)
+        else:
+            await reply
         if ends:
             self.close()  # the read loop ends; the error is flushed before the close
 
-    async def _refuse_stream(self, err: RequestError, text: str) -> None:
+    def _refuse_stream(self, err: RequestError, text: str) -> None:
         """Refuse the open text stream after one of its chunks was refused (``err``: its
         text went over the limit, or the chunk was malformed): its generation stops, the
-        client gets one ``error`` saying ``text``, the stream's later chunks and
-        compatibility copy are dropped quietly and its ``synthesize-stop`` gets
-        ``synthesize-stopped``; the connection serves on. Logged once, by the request's
-        summary line (the ``error`` itself at DEBUG)."""
+        stream's later chunks and compatibility copy are dropped quietly and its
+        ``synthesize-stop`` gets ``synthesize-stopped``; the connection serves on. Logged
+        once, by the request's summary line (the ``error`` itself at DEBUG).
+
+        The client gets one ``error`` saying ``text``, in the stream's place among the
+        replies, from its audio task (``_write_audio``): no audio after it, and
+        ``audio-stop`` after it only if the stream's ``audio-start`` was sent (earlier
+        sentences spoken), as for every refused text stream: ``error``, [``audio-stop``],
+        ``synthesize-stopped``."""
         assert self._stream is not None
+        self._refusals[self._stream] = (text, err.code, logging.DEBUG)
         self._stream.refuse(err)
         self._stream, self._stream_refused = None, True
         self._service.count_error("wyoming", err)
-        await self._error(text, err.code, logging.DEBUG)
 
     def busy(self) -> bool:
         """True while the server owes this client audio (text in, audio not all sent)."""
@@ -367,7 +383,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             try:
                 self._stream.add_text(text)
             except RequestError as err:
-                await self._refuse_stream(err, str(err))
+                self._refuse_stream(err, str(err))
                 return
         elif SynthesizeStop.is_type(event.type):
             await self._stop_stream()
@@ -469,22 +485,47 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         self._tail.add_done_callback(lambda _task: work.close())
 
     async def _write_audio(self, stream: SpeechStream) -> None:
+        """Write ``stream``'s reply: ``audio-start`` with its first audio, the audio, then
+        ``audio-stop``. A text with nothing speakable gets ``audio-start`` and ``audio-stop``
+        alone; a failed or cut one gets ``audio-start`` (if not sent yet), ``error``,
+        ``audio-stop``. A refused text stream (``_refuse_stream``) gets its ``error``, then
+        ``audio-stop`` only if its ``audio-start`` was sent: an ``audio-stop`` closes a sent
+        ``audio-start``, and none is sent empty for a refusal."""
+        started = False
+
+        async def start() -> None:
+            nonlocal started
+            if not started:
+                await self._write(AudioStart(**_FORMAT).event())
+                started = True
+
         try:
-            await self._write(AudioStart(**_FORMAT).event())
             try:
                 async for chunk in stream:
+                    if stream in self._refusals:
+                        break  # refused: none of its audio after the error
+                    await start()
                     await self._write(AudioChunk(audio=to_pcm16(chunk), **_FORMAT).event())
                     stream.wrote()
             except GenerationError as err:
+                await start()
                 await self._error(f"Speech generation failed: {err}", "generation-failed")
             except ServerStoppingError as err:
                 # Error first: a client that stops at audio-stop must not take the cut
                 # audio for the whole. Then audio-stop closes the audio, then the connection.
+                await start()
                 await self._error(f"{err}; the audio is incomplete", err.code, what="Request cut")
                 await self._write(AudioStop().event())
                 self.close()
                 return
-            await self._write(AudioStop().event())
+            refusal = self._refusals.pop(stream, None)
+            if refusal is not None:
+                text, code, level = refusal
+                await self._error(text, code, level)
+            else:
+                await start()
+            if started:
+                await self._write(AudioStop().event())
         except (ConnectionError, RuntimeError) as err:
             _LOGGER.debug("Client went away while receiving audio: %s", err)
             stream.cancel()
@@ -494,6 +535,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             self.close(abort=True)
         finally:
             self._streams.discard(stream)
+            self._refusals.pop(stream, None)
 
     async def _error(self, text: str, code: str, level: int = logging.INFO, what: str = "Refused request") -> None:
         """Send an ``error`` event (``code``: its machine-readable kind), logged as ``what``."""
