@@ -575,6 +575,28 @@ async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) 
         assert log.count(one_shot.text) == log.count(streamed) == 1, log  # the one-shot's refusal, the stream's
 
 
+async def test_a_stream_refused_after_its_generation_failed_still_gets_its_error() -> None:
+    """A text stream whose generation failed has had its audio closed (``audio-start``,
+    ``error`` ``generation-failed``, ``audio-stop``); a chunk over --max-chars after that
+    still gets its ``error`` (no second ``audio-stop``), then ``synthesize-stopped``. (A
+    generation cannot be made to fail in the real server: the HTTP tests' scripted engine
+    fails it, behind the server's own Wyoming door.)"""
+    from .test_http import scripted_service, wyoming_door
+
+    async with scripted_service(fail_after=0) as service, wyoming_door(service) as port:
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            await client.write_event(SynthesizeStart().event())
+            await client.write_event(SynthesizeChunk(text="Please FAIL now. And").event())
+            events = await read_until(client, "audio-stop", past_errors=True)
+            assert shape(events) == ["audio-start", "error", "audio-stop"], shape(events)
+            assert Error.from_event(events[1]).code == "generation-failed"
+            await client.write_event(SynthesizeChunk(text="y" * 20_000).event())
+            await client.write_event(SynthesizeStop().event())
+            events = await read_until(client, "synthesize-stopped", past_errors=True)
+            assert shape(events) == REFUSED_SILENT, shape(events)
+            assert Error.from_event(events[0]).code == "text-too-long"
+
+
 @pytest.mark.parametrize(
     "chunk",
     [

@@ -298,7 +298,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         if chunk and self._stream is not None and isinstance(err, MalformedEventError):
             # A malformed chunk lost part of the text: speaking the rest would say a reply
             # with a hole in it. Refused as a text over the limit is (``_refuse_stream``).
-            self._refuse_stream(err, f"{err}; the text stream is refused, since part of its text is lost")
+            await self._refuse_stream(err, f"{err}; the text stream is refused, since part of its text is lost")
             return
         in_stream = self._stream is not None or self._stream_refused
         ends = event_type is not None and Synthesize.is_type(event_type) and not in_stream
@@ -318,7 +318,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         if ends:
             self.close()  # the read loop ends; the error is flushed before the close
 
-    def _refuse_stream(self, err: RequestError, text: str) -> None:
+    async def _refuse_stream(self, err: RequestError, text: str) -> None:
         """Refuse the open text stream after one of its chunks was refused (``err``: its
         text went over the limit, or the chunk was malformed): its generation stops, the
         stream's later chunks and compatibility copy are dropped quietly and its
@@ -331,10 +331,14 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         sentences spoken), as for every refused text stream: ``error``, [``audio-stop``],
         ``synthesize-stopped``."""
         assert self._stream is not None
-        self._refusals[self._stream] = (text, err.code, logging.DEBUG)
-        self._stream.refuse(err)
+        stream, ended = self._stream, self._stream not in self._streams  # (its generation failed)
+        if not ended:
+            self._refusals[stream] = (text, err.code, logging.DEBUG)
+        stream.refuse(err)
         self._stream, self._stream_refused = None, True
         self._service.count_error("wyoming", err)
+        if ended:  # its audio task has closed its audio already: the error goes out now
+            await self._error(text, err.code, logging.DEBUG)
 
     def busy(self) -> bool:
         """True while the server owes this client audio (text in, audio not all sent)."""
@@ -383,7 +387,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
             try:
                 self._stream.add_text(text)
             except RequestError as err:
-                self._refuse_stream(err, str(err))
+                await self._refuse_stream(err, str(err))
                 return
         elif SynthesizeStop.is_type(event.type):
             await self._stop_stream()
