@@ -294,6 +294,12 @@ async def test_oversized_upload_is_refused_while_streaming(studio: Server, folde
     status, data = await call(studio, "POST", "/v1/audio/voices", data=bytes(MAX_UPLOAD_BYTES + (1 << 20)), headers=headers)
     error = json.loads(data)["error"]
     assert status == 400 and error["code"] == "invalid-body" and "no usable multipart boundary" in error["message"], error
+    # A form whose first line never ends (1 MB with no line break: longer than the multipart
+    # reader reads a line, aiohttp's LineTooLong) is a malformed body, 400, not a 500.
+    headers = {"Content-Type": "multipart/form-data; boundary=b"}
+    status, data = await call(studio, "POST", "/v1/audio/voices", data=b"x" * (1 << 20), headers=headers)
+    error = json.loads(data)["error"]
+    assert status == 400 and error["code"] == "invalid-body" and error["message"].startswith("The request body is malformed"), error
     assert snapshot(folders[0]) == before and studio.alive()
 
 
