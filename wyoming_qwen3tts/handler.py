@@ -11,8 +11,8 @@ connection ends (``Qwen3TtsEventHandler._refuse``). A refused ``synthesize-chunk
 text over the limit, or malformed) refuses its whole text stream
 (``Qwen3TtsEventHandler._refuse_stream``). Every refused text stream (its start or a
 chunk refused) is answered alike: ``error``, then ``audio-stop`` only if its
-``audio-start`` had been sent (earlier sentences spoken; ``audio-start`` goes out with a
-reply's first audio), then ``synthesize-stopped`` after its ``synthesize-stop``; never an
+``audio-start`` had been sent (earlier sentences spoken; a text stream's ``audio-start``
+goes out with its first audio, a ``synthesize``'s as soon as it is accepted), then ``synthesize-stopped`` after its ``synthesize-stop``; never an
 empty ``audio-start``/``audio-stop`` pair. Unknown event types are ignored.
 
 Limits (``WyomingLimits``), all enforced here, so no client can hold the server:
@@ -459,7 +459,7 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         except (RequestError, TypeError, ValueError, AttributeError):
             self._stream_refused = True
             raise
-        self._speak(self._stream)
+        self._speak(self._stream, text_stream=True)
 
     async def _stop_stream(self) -> None:
         if self._stream is None and not self._stream_refused:
@@ -470,10 +470,12 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         self._chain(self._write_quietly(SynthesizeStopped().event()))
         self._stream, self._stream_refused = None, False
 
-    def _speak(self, stream: SpeechStream) -> None:
-        """Queue the task that writes this stream's audio after earlier replies."""
+    def _speak(self, stream: SpeechStream, text_stream: bool = False) -> None:
+        """Queue the task that writes this stream's audio after earlier replies; a
+        ``synthesize-start`` text stream's (``text_stream``) ``audio-start`` waits for its
+        first audio (``_write_audio``)."""
         self._streams.add(stream)
-        self._chain(self._write_audio(stream))
+        self._chain(self._write_audio(stream, eager_start=not text_stream))
 
     def _chain(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` after the previous reply's task, whatever that one's outcome."""
@@ -488,13 +490,16 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
         # Cancelled before our turn (disconnect): ``work`` never started; close it quietly.
         self._tail.add_done_callback(lambda _task: work.close())
 
-    async def _write_audio(self, stream: SpeechStream) -> None:
-        """Write ``stream``'s reply: ``audio-start`` with its first audio, the audio, then
-        ``audio-stop``. A text with nothing speakable gets ``audio-start`` and ``audio-stop``
-        alone; a failed or cut one gets ``audio-start`` (if not sent yet), ``error``,
-        ``audio-stop``. A refused text stream (``_refuse_stream``) gets its ``error``, then
-        ``audio-stop`` only if its ``audio-start`` was sent: an ``audio-stop`` closes a sent
-        ``audio-start``, and none is sent empty for a refusal."""
+    async def _write_audio(self, stream: SpeechStream, eager_start: bool = True) -> None:
+        """Write ``stream``'s reply: ``audio-start``, the audio, then ``audio-stop``.
+        ``audio-start`` goes out at once for an accepted ``synthesize`` (``eager_start``: the
+        client knows its request was taken, not refused as ``overloaded``), and with its first
+        audio for a text stream, which a later chunk can still refuse. A text with nothing
+        speakable gets ``audio-start`` and ``audio-stop`` alone; a failed or cut one gets
+        ``audio-start`` (if not sent yet), ``error``, ``audio-stop``. A refused text stream
+        (``_refuse_stream``) gets its ``error``, then ``audio-stop`` only if its
+        ``audio-start`` was sent: an ``audio-stop`` closes a sent ``audio-start``, and none is
+        sent empty for a refusal."""
         started = False
 
         async def start() -> None:
@@ -504,6 +509,8 @@ class Qwen3TtsEventHandler(AsyncEventHandler):
                 started = True
 
         try:
+            if eager_start:
+                await start()
             try:
                 async for chunk in stream:
                     if stream in self._refusals:
