@@ -491,6 +491,38 @@ async def test_a_clone_under_a_shipped_presets_name_is_told_what_works_for_a_clo
     assert (await voices_of(studio))["lena"]["source"] == "shipped"
 
 
+async def test_a_presets_rename_onto_a_shipped_name_is_told_what_works_for_a_rename(
+    studio: Server, folders: tuple[Path, Path]
+) -> None:
+    """A user preset's rename onto a shipped preset's name was told to "keep it again with
+    "replace": true", though a rename has no ``replace`` (a ``PATCH`` with one got the same
+    409). The refusal now says a rename cannot, and how: design it again and keep it under
+    that name with ``replace``, then delete the old one; the advice works."""
+    status, body = await call(studio, "POST", "/v1/audio/designs", json={"description": "A calm narrator.", "language": "en", "count": 1, "seed": 7})
+    candidate = json.loads(body)["candidates"][0]
+    status, body = await call(studio, "POST", f"/v1/audio/designs/{candidate['id']}/keep", json={"name": "calm"})
+    assert status == 201, body
+    before = (folders[0] / "presets.toml").read_text()
+    for patch in ({"name": "james"}, {"name": "james", "replace": True}):
+        status, body = await call(studio, "PATCH", "/v1/audio/voices/calm", json=patch)
+        error = json.loads(body)["error"]
+        assert (status, error["code"]) == (409, "name-taken"), body
+        assert "a rename cannot override a shipped preset" in error["message"], body
+        assert "keep it as 'james' with \"replace\": true, then delete 'calm'" in error["message"], body
+    assert (folders[0] / "presets.toml").read_text() == before
+
+    status, body = await call(studio, "POST", "/v1/audio/designs", json={"description": "A calm narrator.", "language": "en", "count": 1, "seed": 7})
+    again = json.loads(body)["candidates"][0]  # the advice followed
+    status, body = await call(studio, "POST", f"/v1/audio/designs/{again['id']}/keep", json={"name": "james", "replace": True})
+    assert status == 201, body
+    status, body = await call(studio, "DELETE", "/v1/audio/voices/calm")
+    assert status == 200, body
+    listed = await voices_of(studio)
+    assert "calm" not in listed and listed["james"]["source"] == "user" and listed["james"]["summary"] == "A calm narrator."
+    status, body = await call(studio, "DELETE", "/v1/audio/voices/james")
+    assert status == 200 and (await voices_of(studio))["james"]["source"] == "shipped", body
+
+
 @pytest.mark.parametrize(
     ("body", "code"),
     [

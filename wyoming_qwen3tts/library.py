@@ -358,6 +358,8 @@ class VoiceLibrary:
                 message = f"{name!r} is already {what} the {taken.source.value} voice {taken.name!r}"
                 if taken.source is VoiceSource.SHIPPED and taken.name.casefold() == key and for_clone:
                     message += self._shipped_name_for_clone(name)
+                elif taken.source is VoiceSource.SHIPPED and taken.name.casefold() == key and renaming is not None:
+                    message += self._shipped_name_for_rename(name, renaming)
                 elif taken.source is VoiceSource.SHIPPED and taken.name.casefold() == key:
                     message += (
                         '; to override it with your preset, keep it again with "replace": true (deleting '
@@ -371,7 +373,12 @@ class VoiceLibrary:
                 raise VoiceEditError(409, "name-taken", message, "name")
         elif key in shipped and not replace_shipped:
             message = f"{name!r} is the name of a shipped preset"
-            message += self._shipped_name_for_clone(name) if for_clone else '; set "replace": true to override it'
+            if for_clone:
+                message += self._shipped_name_for_clone(name)
+            elif renaming is not None:
+                message += self._shipped_name_for_rename(name, renaming)
+            else:
+                message += '; set "replace": true to override it'
             raise VoiceEditError(409, "name-taken", message, "name")
         if ModelKind.VOICE_DESIGN in self.catalog.kinds:
             # The user's presets.toml as written, not as served: a table the catalogue skips
@@ -406,6 +413,17 @@ class VoiceLibrary:
                         f"{quote(skipped.name, safe='')}; the studio's Skipped files list)"
                     )
                     raise VoiceEditError(409, "name-taken", message, "name")
+
+    @staticmethod
+    def _shipped_name_for_rename(name: str, preset: Voice) -> str:
+        """The advice ending a user preset's rename onto the shipped preset ``name``: a
+        rename cannot override it (``PATCH`` has no ``"replace"``); keeping a design can
+        (``POST /v1/audio/designs/{id}/keep`` with ``"replace": true``)."""
+        return (
+            "; a rename cannot override a shipped preset, only keeping a design can: choose another "
+            f"name, or design the voice again (the studio's 'Design a voice', or POST /v1/audio/designs "
+            f"with its description), keep it as {name!r} with \"replace\": true, then delete {preset.name!r}"
+        )
 
     def _shipped_name_for_clone(self, name: str) -> str:
         """The advice ending a clone voice's refusal of the shipped preset ``name``: an upload
