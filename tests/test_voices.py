@@ -355,6 +355,43 @@ def test_a_clip_cut_off_short_of_its_header_is_said_to_be_cut_off_as_an_upload_a
     assert declared_seconds(io.BytesIO(b"not audio at all")) is None
 
 
+def test_a_flac_clip_cut_short_is_said_to_be_cut_off_as_an_upload_and_in_the_folder(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 3 s FLAC cut to half its bytes (an incomplete download) was refused as "not audio that
+    FFmpeg can read (Invalid data found when processing input)" as an upload and "could not be
+    decoded as audio: flac decoder lost sync" in the folder, though a player plays its first
+    part. FFmpeg decodes its audio, then stops: the upload's refusal (400 ``clip-cut-off``)
+    and the folder scan's reason now say it is cut off and after how much audio; a file with
+    no decodable audio at all is still not audio. (A cut Ogg or MP3 decodes to its end without
+    an error: it is a shorter clip, or a cut-off one by its header, ``cut_off_reason``.)"""
+    buffer = io.BytesIO()
+    sf.write(buffer, 0.3 * np.sin(2 * np.pi * 220 * np.arange(72000) / 24000), 24000, format="FLAC")
+    cut = buffer.getvalue()[: len(buffer.getvalue()) // 2]
+    suffix = "flac"
+    with pytest.raises(VoiceEditError) as refused:
+        decode_clip(cut)
+    assert (refused.value.status, refused.value.code) == (400, "clip-cut-off"), refused.value
+    message = str(refused.value)
+    assert message.startswith("The file is cut off after ") and message.endswith("; upload the whole file"), message
+    seconds = float(message.removeprefix("The file is cut off after ").split(" s ")[0])
+    assert 0.5 <= seconds < 3.0, message  # its first part decoded
+    with pytest.raises(VoiceEditError) as refused:
+        decode_clip(cut[:200])  # no audio decodes at all: not audio, as before
+    assert refused.value.code == "not-audio", refused.value
+
+    write_voice(tmp_path, "icl")
+    (tmp_path / f"kim.{suffix}").write_bytes(cut)
+    (tmp_path / "junk.flac").write_bytes(b"not audio at all" * 100)
+    with caplog.at_level(logging.DEBUG, logger="wyoming_qwen3tts"):
+        catalog = VoiceCatalog(tmp_path, ALL)
+    assert catalog.find("kim") is None
+    junk, kim = catalog.skipped_clips()
+    assert kim.startswith(f"kim.{suffix}: the file is cut off after ") and "incomplete download" in kim, kim
+    assert junk.startswith("junk.flac: the file could not be decoded as audio"), junk  # libsndfile's words stay
+    assert len(taken_logs(caplog, logging.WARNING, f"kim.{suffix}")) == 1
+
+
 def test_a_silent_clip_and_a_short_one_are_skipped_alike_at_warning_in_words_fit_for_the_studio_page(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -44,6 +44,7 @@ from .voices import (
     MIN_CLIP_SECONDS,
     MIN_SOUND_SECONDS,
     UNREAD_AUDIO_SUFFIXES,
+    CutOffAudioError,
     ModelKind,
     NoAudioTrackError,
     SkippedClip,
@@ -149,7 +150,8 @@ def decode_clip(data: bytes) -> np.ndarray:
 
     Raises:
         VoiceEditError: 413 ``clip-too-large`` (over ``MAX_UPLOAD_BYTES``), 400
-            ``not-audio`` (no audio track, or FFmpeg cannot read it), ``clip-too-short``
+            ``not-audio`` (no audio track, or FFmpeg cannot read it), ``clip-cut-off`` (audio
+            that FFmpeg stops decoding part way: a file cut short), ``clip-too-short``
             (under ``MIN_CLIP_SECONDS``; one cut off, shorter than its header says, is said
             to be, ``voices.cut_off_reason``), ``clip-silent`` (under ``MIN_SOUND_SECONDS`` of sound,
             ``voices.sound_seconds``).
@@ -160,6 +162,9 @@ def decode_clip(data: bytes) -> np.ndarray:
         audio, _ = decode_audio(io.BytesIO(data), MAX_REFERENCE_SECONDS, SAMPLE_RATE)
     except NoAudioTrackError:
         raise VoiceEditError(400, "not-audio", "The file has no audio track", "file") from None
+    except CutOffAudioError as err:
+        message = f"{str(err)[0].upper()}{str(err)[1:]}; upload the whole file"
+        raise VoiceEditError(400, "clip-cut-off", message, "file") from None
     except (av.error.FFmpegError, ValueError, EOFError) as err:
         reason = getattr(err, "strerror", None) or str(err)
         message = f"The file is not audio that FFmpeg can read ({reason})"

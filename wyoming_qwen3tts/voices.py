@@ -447,6 +447,29 @@ class NoAudioTrackError(ValueError):
     """A file FFmpeg opens that holds no audio track (a picture, a silent video)."""
 
 
+class CutOffAudioError(ValueError):
+    """A file whose audio FFmpeg decoded for a while, then could not go on: its end is
+    missing (an incomplete download or copy; a FLAC or Ogg file cut short does this).
+
+    Attributes:
+        seconds: how much audio decoded before the error, in seconds.
+        reason: FFmpeg's short message ("Invalid data found when processing input").
+    """
+
+    def __init__(self, seconds: float, reason: str) -> None:
+        super().__init__(cut_off_after_reason(seconds, reason))
+        self.seconds = seconds
+        self.reason = reason
+
+
+def cut_off_after_reason(seconds: float, reason: str) -> str:
+    """Why a clip whose decoding failed after ``seconds`` of audio (``CutOffAudioError``) is
+    no clone voice, one phrase in the shape of ``cut_off_reason``."""
+    # No parentheses: the start-up survey puts the reason in some (``startup.survey_clips``).
+    return (f"the file is cut off after {seconds:.2f} s of audio, FFmpeg: {reason.strip().rstrip('.')}; "
+            "an incomplete download or copy")
+
+
 def decode_audio(source: str | BinaryIO, max_seconds: float, rate: int | None = None) -> tuple[np.ndarray, int]:
     """The first audio track of ``source`` (a path, or a binary file object) decoded by FFmpeg
     (PyAV): float32 [n_samples] mono in [-1, 1], at most the first ``max_seconds``, and its
@@ -455,6 +478,7 @@ def decode_audio(source: str | BinaryIO, max_seconds: float, rate: int | None = 
 
     Raises:
         NoAudioTrackError: the file holds no audio track.
+        CutOffAudioError: audio decoded, then the rest could not be (a file cut short).
         av.error.FFmpegError, ValueError, EOFError: FFmpeg cannot read it as audio.
     """
     import av  # FFmpeg's libraries load only where such a clip is read
@@ -470,14 +494,20 @@ def decode_audio(source: str | BinaryIO, max_seconds: float, rate: int | None = 
         limit = int(max_seconds * rate)
         resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
         got = 0
-        for frame in container.decode(stream):
+        frames = container.decode(stream)
+        while got < limit:
+            try:
+                frame = next(frames, None)
+            except (av.error.InvalidDataError, EOFError) as err:  # not OSErrors: a file gone or forbidden
+                if not got:
+                    raise
+                raise CutOffAudioError(got / rate, getattr(err, "strerror", None) or str(err)) from None
+            if frame is None:
+                pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
+                break
             for out in resampler.resample(frame):
                 pieces.append(out.to_ndarray().reshape(-1))
                 got += len(pieces[-1])
-            if got >= limit:
-                break
-        else:
-            pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
     audio = np.concatenate(pieces)[:limit] if pieces else np.zeros(0, np.float32)
     return np.ascontiguousarray(audio, dtype=np.float32), int(rate)
 #: Name of the user's presets file in the voices folder.
@@ -646,14 +676,20 @@ class Reference:
 
         Raises:
             ClipTooShortError: shorter than ``MIN_REFERENCE_SECONDS``.
+            CutOffAudioError: audio that stops decoding part way (a file cut short; a FLAC
+                libsndfile loses sync in is decoded again by FFmpeg to tell).
             TranscriptError: the transcript is no text ``read_transcript`` reads, or too long.
             ValueError / soundfile.LibsndfileError / av.error.FFmpegError / EOFError / OSError:
                 unreadable audio.
         """
         if audio_path.suffix.lower() in _SOUNDFILE_SUFFIXES:
-            with sf.SoundFile(str(audio_path)) as clip:  # read only what is used, never a whole long file
-                sample_rate = clip.samplerate
-                audio = clip.read(frames=int(MAX_REFERENCE_SECONDS * sample_rate), dtype="float32")
+            try:
+                with sf.SoundFile(str(audio_path)) as clip:  # read only what is used, never a whole long file
+                    sample_rate = clip.samplerate
+                    audio = clip.read(frames=int(MAX_REFERENCE_SECONDS * sample_rate), dtype="float32")
+            except sf.LibsndfileError as err:
+                _raise_if_cut_off(audio_path, err)
+                raise
         else:  # MP3, Ogg, M4A...: FFmpeg, as the studio reads uploads
             audio, sample_rate = decode_audio(str(audio_path), MAX_REFERENCE_SECONDS)
         if transcript_path is None and audio_path.with_suffix(".txt").exists():
@@ -843,6 +879,20 @@ class SkippedClip:
         return self.fault.value if self.fault is not None else ""
 
 
+def _raise_if_cut_off(path: Path, err: sf.LibsndfileError) -> None:
+    """Raise ``CutOffAudioError`` where the FLAC at ``path``, which libsndfile failed on with
+    ``err``, is a file cut short (libsndfile says only "flac decoder lost sync"): FFmpeg
+    decodes its first part, then stops. Returns for anything else (the caller re-raises)."""
+    if path.suffix.lower() != ".flac" or err.code == _SF_ERR_SYSTEM:
+        return
+    try:
+        decode_audio(str(path), MAX_REFERENCE_SECONDS)
+    except CutOffAudioError:
+        raise
+    except Exception:  # noqa: BLE001 - not audio to FFmpeg either: libsndfile's error stands
+        return
+
+
 def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip:
     """The clip at ``path`` (its transcript: ``transcript``, or none) as a Reference, or why it
     cannot clone (never raises): shorter than ``MIN_CLIP_SECONDS`` or silent (a WARNING, as
@@ -867,6 +917,8 @@ def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip
         return ClipSkip(str(err), logging.WARNING, err.file, err.fault)
     except NoAudioTrackError:  # a picture or a silent video renamed: a user's file
         return ClipSkip("the file holds no audio track", logging.WARNING)
+    except CutOffAudioError as err:  # an incomplete download or copy: a user's file
+        return ClipSkip(str(err), logging.WARNING)
     except Exception as err:  # noqa: BLE001 - any unreadable file is skipped, never fatal
         if is_decoder_error(err):  # a user's file that is no audio (a text file renamed fake.mp3 or fake.wav)
             return ClipSkip(unreadable_reason(err), logging.WARNING)
