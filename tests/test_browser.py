@@ -266,6 +266,9 @@ def test_stop_stays_until_the_speech_has_played_out_and_silences_it(page: Page, 
     expect(page.locator("#try-status")).to_have_text("stopped")
     page.screenshot(path=str(tmp_path / "studio-try-stopped.png"))
     page.unroute_all()
+    # "stopped" stayed through edits of the text it was said of; now it goes as "done" does.
+    page.fill("#try-text", "The lights are off.")
+    expect(page.locator("#try-status")).to_have_text("")
 
 
 def test_stop_pressed_before_the_audio_starts_stops_without_a_script_error(page: Page) -> None:

@@ -96,7 +96,8 @@ function fail(error) {
 // A form's own status line, beside the button that was pressed: the message at the top of
 // the page is far out of view on a phone (1490 px above "Create voice"), so a refusal or a
 // success is said here too. An error or a result stays until the form changes or the user
-// tries again; a neutral note ("uploading…") has no kind.
+// tries again; so does a plain result (kind "result": "stopped", shown as a note); a neutral
+// note while something goes on ("uploading…") has no kind.
 function setStatus(node, text, kind) {
     // The error it replaces goes from the top of the page too, if that still says it.
     const message = $("message");
@@ -107,6 +108,7 @@ function setStatus(node, text, kind) {
     node.classList.add("status");
     node.classList.toggle("error", kind === "error");
     node.classList.toggle("ok", kind === "ok");
+    node.classList.toggle("result", kind === "result");
     if (kind === "error") node.setAttribute("role", "alert");
     else node.removeAttribute("role");
     // A row's line keeps its error across reloads of the list (rowLine): the user may put it away.
@@ -153,7 +155,7 @@ function failAt(node, error) {
 // Changing a form clears its status line's last error or result (not a note in progress).
 function clearOnChange(node, inputs) {
     const clear = () => {
-        if (node.classList.contains("error") || node.classList.contains("ok")) setStatus(node, "");
+        if (["error", "ok", "result"].some(kind => node.classList.contains(kind))) setStatus(node, "");
     };
     for (const input of inputs) {
         input.addEventListener("input", clear);
@@ -668,7 +670,7 @@ async function speak(voiceName, text, line, key) {
 function stopSpeaking() {
     if (state.tryAbort) {
         state.tryAbort.abort();
-        setStatus(state.speakLine, "stopped");
+        setStatus(state.speakLine, "stopped", "result");  // a result: it goes as "done" does
     }
     state.tryAbort = null;
     if (audioContext) { audioContext.close(); audioContext = null; }
