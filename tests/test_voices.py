@@ -1563,3 +1563,32 @@ def test_a_constant_offset_or_one_click_in_silence_is_silent_for_the_folder_and_
             decode_clip(buffer.getvalue())
         assert refused.value.code == "clip-silent", name
         assert str(refused.value) == "T" + reasons[f"{name}.wav"][1:], name
+
+
+async def test_voice_names_are_listed_and_picked_by_name_regardless_of_case(tmp_path: Path) -> None:
+    """With clips ``bob``, ``Zoe`` and ``alina``, the default voice (no ``--voice``),
+    ``GET /v1/audio/voices``, Wyoming's ``info`` and an
+    unknown voice's message all put capitals first ("Zoe, alina, bob"), though names are
+    compared regardless of case and the studio lists them so. Now every one goes by
+    ``voices.name_order``: "alina, bob, Zoe"."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from wyoming_qwen3tts.handler import build_info
+    from wyoming_qwen3tts.http_api import create_app
+    from wyoming_qwen3tts.metrics import Metrics
+    from wyoming_qwen3tts.service import TtsService, pick_default_voice
+
+    for name in ("bob", "Zoe", "alina"):
+        write_voice(tmp_path, name)
+    catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
+    ordered = ["alina", "bob", "Zoe"]
+    assert pick_default_voice([v.name for v in catalog.voices()]) == "alina"
+    assert pick_default_voice(["Zoe", "bob"]) == "bob"
+    assert str(_unknown(catalog, "nosuch")).endswith("available: alina, bob, Zoe"), str(_unknown(catalog, "nosuch"))
+    assert [v.name for v in build_info(catalog.voices(), "x").tts[0].voices] == ordered
+    service = TtsService(catalog, {}, None, Metrics())
+    assert service.default_voice == "alina"
+    async with TestClient(TestServer(create_app(service))) as client:
+        resp = await client.get("/v1/audio/voices")
+        assert resp.status == 200
+        assert [v["name"] for v in (await resp.json())["voices"]] == ordered

@@ -62,7 +62,7 @@ from .service import (
     SpeechStream,
     TtsService,
 )
-from .voices import ModelKind, Voice
+from .voices import ModelKind, Voice, name_order
 from .wire import MAX_EVENT_BYTES, EventCutOffError, MalformedEventError, read_event
 
 _LOGGER = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def build_info(voices: list[Voice], backend: str) -> Info:
             version=None,
             languages=list(voice.languages),
         )
-        for voice in sorted(voices, key=lambda v: v.name)
+        for voice in sorted(voices, key=lambda v: name_order(v.name))
     ]
     program = TtsProgram(
         name="qwen3-tts",

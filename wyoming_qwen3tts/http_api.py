@@ -69,7 +69,7 @@ from .service import (
     VoiceNotFoundError,
 )
 from .tempo import Tempo
-from .voices import ModelKind
+from .voices import ModelKind, name_order
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -344,7 +344,7 @@ async def voices(request: web.Request) -> web.Response:
     """
     service = request.app[_SERVICE_KEY]
     await service.catalog.refresh_async()
-    listed = sorted(service.catalog.voices(), key=lambda v: v.name)
+    listed = sorted(service.catalog.voices(), key=lambda v: name_order(v.name))
     folder = service.catalog.voices_dir
     return web.json_response(
         {

@@ -18,7 +18,7 @@ from .http_common import MAX_INSTRUCTIONS_CHARS, MODEL_OF_KIND, ApiError
 from .limits import MAX_SEED
 from .service import DefaultVoiceGoneError, TtsService, VoiceNotFoundError, check_text
 from .tempo import MAX_SPEED, MIN_SPEED
-from .voices import ModelKind
+from .voices import ModelKind, name_order
 
 #: OpenAI's model names: accepted, the voice decides which Qwen3-TTS model speaks.
 GENERIC_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
@@ -285,7 +285,7 @@ def pick_voice(service: TtsService, params: SpeechParams) -> str | None:
         default = None
     if default is not None and default.kind is kind:
         return default.name
-    names = sorted(v.name for v in service.catalog.voices() if v.kind is kind)
+    names = sorted((v.name for v in service.catalog.voices() if v.kind is kind), key=name_order)
     if not names:
         how = f": {_ADD_A_CLONE}" if kind is ModelKind.BASE else ""
         raise _invalid("voice", f"The model {named!r} has no voices{how}")
@@ -308,7 +308,7 @@ def _clone_choices(service: TtsService, name: str, message: str) -> str:
     at = message.find(said)
     cut = message.find("; available: ", at + len(said) if at >= 0 else 0)
     head = message[:cut] if cut >= 0 else message
-    names = sorted((v.name for v in service.catalog.voices() if v.kind is ModelKind.BASE), key=str.casefold)
+    names = sorted((v.name for v in service.catalog.voices() if v.kind is ModelKind.BASE), key=name_order)
     if not names:
         return f"{head}; there are no clone voices: {_ADD_A_CLONE}"
     shown = ", ".join(names[:_SHOWN_CLONES])

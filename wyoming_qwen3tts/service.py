@@ -28,7 +28,7 @@ from .metrics import Metrics
 from .scheduler import GenerationError, Job, Scheduler
 from .text import Segmenter, clean_text, frame_budget
 from .timeline import Timeline
-from .voices import ModelKind, Reference, UnknownVoiceError, Voice, VoiceCatalog
+from .voices import ModelKind, Reference, UnknownVoiceError, Voice, VoiceCatalog, name_order
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -933,7 +933,7 @@ def shown_names(names: list[str], most: int = 12) -> str:
     """Voice ``names`` for a message, by name regardless of case (as the studio and
     ``GET /v1/audio/voices`` list them): the first ``most``, then how many in all; "none"
     for none."""
-    ordered = sorted(names, key=lambda name: (name.casefold(), name))
+    ordered = sorted(names, key=name_order)
     return ", ".join(ordered[:most]) + (f", ... ({len(ordered)} in all)" if len(ordered) > most else "") or "none"
 
 
@@ -942,7 +942,7 @@ def pick_default_voice(names: list[str]) -> str | None:
     ``DEFAULT_VOICE`` if it is one of them, else the first by name; None when there are none."""
     if not names:
         return None
-    return DEFAULT_VOICE if DEFAULT_VOICE in names else sorted(names)[0]
+    return DEFAULT_VOICE if DEFAULT_VOICE in names else min(names, key=name_order)
 
 
 #: How ``pick_default_voice`` chooses, in the log's words.

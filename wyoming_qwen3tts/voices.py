@@ -560,6 +560,13 @@ def name_key(name: str) -> str:
     return unicodedata.normalize("NFC", clone_name(name).casefold())
 
 
+def name_order(name: str) -> tuple[str, str]:
+    """The key voice names are listed by: by name regardless of case ("alina, Aria, bob,
+    Zoe"; exact case breaks a tie), in every listing, message and default pick, as the
+    studio lists them (names are compared regardless of case, ``name_key``)."""
+    return name.casefold(), name
+
+
 def transcript_names(clip: Path, names: Collection[str]) -> list[str]:
     """Every transcript of clip ``clip`` among the file ``names`` of its folder, the one it
     reads first: ``<id>.txt`` (its own file stem, ``.txt`` in lower case), then the others
@@ -1316,7 +1323,7 @@ class VoiceCatalog:
         for voice in voices:
             if wanted in (name_key(a) for a in voice.aliases):
                 return voice
-        names = sorted(v.name for v in voices)
+        names = sorted((v.name for v in voices), key=name_order)
         shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "") or "none"
         if ModelKind.VOICE_DESIGN not in self.kinds:  # a preset, but no model to speak it
             for preset in (*self.shipped.values(), *self._user_presets.values()):
