@@ -10,6 +10,7 @@ candidate is exactly as long as its cap, a sentence as its ``frame_budget``.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import io
 import json
 from collections.abc import Iterator
@@ -361,7 +362,7 @@ async def test_rename_and_delete(studio: Server, folders: tuple[Path, Path]) -> 
     for path, body, status_code, code in [
         ("/v1/audio/voices/renamed%20voice", {"name": "clone"}, 409, "name-taken"),
         ("/v1/audio/voices/renamed%20voice", {"name": "a/b"}, 400, "invalid-name"),
-        ("/v1/audio/voices/renamed%20voice", {}, 400, "invalid-name"),
+        ("/v1/audio/voices/renamed%20voice", {}, 400, "missing-field"),
         ("/v1/audio/voices/aria", {"name": "other"}, 403, "shipped-preset"),
         ("/v1/audio/voices/nobody", {"name": "other"}, 404, "unknown-voice"),
     ]:
@@ -982,6 +983,41 @@ async def test_deleting_a_clone_voice_removes_every_file_of_its_name(studio: Ser
     status, body = await call(studio, "POST", "/v1/audio/speech", json={"input": TEXT, "voice": "kimberly"})
     assert status == 404 and json.loads(body)["error"]["code"] == "unknown-voice", body
     assert "also its files 'Kimberly.txt', 'kimberly.flac'" in studio.output()
+
+
+async def test_a_transcript_attached_as_a_file_reads_as_the_voices_folder_reads_one(
+    studio: Server, folders: tuple[Path, Path]
+) -> None:
+    """``curl -F transcript=@notes.txt`` with a file saved as Windows Notepad's "Unicode"
+    (UTF-16 with a byte-order mark) was refused with Python's own words ("The form cannot be
+    read: 'utf-8' codec can't decode byte 0xff ...", ``invalid-body``), though the voices
+    folder reads such a transcript; a UTF-8 one's byte-order mark was kept in the saved text.
+    Now an attached transcript decodes as a folder one (``voices.decode_transcript``), and one
+    in another encoding is 400 ``invalid-transcript`` in plain words."""
+    voices = folders[0]
+    said = "Grüße aus Köln."
+    for name, data in (("u16", codecs.BOM_UTF16_LE + said.encode("utf-16-le")), ("bom8", codecs.BOM_UTF8 + said.encode())):
+        form = upload(name, encoded(tone(2.0), "wav"))
+        form.add_field("transcript", data, filename="notes.txt", content_type="application/octet-stream")
+        status, body = await call(studio, "POST", "/v1/audio/voices", data=form)
+        assert status == 201, body
+        assert (voices / f"{name}.txt").read_text(encoding="utf-8").strip() == said, name  # no BOM kept
+    form = upload("ansi", encoded(tone(2.0), "wav"))
+    form.add_field("transcript", said.encode("cp1252"), filename="notes.txt", content_type="application/octet-stream")
+    status, body = await call(studio, "POST", "/v1/audio/voices", data=form)
+    error = json.loads(body)["error"]
+    assert (status, error["code"], error["param"]) == (400, "invalid-transcript", "transcript"), body
+    assert error["message"] == "The transcript is not UTF-8 text, it was saved in another encoding; save it as UTF-8", body
+    assert not list(voices.glob("ansi.*"))
+
+
+async def test_a_rename_without_a_name_says_the_field_is_missing(studio: Server) -> None:
+    """``PATCH /v1/audio/voices/clone {"nom": "x"}`` was told "The voice name is empty"
+    (``invalid-name``): the field is missing, not empty."""
+    status, body = await call(studio, "PATCH", "/v1/audio/voices/clone", json={"nom": "x"})
+    error = json.loads(body)["error"]
+    assert (status, error["code"], error["param"]) == (400, "missing-field", "name"), body
+    assert (await voices_of(studio))["clone"]["name"] == "clone"
 
 
 async def test_an_upload_with_a_transcript_removes_stale_ones_and_unread_transcripts_do_not_block_a_rename(

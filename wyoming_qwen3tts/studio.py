@@ -62,7 +62,7 @@ from .library import (
 )
 from .service import GenerationError, TtsService, VoiceNotFoundError
 from .text import clean_text, estimated_seconds
-from .voices import MAX_PRESET_SEED, ModelKind, Voice, VoiceSource
+from .voices import MAX_PRESET_SEED, MAX_TRANSCRIPT_BYTES, ModelKind, TranscriptError, Voice, VoiceSource, decode_transcript
 
 _LOGGER = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -289,7 +289,7 @@ async def create_clone(request: web.Request) -> web.Response:
                     # a skipped clip of the name (too short, silent, unreadable) is replaced
                     name = held.enter_context(library.reserve(await part.text(), replace_skipped=True))
                 elif part.name == "transcript":
-                    transcript = check_transcript(await part.text())
+                    transcript = check_transcript(await _transcript_text(part))
                 elif part.name == "file":
                     filename = part.filename or ""
                     data = await _read_limited(part)
@@ -333,12 +333,35 @@ async def _read_limited(part: BodyPartReader) -> bytes:
     return bytes(data)
 
 
+async def _transcript_text(part: BodyPartReader) -> str:
+    """A form's ``transcript`` part as text: in the charset its header names, else decoded as
+    the voices folder reads a transcript file (``voices.decode_transcript``: UTF-8, its BOM
+    dropped, or UTF-16/32 with a BOM, Windows Notepad's "Unicode"), so a file attached as the
+    transcript reads as it would in the folder.
+
+    Raises:
+        ApiError: 400 ``invalid-transcript`` (another encoding, or too long).
+    """
+    if part.get_charset(default=""):
+        return await part.text()
+    data = await part.read_chunk(MAX_TRANSCRIPT_BYTES + 1)
+    while len(data) <= MAX_TRANSCRIPT_BYTES and (more := await part.read_chunk(MAX_TRANSCRIPT_BYTES + 1)):
+        data += more
+    try:
+        return decode_transcript(data, part.filename or "transcript")
+    except TranscriptError as err:
+        said = str(err).removeprefix(f"its transcript {err.file} ")
+        raise ApiError(400, f"The transcript {said}", "invalid-transcript", "transcript") from None
+
+
 @_edits
 async def rename(request: web.Request) -> web.Response:
     """``PATCH /v1/audio/voices/{id}`` ``{"name": new}``: the renamed voice."""
     service, library = request.app[_SERVICE_KEY], request.app[_LIBRARY_KEY]
     old = request.match_info["voice"]
     body = await _json_body(request)
+    if "name" not in body:
+        raise ApiError(400, "The body has no 'name' field: the voice's new name", "missing-field", "name")
     new = body.get("name")
     voice = await _edit(request, library.rename, old, new)
     if service.anchors is not None:

@@ -94,7 +94,7 @@ MAX_TRANSCRIPT_CHARS = 1000
 #: The most bytes of a transcript file read (``read_transcript``): ``MAX_TRANSCRIPT_CHARS`` in
 #: UTF-32 (4 bytes each) four times over, room for white space; a larger file is skipped
 #: unread, never loaded whole.
-_MAX_TRANSCRIPT_BYTES = 16 * MAX_TRANSCRIPT_CHARS
+MAX_TRANSCRIPT_BYTES = 16 * MAX_TRANSCRIPT_CHARS
 
 
 
@@ -287,28 +287,43 @@ def read_transcript(path: Path) -> str:
     """The text of the transcript at ``path``: UTF-8 (with or without a byte-order mark), or
     UTF-16 or UTF-32 with a byte-order mark (Windows Notepad's "Unicode"). Other encodings
     (Windows-1252, "ANSI") are refused rather than guessed: the same bytes spell different
-    words in each. At most ``_MAX_TRANSCRIPT_BYTES`` are read: a larger file is refused unread.
+    words in each. At most ``MAX_TRANSCRIPT_BYTES`` are read: a larger file is refused unread.
 
     Raises:
         TranscriptEncodingError: the file does not decode so (its message names the file and
             says to save it as UTF-8).
         TranscriptTooLongError: the text is over ``MAX_TRANSCRIPT_CHARS`` characters (runs of
             white space counted as one, as the studio's upload counts them), or the file over
-            ``_MAX_TRANSCRIPT_BYTES``.
+            ``MAX_TRANSCRIPT_BYTES``.
         OSError: the file cannot be read.
     """
     with path.open("rb") as file:
-        data = file.read(_MAX_TRANSCRIPT_BYTES + 1)
-        if len(data) > _MAX_TRANSCRIPT_BYTES:
+        data = file.read(MAX_TRANSCRIPT_BYTES + 1)
+        if len(data) > MAX_TRANSCRIPT_BYTES:
             raise TranscriptTooLongError(path.name, f"{os.fstat(file.fileno()).st_size:,} bytes")
+    return decode_transcript(data, path.name)
+
+
+def decode_transcript(data: bytes, file: str) -> str:
+    """The text of a transcript's bytes ``data`` (the file ``file``, for messages), decoded as
+    ``read_transcript`` decodes a file: UTF-8 (a byte-order mark dropped), or UTF-16 or UTF-32
+    with a byte-order mark. Also the studio's upload of a transcript file.
+
+    Raises:
+        TranscriptEncodingError: the bytes do not decode so.
+        TranscriptTooLongError: over ``MAX_TRANSCRIPT_BYTES`` bytes, or over
+            ``MAX_TRANSCRIPT_CHARS`` characters (runs of white space counted as one).
+    """
+    if len(data) > MAX_TRANSCRIPT_BYTES:
+        raise TranscriptTooLongError(file, f"{len(data):,} bytes")
     encoding = next((name for bom, name in _TRANSCRIPT_BOMS if data.startswith(bom)), "utf-8")
     try:
         text = data.decode(encoding)
     except UnicodeDecodeError:
-        raise TranscriptEncodingError(path.name, encoding) from None
+        raise TranscriptEncodingError(file, encoding) from None
     chars = transcript_chars(text)
     if chars > MAX_TRANSCRIPT_CHARS:
-        raise TranscriptTooLongError(path.name, f"{chars:,} characters")
+        raise TranscriptTooLongError(file, f"{chars:,} characters")
     return text
 
 
