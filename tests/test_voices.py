@@ -1592,3 +1592,27 @@ async def test_voice_names_are_listed_and_picked_by_name_regardless_of_case(tmp_
         resp = await client.get("/v1/audio/voices")
         assert resp.status == 200
         assert [v["name"] for v in (await resp.json())["voices"]] == ordered
+
+
+def test_an_upload_with_a_transcript_must_be_the_audio_the_transcript_says(tmp_path: Path) -> None:
+    """A 30 s clip uploaded with its transcript was kept as its first 20 s beside the whole
+    transcript, and a 3 s WAV cut to 2 s (its header still saying 3 s) was kept with a
+    transcript of 3 s: in-context cloning then pairs text with audio that does not say it.
+    With a transcript, both are refused now (``clip-too-long``, ``clip-cut-off``); without
+    one (x-vector cloning, no text to match) the first 20 s, or what the file holds, are used."""
+    long = _tone_wav(30.0)
+    with pytest.raises(VoiceEditError) as refused:
+        decode_clip(long, with_transcript=True)
+    assert (refused.value.status, refused.value.code) == (400, "clip-too-long")
+    assert "trim the clip (at a pause) and its transcript to match" in str(refused.value)
+    assert len(decode_clip(long)) == 20 * 24000
+    assert len(decode_clip(_tone_wav(20.0), with_transcript=True)) == 20 * 24000  # exactly the limit: whole
+
+    whole = _tone_wav(3.0)
+    cut = whole[: 44 + 2 * 24000 * 2]  # its header, then 2 s of 16-bit samples
+    with pytest.raises(VoiceEditError) as refused:
+        decode_clip(cut, with_transcript=True)
+    assert (refused.value.status, refused.value.code) == (400, "clip-cut-off")
+    assert str(refused.value).startswith("The clip holds 2.00 s of audio though its header says 3.00 s"), refused.value
+    assert len(decode_clip(cut)) == 2 * 24000
+    assert len(decode_clip(whole, with_transcript=True)) == 3 * 24000

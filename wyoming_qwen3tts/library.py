@@ -144,9 +144,14 @@ def check_name(name: object) -> str:
     return name
 
 
-def decode_clip(data: bytes) -> np.ndarray:
+def decode_clip(data: bytes, with_transcript: bool = False) -> np.ndarray:
     """Decode an uploaded clip in any format FFmpeg reads (PyAV): float32 [n_samples], mono,
     24 kHz, at most the first ``MAX_REFERENCE_SECONDS``.
+
+    Args:
+        with_transcript: the clip comes with a transcript (in-context cloning), which must say
+            what the audio used says: a longer clip is refused (``clip-too-long``), and a
+            WAV shorter than its header says (cut off) is refused whatever its length.
 
     Raises:
         VoiceEditError: 413 ``clip-too-large`` (over ``MAX_UPLOAD_BYTES``), 400
@@ -154,12 +159,14 @@ def decode_clip(data: bytes) -> np.ndarray:
             that FFmpeg stops decoding part way: a file cut short), ``clip-too-short``
             (under ``MIN_CLIP_SECONDS``; one cut off, shorter than its header says, is said
             to be, ``voices.cut_off_reason``), ``clip-silent`` (under ``MIN_SOUND_SECONDS`` of sound,
-            ``voices.sound_seconds``).
+            ``voices.sound_seconds``), ``clip-too-long`` (with a transcript, over
+            ``MAX_REFERENCE_SECONDS``); with a transcript, ``clip-cut-off`` for a cut-off WAV too.
     """
     if len(data) > MAX_UPLOAD_BYTES:
         raise too_large(len(data))
     try:
-        audio, _ = decode_audio(io.BytesIO(data), MAX_REFERENCE_SECONDS, SAMPLE_RATE)
+        # A little past the limit: whether there is more than is used
+        audio, _ = decode_audio(io.BytesIO(data), MAX_REFERENCE_SECONDS + _OVER_SECONDS, SAMPLE_RATE)
     except NoAudioTrackError:
         raise VoiceEditError(400, "not-audio", "The file has no audio track", "file") from None
     except CutOffAudioError as err:
@@ -169,7 +176,20 @@ def decode_clip(data: bytes) -> np.ndarray:
         reason = getattr(err, "strerror", None) or str(err)
         message = f"The file is not audio that FFmpeg can read ({reason})"
         raise VoiceEditError(400, "not-audio", message, "file") from None
+    longer = len(audio) > MAX_REFERENCE_SECONDS * SAMPLE_RATE
+    audio = audio[: int(MAX_REFERENCE_SECONDS * SAMPLE_RATE)]
     seconds = len(audio) / SAMPLE_RATE
+    if with_transcript and longer:
+        message = (
+            f"The clip is longer than the {MAX_REFERENCE_SECONDS:.0f} s a clone uses, and a transcript must say "
+            f"just what those first {MAX_REFERENCE_SECONDS:.0f} s say: trim the clip (at a pause) and its "
+            "transcript to match, or upload it without a transcript (x-vector cloning)"
+        )
+        raise VoiceEditError(400, "clip-too-long", message, "file")
+    if with_transcript and MIN_CLIP_SECONDS <= seconds and data[:4] == b"RIFF":  # a WAV's header is exact
+        cut_off = cut_off_reason(seconds, io.BytesIO(data))
+        if cut_off:  # its transcript would say more than the audio holds
+            raise VoiceEditError(400, "clip-cut-off", f"{cut_off[0].upper()}{cut_off[1:]}; upload the whole file", "file")
     if seconds < MIN_CLIP_SECONDS:
         cut_off = cut_off_reason(seconds, io.BytesIO(data))  # its header may say more: a cut-off file
         message = (f"{cut_off[0].upper()}{cut_off[1:]}; upload the whole file" if cut_off else
@@ -180,6 +200,11 @@ def decode_clip(data: bytes) -> np.ndarray:
         message = silent_reason(sound)
         raise VoiceEditError(400, "clip-silent", message[0].upper() + message[1:], "file")
     return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+#: How far past ``MAX_REFERENCE_SECONDS`` an upload is decoded, in seconds: enough to tell a
+#: longer clip from one of exactly that length (a codec's padding is under 0.1 s).
+_OVER_SECONDS = 0.25
 
 
 def too_large(size: int) -> VoiceEditError:

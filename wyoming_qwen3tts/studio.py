@@ -299,7 +299,7 @@ async def create_clone(request: web.Request) -> web.Response:
             raise ApiError(400, "The form has no 'name' field", "missing-field", "name")
         if not data:
             raise ApiError(400, "The form has no 'file' field, or the file is empty", "missing-field", "file")
-        audio = await asyncio.to_thread(decode_clip, data)
+        audio = await asyncio.to_thread(decode_clip, data, transcript is not None)
         voice = await _edit(request, library.add_clone, name, audio, transcript)
     _LOGGER.info(
         "Voice studio: clone voice %s created from %s (%.1f s used, %s)",
