@@ -1012,6 +1012,25 @@ async def test_a_transcript_attached_as_a_file_reads_as_the_voices_folder_reads_
     assert not list(voices.glob("ansi.*"))
 
 
+@pytest.mark.parametrize("field", ["name", "file", "transcript"])
+async def test_an_upload_with_a_field_twice_is_refused_and_keeps_nothing(
+    studio: Server, folders: tuple[Path, Path], field: str
+) -> None:
+    """A form with two ``file`` (or ``name``, ``transcript``) parts was taken silently, the
+    last one winning: which clip or name the user meant is not known. It is now 400
+    ``duplicate-field`` naming the field, and nothing is kept."""
+    form = upload("twice", encoded(tone(2.0), "wav"), "Hello there.")
+    if field == "file":
+        form.add_field("file", encoded(tone(2.0, freq=300.0), "wav"), filename="other.wav", content_type="application/octet-stream")
+    else:
+        form.add_field(field, "other")
+    before = snapshot(folders[0])
+    status, body = await call(studio, "POST", "/v1/audio/voices", data=form)
+    error = json.loads(body)["error"]
+    assert (status, error["code"], error["param"]) == (400, "duplicate-field", field), body
+    assert snapshot(folders[0]) == before and "twice" not in await voices_of(studio)
+
+
 async def test_a_rename_without_a_name_says_the_field_is_missing(studio: Server) -> None:
     """``PATCH /v1/audio/voices/clone {"nom": "x"}`` was told "The voice name is empty"
     (``invalid-name``): the field is missing, not empty."""

@@ -281,10 +281,16 @@ async def create_clone(request: web.Request) -> web.Response:
         transcript: str | None = None
         data: bytes | None = None
         filename = ""
+        seen: set[str] = set()
         try:
             while (part := await reader.next()) is not None:
                 if not isinstance(part, BodyPartReader):
                     continue
+                if part.name in ("name", "transcript", "file"):
+                    if part.name in seen:  # which one was meant is not known: neither is taken
+                        message = f"The form has more than one {part.name!r} field; send it once"
+                        raise ApiError(400, message, "duplicate-field", part.name)
+                    seen.add(part.name)
                 if part.name == "name":
                     # a skipped clip of the name (too short, silent, unreadable) is replaced
                     name = held.enter_context(library.reserve(await part.text(), replace_skipped=True))
