@@ -151,8 +151,9 @@ def _declared_seconds(file: BinaryIO) -> float | None:
 
 def cut_off_reason(seconds: float, source: str | BinaryIO) -> str | None:
     """Why a clip whose decoded audio is ``seconds`` long (under ``MIN_CLIP_SECONDS``; an
-    upload with a transcript, of any length: ``library.decode_clip``) is no clone voice, when its header (``declared_seconds`` of ``source``) says it is long enough
-    and its audio ends over ``_CUT_OFF_SLACK_SECONDS`` earlier: the file looks cut off (an
+    upload with a transcript, of any length: ``library.decode_clip``) is no clone voice,
+    when its header (``declared_seconds`` of ``source``) says it is long enough and its
+    audio ends over ``_CUT_OFF_SLACK_SECONDS`` earlier: the file looks cut off (an
     incomplete download or copy), one phrase in the shape of ``too_short_reason``. None: the
     header says nothing, or no more than the audio holds (a short clip, ``too_short_reason``)."""
     declared = declared_seconds(source)
@@ -464,7 +465,8 @@ class NoAudioTrackError(ValueError):
 
 class CutOffAudioError(ValueError):
     """A file whose audio FFmpeg decoded for a while, then could not go on: its end is
-    missing (an incomplete download or copy; a FLAC or Ogg file cut short does this).
+    missing (an incomplete download or copy; a FLAC file cut short does this, while a cut
+    Ogg or MP3 file decodes to its end without an error).
 
     Attributes:
         seconds: how much audio decoded before the error, in seconds.
