@@ -82,6 +82,19 @@ def test_the_command_line_refuses_what_is_not_a_checkpoint(tmp_path: Path) -> No
     assert result.returncode == 2 and "is not a checkpoint folder" in result.stderr
 
 
+def test_the_command_line_refuses_a_checkpoint_whose_codec_qwentts_cpp_cannot_run(checkpoints: Path, tmp_path: Path) -> None:
+    """The tiny test checkpoint (a codec narrower than the released one) was converted without
+    complaint, and the server then refused the files ("this checkpoint needs --engine
+    reference"). The command line now refuses it first, saying why, and writes nothing."""
+    result = subprocess.run(
+        [sys.executable, "-m", "wyoming_qwen3tts.gguf", str(checkpoints / "base"), str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "qwentts.cpp runs only the released widths" in result.stderr and "--engine reference" in result.stderr
+    assert "would not run" in result.stderr and not (tmp_path / "out").exists()
+
+
 def test_the_server_side_conversion_reports_the_converters_error(tmp_path: Path) -> None:
     """``resolve_gguf`` converts in a child process; its refusal comes back as one clear line."""
     import json

@@ -11,7 +11,11 @@ from . import QUANTS, ConversionError, convert
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Convert a checkpoint folder; prints the two written paths. Exit 2 on a bad folder."""
+    """Convert a checkpoint folder; prints the two written paths. Exit 2 on a bad folder, or
+    on one whose codec qwentts.cpp cannot run (``engine.cpu.ggml.check_checkpoint_widths``:
+    the server would refuse the files; such a checkpoint runs on ``--engine reference``)."""
+    from ..engine.cpu.ggml import NativeWidthError, check_checkpoint_widths
+
     parser = argparse.ArgumentParser(prog="python -m wyoming_qwen3tts.gguf", description=__doc__)
     parser.add_argument("checkpoint", type=Path, help="Hugging Face Qwen3-TTS checkpoint folder")
     parser.add_argument("out_dir", type=Path, help="folder for the talker and codec GGUF files")
@@ -19,7 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        check_checkpoint_widths(args.checkpoint)
         talker, codec = convert(args.checkpoint, args.out_dir, args.quant)
+    except NativeWidthError as err:
+        print(f"error: {args.checkpoint}: {err}; its GGUF files would not run", file=sys.stderr)
+        return 2
     except (ConversionError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
