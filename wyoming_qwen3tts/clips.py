@@ -10,10 +10,12 @@ load (``engine.on_demand.OnDemandEngine.prime``).
 
 Only engines whose ``prime`` is safe while they serve (``prime_any_time``: the batched CUDA
 engine, on-demand models) are watched. The GGML engine prepares its default voice's clip
-only (on a small CPU a clip costs seconds on every stream): at start (``__main__``), and
-``DefaultVoicePreparer`` hands it each default voice chosen while serving (the first clip
-added to a server that had none, the next one once the default is deleted, a default whose
-clip was replaced), which the engine prepares between requests (``GgmlEngine.prime_later``).
+at start (``__main__``; on a small CPU a clip costs seconds on every stream, so the
+library's other clips are not prepared then), and ``DefaultVoicePreparer`` hands it each
+default voice chosen while serving (the first clip added to a server that had none, the
+next one once the default is deleted, a default whose clip was replaced) and each clip that
+appears while serving (an upload, a copy), one at a time, which the engine prepares between
+requests (``GgmlEngine.prime_later``).
 """
 
 from __future__ import annotations
@@ -147,11 +149,19 @@ class DefaultVoicePreparer:
     prepared yet to ``GgmlEngine.prime_later``, which prepares it between requests; the log
     says when it is done, as at start.
 
+    Each clone clip that appears after this is made (an upload, a clip copied in, a clip
+    replaced) is handed too, once the default's is prepared and no clip handed earlier waits:
+    its first request then need not wait for its extraction (``GgmlEngine.prime``: about 1 s
+    for a 2.5 s clip on 2 cores, in proportion for longer ones). The clips there when it is
+    made (at start) are not (the start-up rule: only the default's). A clip that a later default
+    replaced in the engine's hands before it was prepared is handed again.
+
     Args:
         engine: the Base model's GGML engine.
         default: the default voice's name and clip now, or None (no default, or one that is
             no clone: a preset, a speaker).
         refresh: re-reads the clone library (``VoiceCatalog.refresh_async``).
+        clips: the clone voices' names and clips now (none: only the default is prepared).
 
     The clip prepared at start (``GgmlEngine.prime``) is not prepared again: the engine knows
     it (``prime_later`` returns None), and so is any clip prepared by its own requests.
@@ -162,28 +172,71 @@ class DefaultVoicePreparer:
         engine: GgmlEngine,
         default: Callable[[], tuple[str, Reference] | None],
         refresh: Callable[[], Awaitable[None]],
+        clips: Callable[[], Iterable[tuple[str, Reference]]] = lambda: (),
     ) -> None:
         self.engine = engine
         self.default = default
         self.refresh = refresh
-        self._digest: str | None = None  # the clip last handed to the engine
+        self.clips = clips
+        found = default()  # prepared at start (``__main__``): not handed again
+        self._digest: str | None = found[1].digest if found is not None else None  # the default's clip last handed
         self._task: asyncio.Task[None] | None = None
         self._said: asyncio.Task[None] | None = None
+        self._known = {reference.digest for _, reference in clips()}  # the clips' digests seen: at start, then since
+        self._waiting: dict[str, tuple[str, Reference]] = {}  # new clips not handed yet, by digest
+        self._handed: asyncio.Task[bool] | None = None  # the new clip being prepared
+        self._again: set[str] = set()  # new clips handed a second time (never a third)
 
     async def look(self) -> bool:
-        """Hand the default voice's clip to the engine if it is not the one last handed;
-        True if it was handed (and is being prepared)."""
+        """Hand the default voice's clip to the engine if it is not the one last handed, else
+        a new clip (``clips``) when nothing handed waits; True if one was handed (and is
+        being prepared)."""
         await self.refresh()
+        self._note_new_clips()
         found = self.default()
-        if found is None or found[1].digest == self._digest:
+        if found is not None and found[1].digest != self._digest:
+            name, reference = found
+            self._digest = reference.digest
+            self._waiting.pop(reference.digest, None)
+            future = self.engine.prime_later(reference)
+            if future is not None:
+                self._said = asyncio.create_task(self._say(name, asyncio.wrap_future(future), time.monotonic()))
+                return True
+            # An earlier default's clip, one prepared as a new clip, or by its requests
+            _LOGGER.info("Default voice %s: its clip prepared already", name)
+        return self._hand_new_clip()
+
+    def _note_new_clips(self) -> None:
+        """Queue the clips not seen before."""
+        now = {reference.digest: (name, reference) for name, reference in self.clips()}
+        self._waiting.update((digest, clip) for digest, clip in now.items() if digest not in self._known)
+        self._known |= set(now)
+        for digest in [d for d in self._waiting if d not in now]:  # gone before its turn
+            del self._waiting[digest]
+
+    def _hand_new_clip(self) -> bool:
+        """Hand the oldest waiting new clip, if the default's and the last one's are done."""
+        busy = [task for task in (self._said, self._handed) if task is not None and not task.done()]
+        if busy or not self._waiting:
             return False
-        name, reference = found
-        self._digest = reference.digest
+        digest = next(iter(self._waiting))
+        name, reference = self._waiting.pop(digest)
         future = self.engine.prime_later(reference)
-        if future is None:  # prepared already (an earlier default's clip, or by its requests)
+        if future is None:  # prepared already (by its first request)
             return False
-        self._said = asyncio.create_task(self._say(name, asyncio.wrap_future(future), time.monotonic()))
+        self._handed = asyncio.create_task(self._prepared(name, reference, asyncio.wrap_future(future), time.monotonic()))
         return True
+
+    async def _prepared(self, name: str, reference: Reference, done: Awaitable[bool], started: float) -> bool:
+        """Log a new clip prepared. One not prepared (a default replaced it in the engine's
+        hands, or the library refused it: its request says why) waits for one more turn."""
+        if await done:
+            _LOGGER.info("Clone voice %s: its clip prepared in %.1f s", name, time.monotonic() - started)
+            return True
+        if reference.digest != self._digest and reference.digest not in self._again:
+            self._again.add(reference.digest)
+            self._waiting.setdefault(reference.digest, (name, reference))
+        return False
 
     async def _say(self, name: str, done: Awaitable[bool], started: float) -> None:
         if await done:
@@ -195,7 +248,7 @@ class DefaultVoicePreparer:
 
     async def stop(self) -> None:
         """Stop looking."""
-        for task in (self._task, self._said):
+        for task in (self._task, self._said, self._handed):
             if task is not None:
                 task.cancel()
                 try:
@@ -228,6 +281,13 @@ def follow_default_voice(service: TtsService, engines: dict[ModelKind, Engine]) 
             return None
         return voice.name, voice.reference
 
-    preparer = DefaultVoicePreparer(engine, default, service.catalog.refresh_async)
+    def clips() -> list[tuple[str, Reference]]:
+        return [
+            (voice.name, voice.reference)
+            for voice in service.catalog.voices()
+            if voice.kind is ModelKind.BASE and voice.reference is not None
+        ]
+
+    preparer = DefaultVoicePreparer(engine, default, service.catalog.refresh_async, clips)
     preparer.start()
     return preparer
