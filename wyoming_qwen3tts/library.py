@@ -170,8 +170,7 @@ def decode_clip(data: bytes, with_transcript: bool = False) -> np.ndarray:
     except NoAudioTrackError:
         raise VoiceEditError(400, "not-audio", "The file has no audio track", "file") from None
     except CutOffAudioError as err:
-        message = f"{str(err)[0].upper()}{str(err)[1:]}; upload the whole file"
-        raise VoiceEditError(400, "clip-cut-off", message, "file") from None
+        raise VoiceEditError(400, "clip-cut-off", _upload_whole(str(err)), "file") from None
     except (av.error.FFmpegError, ValueError, EOFError) as err:
         reason = getattr(err, "strerror", None) or str(err)
         message = f"The file is not audio that FFmpeg can read ({reason})"
@@ -186,20 +185,26 @@ def decode_clip(data: bytes, with_transcript: bool = False) -> np.ndarray:
             "transcript to match, or upload it without a transcript (x-vector cloning)"
         )
         raise VoiceEditError(400, "clip-too-long", message, "file")
-    if with_transcript and MIN_CLIP_SECONDS <= seconds and data[:4] == b"RIFF":  # a WAV's header is exact
-        cut_off = cut_off_reason(seconds, io.BytesIO(data))
-        if cut_off:  # its transcript would say more than the audio holds
-            raise VoiceEditError(400, "clip-cut-off", f"{cut_off[0].upper()}{cut_off[1:]}; upload the whole file", "file")
-    if seconds < MIN_CLIP_SECONDS:
-        cut_off = cut_off_reason(seconds, io.BytesIO(data))  # its header may say more: a cut-off file
-        message = (f"{cut_off[0].upper()}{cut_off[1:]}; upload the whole file" if cut_off else
-                   f"The clip is {seconds:.2f} s long; at least {MIN_CLIP_SECONDS:.0f} s is needed")
+    too_short = seconds < MIN_CLIP_SECONDS
+    # Its header may say more: a cut-off file. With a transcript, which would then say more
+    # than the audio holds, at any length (a WAV's header is exact; others' may be estimates).
+    check_header = too_short or (with_transcript and data[:4] == b"RIFF")
+    cut_off = cut_off_reason(seconds, io.BytesIO(data)) if check_header else None
+    if cut_off:
+        raise VoiceEditError(400, "clip-too-short" if too_short else "clip-cut-off", _upload_whole(cut_off), "file")
+    if too_short:
+        message = f"The clip is {seconds:.2f} s long; at least {MIN_CLIP_SECONDS:.0f} s is needed"
         raise VoiceEditError(400, "clip-too-short", message, "file")
     sound = sound_seconds(audio, SAMPLE_RATE)
     if sound < MIN_SOUND_SECONDS:  # the folder scan's rule and words (``voices.read_clone_clip``)
         message = silent_reason(sound)
         raise VoiceEditError(400, "clip-silent", message[0].upper() + message[1:], "file")
     return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+def _upload_whole(reason: str) -> str:
+    """A cut-off clip's refusal: ``reason`` (a phrase of ``voices``) as a sentence, and what to do."""
+    return f"{reason[0].upper()}{reason[1:]}; upload the whole file"
 
 
 #: How far past ``MAX_REFERENCE_SECONDS`` an upload is decoded, in seconds: enough to tell a
