@@ -43,7 +43,8 @@ import soundfile as sf
 
 from wyoming_qwen3tts.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from wyoming_qwen3tts.testing.checkpoint import build_checkpoint
-from wyoming_qwen3tts.voices import ModelKind, VoiceCatalog
+from wyoming_qwen3tts.common.vocabulary import ModelKind
+from wyoming_qwen3tts.voices import VoiceCatalog
 
 #: Distinct one-sentence texts, one per concurrent client.
 TEXTS = [

@@ -45,7 +45,7 @@ from wyoming_qwen3tts.engine import Segment, Work, load_engine
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.engine.batched.quant import weight_bytes
 from wyoming_qwen3tts.engine.segment import Sampling
-from wyoming_qwen3tts.voices import ModelKind, Reference
+from wyoming_qwen3tts.common.vocabulary import ModelKind, Reference
 
 from .profile_step import _List
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from wyoming_qwen3tts.engine import Segment, Work, load_engine
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
-from wyoming_qwen3tts.voices import ModelKind, Reference
+from wyoming_qwen3tts.common.vocabulary import ModelKind, Reference
 
 from .bench import TEXTS
 

@@ -38,7 +38,7 @@ from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.engine.batched.conv_products import CONV_MODES
 from wyoming_qwen3tts.engine.batched.kernels import pdl_scope
 from wyoming_qwen3tts.testing.checkpoint import build_checkpoint
-from wyoming_qwen3tts.voices import ModelKind
+from wyoming_qwen3tts.common.vocabulary import ModelKind
 
 INSTRUCT = "A warm and friendly female voice, speaking clear English at a relaxed pace."
 TEXT = "The kitchen lights are now switched off for the night, and the doors are locked."

@@ -35,7 +35,8 @@ from wyoming_qwen3tts.engine.lease import GpuLease
 from wyoming_qwen3tts.engine.on_demand import OnDemandEngine
 from wyoming_qwen3tts.metrics import Metrics
 from wyoming_qwen3tts.service import SpeechRequest, TtsService
-from wyoming_qwen3tts.voices import ModelKind, Reference, VoiceCatalog
+from wyoming_qwen3tts.common.vocabulary import ModelKind, Reference
+from wyoming_qwen3tts.voices import VoiceCatalog
 
 FULL = Path(os.environ.get("QWEN3TTS_FULL_CHECKPOINTS", ".ckpt/full"))
 VOICES = Path("/tmp/turns-probe-voices")

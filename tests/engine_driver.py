@@ -17,7 +17,7 @@ import torch
 
 from wyoming_qwen3tts.engine import Segment, Work
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
-from wyoming_qwen3tts.voices import ModelKind
+from wyoming_qwen3tts.common.vocabulary import ModelKind
 
 
 @dataclass

@@ -19,7 +19,8 @@ from wyoming_qwen3tts.engine import Engine, Segment
 from wyoming_qwen3tts.engine.serial import SerialEngine
 from wyoming_qwen3tts.metrics import Metrics
 from wyoming_qwen3tts.service import TtsService
-from wyoming_qwen3tts.voices import ModelKind, VoiceCatalog
+from wyoming_qwen3tts.common.vocabulary import ModelKind
+from wyoming_qwen3tts.voices import VoiceCatalog
 
 #: The stand-in CustomVoice model's speakers.
 SPEAKERS = ["ryan", "vivian"]

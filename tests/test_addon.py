@@ -480,7 +480,7 @@ def test_run_script_auto_is_the_server_cli_default(sandbox, config):
     for the CPU set-up (``cpu_sources``) only when the flag was not given."""
     main = pytest.importorskip("wyoming_qwen3tts.__main__")
     from wyoming_qwen3tts.engine.cpu.defaults import cpu_sources
-    from wyoming_qwen3tts.voices import ModelKind
+    from wyoming_qwen3tts.common.vocabulary import ModelKind
 
     argv = server_argv(sandbox, run_service(sandbox, config))
     args = parse_server_args(argv)

@@ -220,7 +220,8 @@ def test_an_unknown_default_voice_lists_the_valid_voices_as_the_server_lists_the
     by name regardless of case, the first 12, each name once. Now start-up lists the same
     names in that order (capitals were first, as in "Aria, Bob, Zed, alina", until stop 48)."""
     from wyoming_qwen3tts.service import shown_names
-    from wyoming_qwen3tts.voices import ModelKind, VoiceCatalog
+    from wyoming_qwen3tts.common.vocabulary import ModelKind
+    from wyoming_qwen3tts.voices import VoiceCatalog
 
     voices = tmp_path / "voices"
     voices.mkdir()
@@ -247,7 +248,7 @@ def test_a_default_voice_whose_clip_is_too_short_exits_before_any_model_loads(
     before loading took it (its header reads), the model loaded, and only then was it
     refused with the folder scan's reason. Now start-up ends at once with that reason."""
     from wyoming_qwen3tts.startup import check_default_voice
-    from wyoming_qwen3tts.voices import ModelKind
+    from wyoming_qwen3tts.common.vocabulary import ModelKind
 
     voices = tmp_path / "voices"
     voices.mkdir()
@@ -274,7 +275,7 @@ def test_a_default_voice_whose_clip_is_silent_or_whose_transcript_is_not_utf8_ex
     offered ``quiet``. Now the check reads clips and transcripts as the folder scan does:
     start-up ends at once with the scan's reason, and neither is offered."""
     from wyoming_qwen3tts.startup import check_default_voice
-    from wyoming_qwen3tts.voices import ModelKind
+    from wyoming_qwen3tts.common.vocabulary import ModelKind
 
     voices = tmp_path / "voices"
     voices.mkdir()
@@ -329,7 +330,7 @@ def test_the_check_before_loading_lets_the_clone_model_alone_start_with_no_clip_
     before loading without the studio, and let through with it (its first clip comes from
     there); other models always have voices."""
     from wyoming_qwen3tts.startup import check_some_voice
-    from wyoming_qwen3tts.voices import ModelKind
+    from wyoming_qwen3tts.common.vocabulary import ModelKind
 
     (tmp_path / "broken.wav").write_bytes(b"RIFF....not a wav file")
     with pytest.raises(SystemExit, match=r"^No voices: .*; skipped: broken.wav \(the file could not be decoded as audio: Format not "
@@ -359,7 +360,7 @@ def test_default_voice_check_knows_clones_presets_and_leaves_speakers_to_the_mod
     voices_dir: Path, tmp_path: Path
 ) -> None:
     from wyoming_qwen3tts.startup import check_default_voice
-    from wyoming_qwen3tts.voices import ModelKind
+    from wyoming_qwen3tts.common.vocabulary import ModelKind
 
     base, design, custom = ModelKind.BASE, ModelKind.VOICE_DESIGN, ModelKind.CUSTOM_VOICE
     for name, kinds in (
@@ -387,7 +388,7 @@ def test_default_voice_check_reads_custom_voice_speakers_from_the_checkpoint(
     """The new-user trial: with a CustomVoice model enabled, ``--voice nosuch`` was found only
     after every model loaded. Its speakers are in the checkpoint's config.json."""
     from wyoming_qwen3tts.startup import check_default_voice, known_speakers
-    from wyoming_qwen3tts.voices import ModelKind
+    from wyoming_qwen3tts.common.vocabulary import ModelKind
 
     speakers = known_speakers(str(checkpoints / "custom_voice"), tmp_path)
     assert speakers is not None and "ryan" in speakers and len(speakers) >= 2
@@ -438,7 +439,7 @@ def test_a_torchaudio_built_for_another_torch_is_named_in_the_load_failure(monke
     import importlib.metadata
 
     from wyoming_qwen3tts.startup import _load_failure, torchaudio_mismatch
-    from wyoming_qwen3tts.voices import ModelKind
+    from wyoming_qwen3tts.common.vocabulary import ModelKind
 
     versions = {"torch": "2.13.0", "torchaudio": "2.11.1"}
     monkeypatch.setattr(importlib.metadata, "version", lambda name: versions[name])
@@ -504,7 +505,7 @@ def test_the_no_voices_stop_names_only_a_model_plainly_wrong(tmp_path: Path) -> 
     """``unfound_model`` in ``check_some_voice``: a released model not downloaded yet, a hub
     model already downloaded and an existing folder are not named; a path that is no folder is."""
     from wyoming_qwen3tts.startup import check_some_voice
-    from wyoming_qwen3tts.voices import ModelKind
+    from wyoming_qwen3tts.common.vocabulary import ModelKind
 
     models = tmp_path / "models"
     snapshot = models / "models--someone--finetune" / "snapshots" / ("0" * 40)
@@ -525,7 +526,7 @@ def test_default_voice_check_and_clip_survey_know_clips_named_with_spaces_or_dec
     clips: ``"trail .wav"`` is ``trail`` (its spaces are not part of the name), an NFD
     ``Renée.wav`` is ``Renée`` in either spelling; ``" .wav"`` has a blank name and is skipped."""
     from wyoming_qwen3tts.startup import check_default_voice, survey_clips
-    from wyoming_qwen3tts.voices import ModelKind
+    from wyoming_qwen3tts.common.vocabulary import ModelKind
 
     tone = (0.3 * np.sin(2 * np.pi * 200 * np.arange(24000) / 24000)).astype(np.float32)
     for stem in ("trail ", "Rene\u0301e", " "):
@@ -583,7 +584,7 @@ async def test_a_clone_only_server_starts_with_a_clip_named_with_a_trailing_spac
 
 def test_the_cpu_engine_line_says_which_models_run_on_qwentts_cpp_and_which_fell_back() -> None:
     from wyoming_qwen3tts.startup import cpu_engines_line
-    from wyoming_qwen3tts.voices import ModelKind
+    from wyoming_qwen3tts.common.vocabulary import ModelKind
 
     base, custom, design = ModelKind.BASE, ModelKind.CUSTOM_VOICE, ModelKind.VOICE_DESIGN
     assert cpu_engines_line("No CUDA GPU", [base, custom], []) == (
@@ -613,7 +614,7 @@ async def test_a_cpu_start_whose_every_model_fell_back_says_so(
     from wyoming_qwen3tts.engine.cpu.ggml import native_support
     from wyoming_qwen3tts.metrics import Metrics
     from wyoming_qwen3tts.startup import load_engines
-    from wyoming_qwen3tts.voices import ModelKind
+    from wyoming_qwen3tts.common.vocabulary import ModelKind
 
     supported, why = native_support()
     if not supported:

@@ -7,7 +7,7 @@ streamed: the catalogue read them on the event loop (about 40 ms each), the loop
 own ``refresh(wait=False)`` finds nothing left to read and never waits for another
 thread's reads.
 
-These tests record on which thread each clip is read (``Reference.load``, the catalogue's
+These tests record on which thread each clip is read (``voices.load_reference``, the catalogue's
 one read of a clip), through the real catalogue, the real ``TtsService`` and the real
 Wyoming and HTTP doors (the ``wyoming`` package's client; aiohttp's), on a stand-in engine.
 """
@@ -34,7 +34,9 @@ from wyoming_qwen3tts.handler import Connections, WyomingLimits
 from wyoming_qwen3tts.http_api import create_app
 from wyoming_qwen3tts.metrics import Metrics
 from wyoming_qwen3tts.service import TtsService
-from wyoming_qwen3tts.voices import ModelKind, Reference, VoiceCatalog
+from wyoming_qwen3tts.common.vocabulary import ModelKind, Reference
+from wyoming_qwen3tts import voices as voices_module
+from wyoming_qwen3tts.voices import VoiceCatalog
 
 from .stub_service import StubEngine
 
@@ -50,13 +52,13 @@ def _write_clip(folder: Path, name: str, freq: float = 190.0) -> None:
 def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, bool]]]:
     """Every clip read as (stem, whether on the main thread, where the tests' loop runs)."""
     seen: list[tuple[str, bool]] = []
-    original = Reference.load.__func__  # type: ignore[attr-defined]
+    original = voices_module.load_reference
 
-    def recording(cls: type[Reference], path: Path, transcript: Path | None = None) -> Reference:
+    def recording(path: Path, transcript: Path | None = None) -> Reference:
         seen.append((path.stem, threading.current_thread() is threading.main_thread()))
-        return original(cls, path, transcript)
+        return original(path, transcript)
 
-    monkeypatch.setattr(Reference, "load", classmethod(recording))
+    monkeypatch.setattr(voices_module, "load_reference", recording)
     yield seen
 
 
@@ -118,14 +120,14 @@ async def test_a_lookup_during_another_threads_reads_waits_for_them_off_the_loop
     _write_clip(tmp_path, "ann")
     catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
     started, release = threading.Event(), threading.Event()
-    original = Reference.load.__func__  # type: ignore[attr-defined]
+    original = voices_module.load_reference
 
-    def slow(cls: type[Reference], path: Path, transcript: Path | None = None) -> Reference:
+    def slow(path: Path, transcript: Path | None = None) -> Reference:
         started.set()
         assert release.wait(10)
-        return original(cls, path, transcript)
+        return original(path, transcript)
 
-    monkeypatch.setattr(Reference, "load", classmethod(slow))
+    monkeypatch.setattr(voices_module, "load_reference", slow)
     _write_clip(tmp_path, "newcomer")
     preparer = asyncio.create_task(catalog.refresh_async())
     assert await asyncio.to_thread(started.wait, 10)

@@ -34,7 +34,7 @@ import soundfile as sf
 from wyoming_qwen3tts.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from wyoming_qwen3tts.http_common import ApiError
 from wyoming_qwen3tts.http_request import loaded_model_names, model_kind
-from wyoming_qwen3tts.voices import ModelKind
+from wyoming_qwen3tts.common.vocabulary import ModelKind
 
 from .conftest import ROOT, Server
 from .test_http import TEXT, assert_frames, client_for

@@ -14,7 +14,7 @@ import torch
 from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
 from wyoming_qwen3tts.engine import Segment
 from wyoming_qwen3tts.engine.cpu.reference import MAX_CHUNK_FRAMES, ReferenceEngine
-from wyoming_qwen3tts.voices import ModelKind, Reference
+from wyoming_qwen3tts.common.vocabulary import ModelKind, Reference
 
 from .conftest import CLONE_TRANSCRIPT
 

@@ -17,7 +17,8 @@ import torch
 
 from wyoming_qwen3tts.engine import Engine, Sampling, Segment, Work, WorkSource
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
-from wyoming_qwen3tts.voices import ModelKind, Reference
+from wyoming_qwen3tts.common.vocabulary import ModelKind
+from wyoming_qwen3tts.voices import load_reference
 
 from .conftest import CLONE_TRANSCRIPT
 from .engine_driver import Collect, Source, load_tiny, run
@@ -108,7 +109,7 @@ def test_greedy_codes_equal_the_reference_generator(kind: str, device: str, chec
     else:
         engine = load_tiny(checkpoints / "base", ModelKind.BASE, slots=2, device=device)
         clip = voices_dir / ("clone.wav" if kind == "clone" else "xvec.wav")
-        reference = Reference.load(clip)
+        reference = load_reference(clip)
         assert (reference.transcript == CLONE_TRANSCRIPT) is (kind == "clone")
         segment = Segment(text, "english", frames, 2, seed=3, reference=reference, sampling=greedy)
         args = dict(text=text, language="english", voice_clone_prompt=engine.prompts.get(reference))

@@ -25,7 +25,7 @@ from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
 from wyoming_qwen3tts.engine import ModelMismatchError, Sampling, Segment
 from wyoming_qwen3tts.engine.cpu.ggml import GgmlEngine, native_support
 from wyoming_qwen3tts.engine import loader
-from wyoming_qwen3tts.voices import ModelKind, Reference
+from wyoming_qwen3tts.common.vocabulary import ModelKind, Reference
 
 from .conftest import CHECKPOINTS, CLONE_TRANSCRIPT, Server, start_server, stop_server
 

@@ -44,7 +44,8 @@ from wyoming_qwen3tts.metrics import Metrics
 from wyoming_qwen3tts.service import TtsService
 from wyoming_qwen3tts.tempo import Tempo, stage_factors
 from wyoming_qwen3tts.text import Segmenter, frame_budget
-from wyoming_qwen3tts.voices import ModelKind, VoiceCatalog
+from wyoming_qwen3tts.common.vocabulary import ModelKind
+from wyoming_qwen3tts.voices import VoiceCatalog
 
 from .conftest import Server, start_server, stop_server
 

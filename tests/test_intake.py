@@ -18,7 +18,8 @@ from wyoming_qwen3tts.engine import Segment, Work
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.engine.batched.prompt import Prompt
 from wyoming_qwen3tts.engine.batched.stages.intake import Inline, PromptWorker
-from wyoming_qwen3tts.voices import ModelKind, Reference
+from wyoming_qwen3tts.common.vocabulary import ModelKind
+from wyoming_qwen3tts.voices import load_reference
 
 from .engine_driver import Collect, Source, load_tiny, run
 
@@ -221,7 +222,7 @@ def test_an_icl_reference_is_prepared_by_the_worker_with_the_same_audio(
     """A clone reference's codec decoder state is computed ahead of admission, on the worker
     thread; the audio equals the one of a step-by-step run that builds it inline."""
     engine = load_tiny(checkpoints / "base", ModelKind.BASE, slots=2)
-    segment = Segment("Cloned.", "english", 6, 6, seed=2, reference=Reference.load(voices_dir / "clone.wav"))
+    segment = Segment("Cloned.", "english", 6, 6, seed=2, reference=load_reference(voices_dir / "clone.wav"))
     expected = Collect()
     run(engine, {0: [(segment, expected)]})
     engine.prefill._prefixes.clear()

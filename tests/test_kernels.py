@@ -40,7 +40,7 @@ from wyoming_qwen3tts.engine.batched.kernels import (  # noqa: E402
 from wyoming_qwen3tts.engine.batched.layers import FusedLayer, attention_mask, write_rows  # noqa: E402
 from wyoming_qwen3tts.engine.batched.quant import dequant_linear, quantize_rows  # noqa: E402
 from wyoming_qwen3tts.engine.batched.sampling import RowParams, effective, gumbel  # noqa: E402
-from wyoming_qwen3tts.voices import ModelKind  # noqa: E402
+from wyoming_qwen3tts.common.vocabulary import ModelKind  # noqa: E402
 
 from .engine_driver import Collect, load_tiny, run  # noqa: E402
 

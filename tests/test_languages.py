@@ -11,7 +11,8 @@ from wyoming_qwen3tts.languages import (
     to_qwen,
 )
 from wyoming_qwen3tts.testing.checkpoint import SPEAKERS
-from wyoming_qwen3tts.voices import ModelKind, VoiceCatalog
+from wyoming_qwen3tts.common.vocabulary import ModelKind
+from wyoming_qwen3tts.voices import VoiceCatalog
 
 
 @pytest.mark.parametrize(

@@ -35,8 +35,10 @@ from wyoming_qwen3tts.engine.sizing import (
 )
 from wyoming_qwen3tts.metrics import Metrics
 from wyoming_qwen3tts.service import OOM_ADVICE, GenerationError, SpeechRequest, TtsService
-from wyoming_qwen3tts.text import FRAMES_PER_SECOND, MAX_SEGMENT_SECONDS, frame_budget
-from wyoming_qwen3tts.voices import MAX_REFERENCE_SECONDS, ModelKind, VoiceCatalog
+from wyoming_qwen3tts.audio import FRAMES_PER_SECOND
+from wyoming_qwen3tts.common.vocabulary import MAX_SEGMENT_SECONDS, MAX_REFERENCE_SECONDS, ModelKind
+from wyoming_qwen3tts.text import frame_budget
+from wyoming_qwen3tts.voices import VoiceCatalog
 
 MB = 1_000_000
 
@@ -434,7 +436,7 @@ async def test_models_that_do_not_fit_together_take_turns(
 
 
 def _clone_warm() -> Segment:
-    from wyoming_qwen3tts.voices import Reference
+    from wyoming_qwen3tts.common.vocabulary import Reference
 
     tone = 0.1 * np.sin(2 * np.pi * 220 * np.arange(24000) / 24000)
     return Segment("Hello.", "auto", 2, seed=0, reference=Reference.from_audio(tone, 24000, None))

@@ -20,7 +20,8 @@ from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.engine.on_demand import OnDemandEngine
 from wyoming_qwen3tts.metrics import Metrics
 from wyoming_qwen3tts.service import SpeechRequest, TtsService
-from wyoming_qwen3tts.voices import ModelKind, Reference, VoiceCatalog
+from wyoming_qwen3tts.common.vocabulary import ModelKind, Reference
+from wyoming_qwen3tts.voices import VoiceCatalog, load_reference
 
 
 def _load(checkpoints: Path) -> BatchedEngine:
@@ -103,19 +104,19 @@ async def test_clips_are_prepared_at_start_and_when_added_or_changed(
 def test_a_model_taking_turns_prepares_its_clips_again_at_every_load(checkpoints: Path, voices_dir: Path) -> None:
     engine = OnDemandEngine(ModelKind.BASE, 1, lambda shrink=1.0: _load(checkpoints), _warm_segment, idle_s=None)
     engine.warm(_warm_segment())
-    reference = Reference.load(voices_dir / "clone.wav")
+    reference = load_reference(voices_dir / "clone.wav")
     assert engine.prime(reference)
     assert isinstance(engine.inner, BatchedEngine) and _prepared(engine.inner, reference)
     engine._drop("a test")
-    assert not engine.resident and not engine.prime(Reference.load(voices_dir / "xvec.wav"))  # kept for the next load
+    assert not engine.resident and not engine.prime(load_reference(voices_dir / "xvec.wav"))  # kept for the next load
     engine._bring_in()
     assert isinstance(engine.inner, BatchedEngine) and engine.loads == 2
-    assert _prepared(engine.inner, reference) and _prepared(engine.inner, Reference.load(voices_dir / "xvec.wav"))
+    assert _prepared(engine.inner, reference) and _prepared(engine.inner, load_reference(voices_dir / "xvec.wav"))
     engine.forget({reference.digest})
     engine._drop("a test")
     engine._bring_in()
     assert isinstance(engine.inner, BatchedEngine)
-    assert _prepared(engine.inner, reference) and not _prepared(engine.inner, Reference.load(voices_dir / "xvec.wav"))
+    assert _prepared(engine.inner, reference) and not _prepared(engine.inner, load_reference(voices_dir / "xvec.wav"))
 
 
 def test_a_closed_engine_holds_no_weights_slots_or_graphs(checkpoints: Path) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from wyoming_qwen3tts.engine import Sampling, Segment, load_engine
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
-from wyoming_qwen3tts.voices import ModelKind
+from wyoming_qwen3tts.common.vocabulary import ModelKind
 
 from .conftest import ROOT, Server, start_server, stop_server
 from .engine_driver import Collect, run
@@ -140,7 +140,8 @@ def test_fifty_swaps_leave_gpu_memory_flat_and_the_streams_the_same(
     from wyoming_qwen3tts.engine.on_demand import OnDemandEngine
     from wyoming_qwen3tts.metrics import Metrics
     from wyoming_qwen3tts.service import SpeechRequest, TtsService
-    from wyoming_qwen3tts.voices import Reference, VoiceCatalog
+    from wyoming_qwen3tts.common.vocabulary import Reference
+    from wyoming_qwen3tts.voices import VoiceCatalog
 
     lease = GpuLease()
 

@@ -18,7 +18,7 @@ from wyoming_qwen3tts.engine import Engine, Segment, WorkSource
 from wyoming_qwen3tts.engine.lease import BACKGROUND_AFTER_IDLE_S, Demand, GpuLease, must_yield, next_turn
 from wyoming_qwen3tts.engine.on_demand import TURNS_IDLE_S, OnDemandEngine
 from wyoming_qwen3tts.scheduler import Job, Scheduler, background
-from wyoming_qwen3tts.voices import ModelKind
+from wyoming_qwen3tts.common.vocabulary import ModelKind
 
 BASE, DESIGN = ModelKind.BASE, ModelKind.VOICE_DESIGN
 

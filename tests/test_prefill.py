@@ -16,7 +16,8 @@ import torch
 from wyoming_qwen3tts.engine import Sampling, Segment
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.engine.batched.planner import Planner
-from wyoming_qwen3tts.voices import ModelKind, Reference
+from wyoming_qwen3tts.common.vocabulary import ModelKind
+from wyoming_qwen3tts.voices import load_reference
 
 from .engine_driver import Collect, load_tiny, run
 
@@ -233,7 +234,7 @@ def test_icl_and_xvector_clones_with_their_own_settings_join_in_one_replay(check
     other sampling settings (each row's settings land in its own slot). Each gets exactly
     the audio it gets alone."""
     base = load_tiny(checkpoints / "base", ModelKind.BASE, slots=4)
-    clone, xvec = (Reference.load(voices_dir / name) for name in ("clone.wav", "xvec.wav"))
+    clone, xvec = (load_reference(voices_dir / name) for name in ("clone.wav", "xvec.wav"))
     greedy = Sampling.greedy()
     segments = [
         Segment("An in-context clone.", "english", 8, 8, seed=5, reference=clone),

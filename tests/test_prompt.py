@@ -18,7 +18,8 @@ import torch
 from wyoming_qwen3tts.engine import Segment
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.engine.batched.prompt import PIECES_KEPT, Prompt, PromptBuilder
-from wyoming_qwen3tts.voices import ModelKind, Reference
+from wyoming_qwen3tts.common.vocabulary import ModelKind
+from wyoming_qwen3tts.voices import load_reference
 
 from .engine_driver import load_tiny
 
@@ -89,7 +90,7 @@ def cases(kind: ModelKind, voices_dir: Path) -> list[Segment]:
         for language in ("english", "auto", "chinese"):
             if kind is ModelKind.BASE:
                 for clip in ("clone.wav", "xvec.wav"):
-                    out.append(Segment(text, language, 8, reference=Reference.load(voices_dir / clip)))
+                    out.append(Segment(text, language, 8, reference=load_reference(voices_dir / clip)))
             elif kind is ModelKind.CUSTOM_VOICE:
                 out.append(Segment(text, language, 8, speaker="ryan"))
                 out.append(Segment(text, language, 8, speaker="Ryan", instruct="Whisper."))
@@ -109,11 +110,11 @@ def test_prompts_equal_the_librarys_bit_for_bit(engines: dict[ModelKind, Batched
 
 
 def test_a_clone_prompt_carries_its_references_codes_and_key(engines: dict[ModelKind, BatchedEngine], voices_dir: Path) -> None:
-    reference = Reference.load(voices_dir / "clone.wav")
+    reference = load_reference(voices_dir / "clone.wav")
     prompt = engines[ModelKind.BASE].builder.build(Segment("Hello.", "english", 8, reference=reference))
     assert prompt.ref_codes is not None and prompt.ref_codes.shape[1] == 16
     assert prompt.ref_key == reference.digest
-    xvec = engines[ModelKind.BASE].builder.build(Segment("Hello.", "english", 8, reference=Reference.load(voices_dir / "xvec.wav")))
+    xvec = engines[ModelKind.BASE].builder.build(Segment("Hello.", "english", 8, reference=load_reference(voices_dir / "xvec.wav")))
     assert xvec.ref_codes is None and xvec.ref_key is None
 
 
@@ -131,7 +132,7 @@ def test_unknown_languages_and_speakers_fail(
     if kind is ModelKind.CUSTOM_VOICE:
         fields["speaker"] = "ryan"
     if kind is ModelKind.BASE:
-        fields["reference"] = Reference.load(voices_dir / "clone.wav")
+        fields["reference"] = load_reference(voices_dir / "clone.wav")
     fields.update(change)
     segment = Segment(**fields)
     with pytest.raises(error):

@@ -13,7 +13,7 @@ import pytest
 from wyoming_qwen3tts.engine import Engine, Segment
 from wyoming_qwen3tts.engine.serial import SerialEngine
 from wyoming_qwen3tts.scheduler import GenerationError, Job, Scheduler
-from wyoming_qwen3tts.voices import ModelKind
+from wyoming_qwen3tts.common.vocabulary import ModelKind
 
 
 class RecordingModel(SerialEngine):

@@ -18,7 +18,8 @@ import pytest
 
 from wyoming_qwen3tts.anchors import CLAIM_STALE_S, AnchorStore
 from wyoming_qwen3tts.library import LOCK_FILE, VoiceEditError, VoiceLibrary
-from wyoming_qwen3tts.voices import PRESETS_FILE, ModelKind, VoiceCatalog
+from wyoming_qwen3tts.voices import PRESETS_FILE, VoiceCatalog
+from wyoming_qwen3tts.common.vocabulary import ModelKind
 
 #: Presets each process adds.
 PER_PROCESS = 12

@@ -1194,7 +1194,8 @@ def test_a_pinned_default_may_go_exactly_when_a_voice_of_its_name_lies_beneath_i
     from wyoming_qwen3tts.metrics import Metrics
     from wyoming_qwen3tts.service import TtsService
     from wyoming_qwen3tts.studio import listed_voice
-    from wyoming_qwen3tts.voices import ModelKind, VoiceCatalog, VoiceSource
+    from wyoming_qwen3tts.common.vocabulary import ModelKind
+    from wyoming_qwen3tts.voices import VoiceCatalog, VoiceSource
 
     for name in ("lena", "ryan", "camille", "solo"):
         sf.write(tmp_path / f"{name}.wav", tone(1.0), 24000)

@@ -12,8 +12,8 @@ from sentence_stream import SentenceBoundaryDetector
 from wyoming_qwen3tts import text as text_module
 from wyoming_qwen3tts.writing import MAX_ESCAPE_CHARS
 from wyoming_qwen3tts.markdown import MAX_EMPHASIS_CHARS
+from wyoming_qwen3tts.common.vocabulary import MAX_SEGMENT_SECONDS
 from wyoming_qwen3tts.text import (
-    MAX_SEGMENT_SECONDS,
     MarkdownReader,
     Segmenter,
     clean_text,

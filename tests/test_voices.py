@@ -29,21 +29,21 @@ from wyoming_qwen3tts.library import (
     check_name,
     decode_clip,
 )
-from wyoming_qwen3tts import library
+from wyoming_qwen3tts import library, voices as voices_module
 from wyoming_qwen3tts.voices import (
     AUDIO_SUFFIXES,
     MAX_TRANSCRIPT_CHARS,
     MAX_TRANSCRIPT_CHARS_PER_SECOND,
-    ModelKind,
-    Reference,
     SkippedClip,
     TranscriptFault,
     UnknownVoiceError,
     VoiceCatalog,
     VoiceSource,
     load_presets,
+    load_reference,
     overlong_transcript_reason,
 )
+from wyoming_qwen3tts.common.vocabulary import ModelKind, Reference
 
 ALL = {ModelKind.BASE, ModelKind.VOICE_DESIGN, ModelKind.CUSTOM_VOICE}
 
@@ -508,13 +508,13 @@ def test_a_rescan_reads_only_the_clips_that_changed(tmp_path: Path, monkeypatch:
         write_voice(tmp_path, name)
     (tmp_path / "broken.wav").write_bytes(b"RIFF-not-really")
     read: list[str] = []
-    original = Reference.load.__func__  # type: ignore[attr-defined]
+    original = voices_module.load_reference
 
-    def counting(cls: type[Reference], path: Path, transcript: Path | None = None) -> Reference:
+    def counting(path: Path, transcript: Path | None = None) -> Reference:
         read.append(path.stem)
-        return original(cls, path, transcript)
+        return original(path, transcript)
 
-    monkeypatch.setattr(Reference, "load", classmethod(counting))
+    monkeypatch.setattr(voices_module, "load_reference", counting)
     catalog = VoiceCatalog(tmp_path, ALL)
     assert sorted(read) == ["ann", "bob", "broken", "cy"]
     read.clear()
@@ -569,10 +569,10 @@ def test_reference_digest_follows_content_not_path(tmp_path: Path) -> None:
     write_voice(tmp_path, "a")
     write_voice(tmp_path, "b")
     write_voice(tmp_path, "c", freq=300.0)
-    a, b, c = (Reference.load(tmp_path / f"{n}.wav") for n in "abc")
+    a, b, c = (load_reference(tmp_path / f"{n}.wav") for n in "abc")
     assert a.digest == b.digest != c.digest
     (tmp_path / "b.txt").write_text("Different words.")
-    assert Reference.load(tmp_path / "b.wav").digest != a.digest
+    assert load_reference(tmp_path / "b.wav").digest != a.digest
     long = Reference.from_audio(np.zeros(24000 * 60, dtype=np.float32) + 0.1, 24000, None)
     assert len(long.audio) == 20 * 24000  # capped at MAX_REFERENCE_SECONDS
 
@@ -875,7 +875,7 @@ def test_a_clip_name_with_spaces_around_it_is_the_voice_name_without_them(
         assert trail is not None and trail.transcript == "Trail speaking."
         assert spaced is not None and spaced.transcript == "Spaced speaking."
         zed = catalog.get("zed").reference
-        assert zed is not None and zed.digest == Reference.load(tmp_path / "zed.wav").digest
+        assert zed is not None and zed.digest == load_reference(tmp_path / "zed.wav").digest
         warned = taken_logs(caplog, logging.WARNING, "")
         same = [m for m in warned if "same voice name" in m]
         assert len(same) == 1 and ("using 'zed.wav', ignoring 'zed .wav' (its file name is the voice name exactly, "
@@ -907,7 +907,7 @@ def test_voice_names_are_compared_in_unicode_nfc(tmp_path: Path, caplog: pytest.
         renee = catalog.get(RENEE).reference
         assert renee is not None and renee.transcript == "Renée speaking."
         jose = catalog.get(JOSE).reference  # NFC, though NFD sorts first ("e" before "é")
-        assert jose is not None and jose.digest == Reference.load(tmp_path / f"{JOSE}.wav").digest
+        assert jose is not None and jose.digest == load_reference(tmp_path / f"{JOSE}.wav").digest
         same = taken_logs(caplog, logging.WARNING, "same voice name")
         assert len(same) == 1 and f"using {JOSE + '.wav'!r}, ignoring {JOSE_NFD + '.wav'!r}" in same[0], same
 

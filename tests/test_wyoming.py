@@ -131,7 +131,7 @@ def test_the_program_description_names_each_engine_once(backends: dict[str, str]
     """``info``'s program description (Home Assistant shows it) names each engine once, with
     what its models share, then what is one model's own (``service.describe_backends``)."""
     from wyoming_qwen3tts.service import describe_backends
-    from wyoming_qwen3tts.voices import ModelKind
+    from wyoming_qwen3tts.common.vocabulary import ModelKind
 
     assert describe_backends({ModelKind(kind): backend for kind, backend in backends.items()}) == said
 

@@ -37,7 +37,8 @@ from .quiet import drop_default_config_notes, quiet_compilers, quiet_dependencie
 from .startup import load_engines, no_voices_message, no_voices_warning, studio_address, survey_clips
 from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, DEFAULT_RULE, DEFAULT_VOICE, TtsService, pick_default_voice
 from .studio import HA_INGRESS_PEER
-from .voices import ModelKind, Reference, VoiceCatalog
+from .common.vocabulary import ModelKind, Reference
+from .voices import VoiceCatalog
 from .ws_events import browser_can_offer_key, header_safe_key
 
 if TYPE_CHECKING:

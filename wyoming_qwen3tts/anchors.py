@@ -47,7 +47,8 @@ import numpy as np
 from .audio import FRAMES_PER_SECOND, SAMPLE_RATE
 from .library import wav_bytes, write_atomic
 from .scheduler import background
-from .voices import MAX_PRESET_SEED, ModelKind, Reference, Voice, VoiceCatalog
+from .voices import MAX_PRESET_SEED, Voice, VoiceCatalog, load_reference
+from .common.vocabulary import ModelKind, Reference
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -284,7 +285,7 @@ class AnchorStore:
         if not (self.folder / f"{key}.json").is_file() or not wav.is_file():
             return None
         try:
-            reference = Reference.load(wav)
+            reference = load_reference(wav)
         except Exception as err:  # noqa: BLE001 - a broken anchor is rendered again
             _LOGGER.error("Anchor %s is unreadable, rendering it again: %s", wav, err)
             return None

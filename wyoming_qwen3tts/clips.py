@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from .engine import Engine
-from .voices import ModelKind, Reference
+from .common.vocabulary import ModelKind, Reference
 
 if TYPE_CHECKING:
     from .engine.cpu.ggml import GgmlEngine

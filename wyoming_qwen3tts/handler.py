@@ -62,7 +62,8 @@ from .service import (
     SpeechStream,
     TtsService,
 )
-from .voices import ModelKind, Voice, name_order
+from .common.vocabulary import ModelKind
+from .voices import Voice, name_order
 from .wire import MAX_EVENT_BYTES, EventCutOffError, MalformedEventError, read_event
 
 _LOGGER = logging.getLogger(__name__)

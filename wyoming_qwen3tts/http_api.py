@@ -69,7 +69,8 @@ from .service import (
     VoiceNotFoundError,
 )
 from .tempo import Tempo
-from .voices import ModelKind, name_order
+from .common.vocabulary import ModelKind
+from .voices import name_order
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from aiohttp import StreamReader, web
 
 from . import writing
 from .service import EmptyTextError, LanguageError, RequestError, TextTooLongError, VoiceNotFoundError
-from .voices import ModelKind, Voice
+from .common.vocabulary import ModelKind
+from .voices import Voice
 
 #: The model name that speaks each kind (``GET /v1/models``, a voice's ``model``).
 MODEL_OF_KIND = {

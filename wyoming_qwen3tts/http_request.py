@@ -18,7 +18,8 @@ from .http_common import MAX_INSTRUCTIONS_CHARS, MODEL_OF_KIND, ApiError
 from .limits import MAX_SEED
 from .service import DefaultVoiceGoneError, TtsService, VoiceNotFoundError, check_text
 from .tempo import MAX_SPEED, MIN_SPEED
-from .voices import ModelKind, name_order
+from .common.vocabulary import ModelKind
+from .voices import name_order
 
 #: OpenAI's model names: accepted, the voice decides which Qwen3-TTS model speaks.
 GENERIC_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")

@@ -53,7 +53,7 @@ from .service import (
     check_text,
 )
 from .tempo import Tempo
-from .voices import ModelKind
+from .common.vocabulary import ModelKind
 from . import ws_events as ev
 
 _LOGGER = logging.getLogger(__name__)

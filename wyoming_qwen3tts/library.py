@@ -39,13 +39,11 @@ import tomlkit
 from .audio import SAMPLE_RATE
 from .voices import (
     AUDIO_SUFFIXES,
-    MAX_REFERENCE_SECONDS,
     MAX_TRANSCRIPT_CHARS,
     MIN_CLIP_SECONDS,
     MIN_SOUND_SECONDS,
     UNREAD_AUDIO_SUFFIXES,
     CutOffAudioError,
-    ModelKind,
     NoAudioTrackError,
     SkippedClip,
     Voice,
@@ -61,6 +59,7 @@ from .voices import (
     sound_seconds,
     transcript_names,
 )
+from .common.vocabulary import MAX_REFERENCE_SECONDS, ModelKind
 
 #: Largest uploaded clip, in bytes (20 MB: a 20 s WAV at 48 kHz stereo 32-bit is 7.7 MB).
 MAX_UPLOAD_BYTES = 20 * 1000 * 1000

@@ -28,7 +28,8 @@ from .metrics import Metrics
 from .scheduler import GenerationError, Job, Scheduler
 from .text import Segmenter, clean_text, frame_budget
 from .timeline import Timeline
-from .voices import ModelKind, Reference, UnknownVoiceError, Voice, VoiceCatalog, name_order
+from .common.vocabulary import ModelKind, Reference
+from .voices import UnknownVoiceError, Voice, VoiceCatalog, name_order
 
 _LOGGER = logging.getLogger(__name__)
 

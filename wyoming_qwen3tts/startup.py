@@ -36,10 +36,10 @@ from .engine.sizing import (
 from .metrics import Metrics
 from .service import shown_names
 from .voices import (
-    AUDIO_SUFFIXES, MIN_CLIP_SECONDS, PRESETS_FILE, ClipSkip, ModelKind, Reference, VoiceCatalog, VoiceSource,
-    clone_name, cut_off_reason, has_control_characters, load_presets, name_key, read_clone_clip, transcript_name,
-    voice_clips,
+    AUDIO_SUFFIXES, MIN_CLIP_SECONDS, PRESETS_FILE, ClipSkip, VoiceCatalog, VoiceSource, clone_name, cut_off_reason,
+    has_control_characters, load_presets, name_key, read_clone_clip, transcript_name, voice_clips,
 )
+from .common.vocabulary import ModelKind, Reference
 
 _LOGGER = logging.getLogger("wyoming_qwen3tts")
 

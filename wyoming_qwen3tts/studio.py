@@ -62,7 +62,8 @@ from .library import (
 )
 from .service import GenerationError, TtsService, VoiceNotFoundError
 from .text import clean_text, estimated_seconds
-from .voices import MAX_PRESET_SEED, MAX_TRANSCRIPT_BYTES, ModelKind, TranscriptError, Voice, VoiceSource, decode_transcript
+from .voices import MAX_PRESET_SEED, MAX_TRANSCRIPT_BYTES, TranscriptError, Voice, VoiceSource, decode_transcript
+from .common.vocabulary import ModelKind
 
 _LOGGER = logging.getLogger(__name__)
 _T = TypeVar("_T")

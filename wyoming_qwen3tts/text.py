@@ -41,22 +41,16 @@ from collections.abc import Iterable
 
 from sentence_stream import SentenceBoundaryDetector
 
+from .audio import FRAMES_PER_SECOND
+from .common.vocabulary import MAX_SEGMENT_SECONDS
 from .markdown import MAX_SPOKEN_CODE_CHARS as MAX_SPOKEN_CODE_CHARS, MarkdownReader  # (re-exported)
 from .markup import ASTERISK
 from .writing import CJK_RE, CLOSERS, HAN_KANA_RE, tidy
-
-#: Codec frames per second of audio (Qwen3-TTS-Tokenizer-12Hz: 1920 samples at 24 kHz = 80 ms).
-FRAMES_PER_SECOND = 12.5
 
 #: Speaking rates used to bound generation (characters per second of speech). Slow ends of
 #: ordinary speech, so real speech ends well inside the budget.
 _LATIN_CHARS_PER_SECOND = 12.0
 _CJK_CHARS_PER_SECOND = 3.5
-
-#: Longest speech one segment may be estimated to need, in seconds. With the budget below
-#: (2x the estimate + 1 s) a segment generates at most ~640 frames, which leaves >1400 of
-#: faster-qwen3-tts's default 2048-token static KV cache for the prompt.
-MAX_SEGMENT_SECONDS = 25.0
 
 #: Words the first segment of streamed text must hold before it may end at a clause
 #: boundary. One word lets "Sure," / "好的，" start speaking at once (as "Sure!" already

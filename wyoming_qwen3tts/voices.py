@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import codecs
 import enum
-import hashlib
 import logging
 import math
 import os
@@ -41,13 +40,11 @@ from typing import Any, BinaryIO, ClassVar
 import numpy as np
 import soundfile as sf
 
+from .common.vocabulary import MAX_REFERENCE_SECONDS, ClipTooShortError, ModelKind, Reference
 from .languages import ALL_CODES, AUTO, QWEN_LANGUAGES, SPEAKER_LANGUAGES, UnsupportedLanguageError, codes_first, to_qwen
 
 _LOGGER = logging.getLogger(__name__)
 
-#: Longest reference clip used for cloning, in seconds. Longer clips are cut: the reference's
-#: codec frames (12.5 per second) sit in the prompt and share the static KV cache.
-MAX_REFERENCE_SECONDS = 20.0
 #: The level the silence rule was first set at: a clip whose loudest sample stayed below this
 #: (full scale 1.0; -40 dBFS) was silent. A peak alone let 3 s of a constant 0.5 (a DC
 #: offset) or of silence with one click through (the new-user trial), so the rule is now
@@ -72,10 +69,6 @@ MIN_SOUND_SECONDS = 0.1
 #: a second a clip holds a word or two, 12 codec frames (12.5 a second) in an in-context
 #: clone's prompt, little of a voice to imitate.
 MIN_CLIP_SECONDS = 1.0
-#: Shortest audio any reference is built from (``Reference.from_audio``), in seconds: clone
-#: clips are held to ``MIN_CLIP_SECONDS``, this lets a preset's rendered anchor of a short
-#: ``anchor_text`` through.
-MIN_REFERENCE_SECONDS = 0.5
 #: The most characters a transcript holds per second of its clip before the catalogue warns
 #: that it is no transcript of that clip (a whole script or chapter pasted in), counted with
 #: runs of white space as one: 80. Fast English speech is 15 to 20 characters a second (160
@@ -436,7 +429,7 @@ _SF_ERR_SYSTEM = 2
 
 def is_decoder_error(err: BaseException) -> bool:
     """Whether ``err`` is a decoder's refusal of a file's bytes, FFmpeg's (``decode_audio``) or
-    libsndfile's (WAV and FLAC, ``Reference.load``): the file is no audio it reads (a text
+    libsndfile's (WAV and FLAC, ``load_reference``): the file is no audio it reads (a text
     file renamed ``fake.mp3`` or ``fake.wav``), not a file that cannot be opened."""
     if isinstance(err, sf.LibsndfileError):  # not its system errors (gone, no permission): those stay ERRORs
         return err.code != _SF_ERR_SYSTEM
@@ -539,14 +532,6 @@ _SHIPPED_PRESETS = (
 )
 
 
-class ModelKind(str, enum.Enum):
-    """Qwen3-TTS model kinds; each voice is spoken by exactly one."""
-
-    BASE = "base"
-    VOICE_DESIGN = "voice_design"
-    CUSTOM_VOICE = "custom_voice"
-
-
 class VoiceSource(str, enum.Enum):
     """Where a voice comes from (decides whether the studio may rename or delete it)."""
 
@@ -636,20 +621,6 @@ _WHAT = {
 }
 
 
-class ClipTooShortError(ValueError):
-    """A clip shorter than a minimum.
-
-    Attributes:
-        seconds: the clip's length (at most ``MAX_REFERENCE_SECONDS``: only that much is read).
-        minimum: the length it fell short of, in seconds.
-    """
-
-    def __init__(self, seconds: float, minimum: float = MIN_CLIP_SECONDS) -> None:
-        super().__init__(f"the clip is {seconds:.2f} s long, shorter than {minimum:g} s")
-        self.seconds = seconds
-        self.minimum = minimum
-
-
 class UnknownVoiceError(KeyError):
     """No voice of that name is available (unknown, or its model is not loaded)."""
 
@@ -657,69 +628,34 @@ class UnknownVoiceError(KeyError):
         return str(self.args[0]) if self.args else "unknown voice"
 
 
-@dataclass(frozen=True, eq=False)
-class Reference:
-    """A clone reference clip.
+def load_reference(audio_path: Path, transcript_path: Path | None = None) -> Reference:
+    """A clone clip as a ``Reference`` (float32 mono, at most ``MAX_REFERENCE_SECONDS``): read
+    ``<id>.wav`` (any format of ``AUDIO_SUFFIXES``: WAV and FLAC by soundfile,
+    the others by FFmpeg, ``decode_audio``) and its optional transcript
+    (``transcript_path``; by default ``<id>.txt`` beside it, if it exists).
 
-    Attributes:
-        audio: float32 [n_samples], mono, in [-1, 1], at ``sample_rate``; at most
-            ``MAX_REFERENCE_SECONDS`` long.
-        sample_rate: Hz, as recorded (the model resamples).
-        transcript: what the clip says, or None for x-vector-only cloning.
-        digest: SHA-256 of the audio samples and transcript; keys the speaker-prompt cache,
-            so an edited file gets a new prompt and a renamed one keeps its old one.
+    Raises:
+        ClipTooShortError: shorter than ``MIN_REFERENCE_SECONDS``.
+        CutOffAudioError: audio that stops decoding part way (a file cut short; a FLAC
+            libsndfile loses sync in is decoded again by FFmpeg to tell).
+        TranscriptError: the transcript is no text ``read_transcript`` reads, or too long.
+        ValueError / soundfile.LibsndfileError / av.error.FFmpegError / EOFError / OSError:
+            unreadable audio.
     """
-
-    audio: np.ndarray
-    sample_rate: int
-    transcript: str | None
-    digest: str
-
-    @classmethod
-    def from_audio(cls, audio: np.ndarray, sample_rate: int, transcript: str | None) -> Reference:
-        """Build a reference from samples (any shape ``[n]`` or ``[n, channels]``, any dtype).
-
-        Raises:
-            ClipTooShortError: if the clip is empty or shorter than ``MIN_REFERENCE_SECONDS``.
-        """
-        mono = np.asarray(audio, dtype=np.float32)
-        if mono.ndim > 1:
-            mono = mono.mean(axis=1)
-        mono = mono[: int(MAX_REFERENCE_SECONDS * sample_rate)]
-        if len(mono) < sample_rate * MIN_REFERENCE_SECONDS:
-            raise ClipTooShortError(len(mono) / sample_rate, MIN_REFERENCE_SECONDS)
-        text = transcript.strip() if transcript and transcript.strip() else None
-        digest = hashlib.sha256(mono.tobytes() + str(sample_rate).encode() + (text or "").encode())
-        return cls(np.ascontiguousarray(mono), sample_rate, text, digest.hexdigest())
-
-    @classmethod
-    def load(cls, audio_path: Path, transcript_path: Path | None = None) -> Reference:
-        """Read ``<id>.wav`` (any format of ``AUDIO_SUFFIXES``: WAV and FLAC by soundfile,
-        the others by FFmpeg, ``decode_audio``) and its optional transcript
-        (``transcript_path``; by default ``<id>.txt`` beside it, if it exists).
-
-        Raises:
-            ClipTooShortError: shorter than ``MIN_REFERENCE_SECONDS``.
-            CutOffAudioError: audio that stops decoding part way (a file cut short; a FLAC
-                libsndfile loses sync in is decoded again by FFmpeg to tell).
-            TranscriptError: the transcript is no text ``read_transcript`` reads, or too long.
-            ValueError / soundfile.LibsndfileError / av.error.FFmpegError / EOFError / OSError:
-                unreadable audio.
-        """
-        if audio_path.suffix.lower() in _SOUNDFILE_SUFFIXES:
-            try:
-                with sf.SoundFile(str(audio_path)) as clip:  # read only what is used, never a whole long file
-                    sample_rate = clip.samplerate
-                    audio = clip.read(frames=int(MAX_REFERENCE_SECONDS * sample_rate), dtype="float32")
-            except sf.LibsndfileError as err:
-                _raise_if_cut_off(audio_path, err)
-                raise
-        else:  # MP3, Ogg, M4A...: FFmpeg, as the studio reads uploads
-            audio, sample_rate = decode_audio(str(audio_path), MAX_REFERENCE_SECONDS)
-        if transcript_path is None and audio_path.with_suffix(".txt").exists():
-            transcript_path = audio_path.with_suffix(".txt")
-        transcript = read_transcript(transcript_path) if transcript_path is not None else None
-        return cls.from_audio(audio, int(sample_rate), transcript)
+    if audio_path.suffix.lower() in _SOUNDFILE_SUFFIXES:
+        try:
+            with sf.SoundFile(str(audio_path)) as clip:  # read only what is used, never a whole long file
+                sample_rate = clip.samplerate
+                audio = clip.read(frames=int(MAX_REFERENCE_SECONDS * sample_rate), dtype="float32")
+        except sf.LibsndfileError as err:
+            _raise_if_cut_off(audio_path, err)
+            raise
+    else:  # MP3, Ogg, M4A...: FFmpeg, as the studio reads uploads
+        audio, sample_rate = decode_audio(str(audio_path), MAX_REFERENCE_SECONDS)
+    if transcript_path is None and audio_path.with_suffix(".txt").exists():
+        transcript_path = audio_path.with_suffix(".txt")
+    transcript = read_transcript(transcript_path) if transcript_path is not None else None
+    return Reference.from_audio(audio, int(sample_rate), transcript)
 
 
 @dataclass(frozen=True)
@@ -934,7 +870,7 @@ def read_clone_clip(path: Path, transcript: Path | None) -> Reference | ClipSkip
     if path.suffix.lower() not in AUDIO_SUFFIXES:
         return ClipSkip(unread_format_reason(path.name), logging.WARNING)
     try:
-        reference = Reference.load(path, transcript)
+        reference = load_reference(path, transcript)
     except ClipTooShortError as err:  # under MIN_REFERENCE_SECONDS: too short all the same
         return ClipSkip(cut_off_reason(err.seconds, str(path)) or too_short_reason(err.seconds), logging.WARNING)
     except TranscriptError as err:  # saved in another encoding, or a whole script: a user's file, a WARNING too

@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from ..timeline import Timeline
-from ..voices import ModelKind, Reference
+from ..common.vocabulary import ModelKind, Reference
 from .segment import Segment
 
 _LOGGER = logging.getLogger(__name__)

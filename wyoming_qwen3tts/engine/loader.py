@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..voices import ModelKind
+from ..common.vocabulary import ModelKind
 from .base import Engine
 from .cuda_env import cuda_bf16_supported, pick_dtype
 from .gpu_memory import is_out_of_memory
@@ -19,7 +19,7 @@ from .sizing import MIN_STREAMS, after_out_of_memory, memory_budget, plan_stream
 _LOGGER = logging.getLogger(__name__)
 
 #: Talker KV positions per stream, prompt + generated frames (faster-qwen3-tts's default
-#: ``max_seq_len``; ``text.MAX_SEGMENT_SECONDS`` keeps every segment inside it).
+#: ``max_seq_len``; ``vocabulary.MAX_SEGMENT_SECONDS`` keeps every segment inside it).
 MAX_SEQ_LEN = 2048
 #: Engines ``load_engine`` can build.
 ENGINES = ("auto", "batched", "single", "reference", "ggml")

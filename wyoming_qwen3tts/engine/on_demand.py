@@ -35,7 +35,7 @@ import time
 import weakref
 from collections.abc import Callable
 
-from ..voices import ModelKind, Reference
+from ..common.vocabulary import ModelKind, Reference
 from .base import Engine, Sink, Work, WorkSource
 from .gpu_memory import gpu_memory_note, is_out_of_memory
 from .lease import Demand, GpuLease

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..voices import Reference
+from ..common.vocabulary import Reference
 
 #: Silence appended to an ICL reference so the prompt ends on silence, not on a phoneme
 #: that would bleed into the first generated word (faster-qwen3-tts does the same), in s.

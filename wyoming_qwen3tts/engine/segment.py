@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..voices import Reference
+from ..common.vocabulary import Reference
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Segment:
     """One generation: a piece of text (a sentence or less) and how to voice it.
 
     Attributes:
-        text: cleaned text, at most ``text.MAX_SEGMENT_SECONDS`` of speech.
+        text: cleaned text, at most ``vocabulary.MAX_SEGMENT_SECONDS`` of speech.
         language: Qwen3-TTS language name ("english", ..., or "auto").
         max_new_tokens: cap on generated codec frames (80 ms each).
         min_new_tokens: frames generated before EOS is allowed (benchmarks fix the length

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..audio import SAMPLES_PER_FRAME
-from ..voices import ModelKind
+from ..common.vocabulary import ModelKind
 from .base import Engine, ModelMismatchError, Work, WorkSource
 from .prompts import ClonePrompts
 from .segment import Segment

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..voices import ModelKind
+from ..common.vocabulary import ModelKind
 from .segment import Segment
 from .serial import SerialEngine
 

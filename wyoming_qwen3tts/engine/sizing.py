@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..text import FRAMES_PER_SECOND, MAX_SEGMENT_SECONDS
-from ..voices import MAX_REFERENCE_SECONDS
+from ..audio import FRAMES_PER_SECOND
+from ..common.vocabulary import MAX_SEGMENT_SECONDS, MAX_REFERENCE_SECONDS
 
 GB = 1024**3
 
@@ -80,8 +80,8 @@ def slot_positions(
     tokens, then the segment's text; then the generated frames, with ``SPEECH_SLACK``.
 
     Args:
-        reference_seconds: longest reference clip (``voices.MAX_REFERENCE_SECONDS``).
-        segment_seconds: longest segment's estimated speech (``text.MAX_SEGMENT_SECONDS``).
+        reference_seconds: longest reference clip (``vocabulary.MAX_REFERENCE_SECONDS``).
+        segment_seconds: longest segment's estimated speech (``vocabulary.MAX_SEGMENT_SECONDS``).
         round_to: positions are rounded up to a multiple of this.
 
     Returns:

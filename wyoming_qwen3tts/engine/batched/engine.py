@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...voices import ModelKind, Reference
+from ...common.vocabulary import ModelKind, Reference
 from ..base import Engine, ModelMismatchError, Work, WorkSource
 from ..gpu_memory import is_out_of_memory, serving_error
 from .codec import StreamingDecoder

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ...voices import ModelKind, Reference
+from ...common.vocabulary import ModelKind, Reference
 from ..prompts import ClonePrompts
 from ..segment import Segment
 

@@ -8,7 +8,7 @@ Models named on the command line are kept as they are.
 
 from __future__ import annotations
 
-from ...voices import ModelKind
+from ...common.vocabulary import ModelKind
 
 #: The 1.7B model ids the CLI defaults to -> their 0.6B counterparts (none for VoiceDesign).
 SMALLER = {

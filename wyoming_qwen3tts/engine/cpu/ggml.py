@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ...quiet import native_output
-from ...voices import ModelKind, Reference
+from ...common.vocabulary import ModelKind, Reference
 from ..base import Engine, ModelMismatchError, Work, WorkSource
 from ..prompts import PROMPT_CACHE_SIZE, REFERENCE_TAIL_SECONDS
 from ..segment import Segment

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ...voices import ModelKind
+from ...common.vocabulary import ModelKind
 from ..base import Work, WorkSource
 from ..batched.codec import StreamingDecoder
 from ..segment import Segment
