@@ -41,10 +41,10 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from wyoming_qwen3tts.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from wyoming_qwen3tts.common.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from wyoming_qwen3tts.testing.checkpoint import build_checkpoint
 from wyoming_qwen3tts.common.vocabulary import ModelKind
-from wyoming_qwen3tts.voices import VoiceCatalog
+from wyoming_qwen3tts.catalogue.voices import VoiceCatalog
 
 #: Distinct one-sentence texts, one per concurrent client.
 TEXTS = [

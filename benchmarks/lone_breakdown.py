@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from wyoming_qwen3tts.timeline import POINTS
+from wyoming_qwen3tts.common.timeline import POINTS
 
 from .poisson import percentile
 

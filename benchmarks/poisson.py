@@ -51,7 +51,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from wyoming_qwen3tts.audio import PCM_WIDTH as BYTES_PER_SAMPLE, SAMPLE_RATE, SAMPLES_PER_FRAME
+from wyoming_qwen3tts.common.audio import PCM_WIDTH as BYTES_PER_SAMPLE, SAMPLE_RATE, SAMPLES_PER_FRAME
 
 # One sentence per request, drawn in turn: the single-client benchmark's English prompts.
 from .bench import TEXTS as SENTENCES

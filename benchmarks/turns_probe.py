@@ -31,12 +31,12 @@ import soundfile as sf
 import torch
 
 from wyoming_qwen3tts.engine import Engine, Segment, load_engine
-from wyoming_qwen3tts.engine.lease import GpuLease
-from wyoming_qwen3tts.engine.on_demand import OnDemandEngine
-from wyoming_qwen3tts.metrics import Metrics
-from wyoming_qwen3tts.service import SpeechRequest, TtsService
+from wyoming_qwen3tts.engine.gpu.lease import GpuLease
+from wyoming_qwen3tts.engine.gpu.on_demand import OnDemandEngine
+from wyoming_qwen3tts.common.metrics import Metrics
+from wyoming_qwen3tts.service.speech import SpeechRequest, TtsService
 from wyoming_qwen3tts.common.vocabulary import ModelKind, Reference
-from wyoming_qwen3tts.voices import VoiceCatalog
+from wyoming_qwen3tts.catalogue.voices import VoiceCatalog
 
 FULL = Path(os.environ.get("QWEN3TTS_FULL_CHECKPOINTS", ".ckpt/full"))
 VOICES = Path("/tmp/turns-probe-voices")

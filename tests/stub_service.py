@@ -14,13 +14,13 @@ from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
 
-from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
+from wyoming_qwen3tts.common.audio import SAMPLES_PER_FRAME
 from wyoming_qwen3tts.engine import Engine, Segment
 from wyoming_qwen3tts.engine.serial import SerialEngine
-from wyoming_qwen3tts.metrics import Metrics
-from wyoming_qwen3tts.service import TtsService
+from wyoming_qwen3tts.common.metrics import Metrics
+from wyoming_qwen3tts.service.speech import TtsService
 from wyoming_qwen3tts.common.vocabulary import ModelKind
-from wyoming_qwen3tts.voices import VoiceCatalog
+from wyoming_qwen3tts.catalogue.voices import VoiceCatalog
 
 #: The stand-in CustomVoice model's speakers.
 SPEAKERS = ["ryan", "vivian"]

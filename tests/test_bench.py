@@ -30,13 +30,13 @@ def test_memory_benchmark_reads_the_server_log_and_writes_its_table(tmp_path: Pa
         "INFO wyoming_qwen3tts: GPU memory: 7.4 GB for this server; weights base 3.9 GB, "
         "voice_design 3.9 GB; the models do not fit on the GPU together (9.9 GB needed with 2 streams each, "
         "7.4 GB available): one at a time\n"
-        "INFO wyoming_qwen3tts.engine.on_demand: base model is in GPU memory (10.4 s to load, 12 stream(s))\n"
+        "INFO wyoming_qwen3tts.engine.gpu.on_demand: base model is in GPU memory (10.4 s to load, 12 stream(s))\n"
         "INFO wyoming_qwen3tts: Ready: Wyoming on tcp://127.0.0.1:1\n"
-        "INFO wyoming_qwen3tts.engine.on_demand: base model out: 0.01 GB allocated, 0.02 GB reserved (0.00 GB of it not releasable)\n"
-        "INFO wyoming_qwen3tts.engine.on_demand: voice_design model is in GPU memory (9.1 s to load, 11 stream(s))\n"
-        "INFO wyoming_qwen3tts.engine.on_demand: voice_design model: the longest-waiting request waited 9.8 s for it\n"
-        "INFO wyoming_qwen3tts.engine.on_demand: base model is in GPU memory (10.0 s to load, 12 stream(s))\n"
-        "INFO wyoming_qwen3tts.engine.on_demand: base model: the longest-waiting request waited 10.2 s for it\n"
+        "INFO wyoming_qwen3tts.engine.gpu.on_demand: base model out: 0.01 GB allocated, 0.02 GB reserved (0.00 GB of it not releasable)\n"
+        "INFO wyoming_qwen3tts.engine.gpu.on_demand: voice_design model is in GPU memory (9.1 s to load, 11 stream(s))\n"
+        "INFO wyoming_qwen3tts.engine.gpu.on_demand: voice_design model: the longest-waiting request waited 9.8 s for it\n"
+        "INFO wyoming_qwen3tts.engine.gpu.on_demand: base model is in GPU memory (10.0 s to load, 12 stream(s))\n"
+        "INFO wyoming_qwen3tts.engine.gpu.on_demand: base model: the longest-waiting request waited 10.2 s for it\n"
     )
     said = parse_log(log)
     assert said["resident"] == ["base"] and said["streams"] == {"base": 12, "voice_design": 11}

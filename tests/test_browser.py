@@ -26,9 +26,9 @@ import pytest
 import soundfile as sf
 from aiohttp import web
 
-from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
-from wyoming_qwen3tts.text import frame_budget
-from wyoming_qwen3tts.ws_events import browser_can_offer_key
+from wyoming_qwen3tts.common.audio import SAMPLES_PER_FRAME
+from wyoming_qwen3tts.text.segmenter import frame_budget
+from wyoming_qwen3tts.doors.http.ws_events import browser_can_offer_key
 
 from .conftest import CLONE_TRANSCRIPT, Server, free_port, start_server, stop_server
 from .test_studio import encoded, tone, wyoming_voices
@@ -1253,7 +1253,7 @@ def test_the_clip_picker_offers_exactly_the_formats_the_server_reads(page: Page)
     only seven of the 25 the server reads (no AIFF, CAF, WavPack, WMA, AMR...). It offers
     the voices folder's formats now (``voices.AUDIO_SUFFIXES``: each read by the upload's
     decoder, FFmpeg, and checked by a test), nothing else."""
-    from wyoming_qwen3tts.voices import AUDIO_SUFFIXES, UNREAD_AUDIO_SUFFIXES
+    from wyoming_qwen3tts.catalogue.voices import AUDIO_SUFFIXES, UNREAD_AUDIO_SUFFIXES
 
     offered = (page.get_attribute("#clone-file", "accept") or "").split(",")
     assert offered == list(AUDIO_SUFFIXES)

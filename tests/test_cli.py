@@ -219,9 +219,9 @@ def test_an_unknown_default_voice_lists_the_valid_voices_as_the_server_lists_the
     running server's messages (``service.shown_names`` of the catalogue's voices) list them
     by name regardless of case, the first 12, each name once. Now start-up lists the same
     names in that order (capitals were first, as in "Aria, Bob, Zed, alina", until stop 48)."""
-    from wyoming_qwen3tts.service import shown_names
+    from wyoming_qwen3tts.service.speech import shown_names
     from wyoming_qwen3tts.common.vocabulary import ModelKind
-    from wyoming_qwen3tts.voices import VoiceCatalog
+    from wyoming_qwen3tts.catalogue.voices import VoiceCatalog
 
     voices = tmp_path / "voices"
     voices.mkdir()
@@ -612,7 +612,7 @@ async def test_a_cpu_start_whose_every_model_fell_back_says_so(
 
     from wyoming_qwen3tts.__main__ import build_parser
     from wyoming_qwen3tts.engine.cpu.ggml import native_support
-    from wyoming_qwen3tts.metrics import Metrics
+    from wyoming_qwen3tts.common.metrics import Metrics
     from wyoming_qwen3tts.startup import load_engines
     from wyoming_qwen3tts.common.vocabulary import ModelKind
 

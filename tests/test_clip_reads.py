@@ -28,15 +28,15 @@ from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
 from wyoming.tts import Synthesize, SynthesizeVoice
 
-from wyoming_qwen3tts.clips import ClipPreparer
+from wyoming_qwen3tts.service.clips import ClipPreparer
 from wyoming_qwen3tts.engine import Engine
-from wyoming_qwen3tts.handler import Connections, WyomingLimits
-from wyoming_qwen3tts.http_api import create_app
-from wyoming_qwen3tts.metrics import Metrics
-from wyoming_qwen3tts.service import TtsService
+from wyoming_qwen3tts.doors.wyoming.handler import Connections, WyomingLimits
+from wyoming_qwen3tts.doors.http.api import create_app
+from wyoming_qwen3tts.common.metrics import Metrics
+from wyoming_qwen3tts.service.speech import TtsService
 from wyoming_qwen3tts.common.vocabulary import ModelKind, Reference
-from wyoming_qwen3tts import voices as voices_module
-from wyoming_qwen3tts.voices import VoiceCatalog
+from wyoming_qwen3tts.catalogue import voices as voices_module
+from wyoming_qwen3tts.catalogue.voices import VoiceCatalog
 
 from .stub_service import StubEngine
 

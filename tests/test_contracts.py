@@ -31,9 +31,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from wyoming_qwen3tts.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
-from wyoming_qwen3tts.http_common import ApiError
-from wyoming_qwen3tts.http_request import loaded_model_names, model_kind
+from wyoming_qwen3tts.common.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from wyoming_qwen3tts.doors.http.shared import ApiError
+from wyoming_qwen3tts.doors.http.request import loaded_model_names, model_kind
 from wyoming_qwen3tts.common.vocabulary import ModelKind
 
 from .conftest import ROOT, Server

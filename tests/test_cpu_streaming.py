@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
+from wyoming_qwen3tts.common.audio import SAMPLES_PER_FRAME
 from wyoming_qwen3tts.engine import Segment
 from wyoming_qwen3tts.engine.cpu.reference import MAX_CHUNK_FRAMES, ReferenceEngine
 from wyoming_qwen3tts.common.vocabulary import ModelKind, Reference

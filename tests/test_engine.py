@@ -18,7 +18,7 @@ import torch
 from wyoming_qwen3tts.engine import Engine, Sampling, Segment, Work, WorkSource
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.common.vocabulary import ModelKind
-from wyoming_qwen3tts.voices import load_reference
+from wyoming_qwen3tts.catalogue.voices import load_reference
 
 from .conftest import CLONE_TRANSCRIPT
 from .engine_driver import Collect, Source, load_tiny, run

@@ -3,7 +3,7 @@
 An input is ``[route byte][auth byte][body...]``: the first byte picks the method and path
 (mostly ``POST /v1/audio/speech``), the second whether the right API key is sent, the rest
 is the request body, sent as raw HTTP/1.1 over TCP to the real aiohttp application
-(``http_api.create_app``, with an API key) on a ``TtsService`` with a stand-in engine
+(``doors.http.api.create_app``, with an API key) on a ``TtsService`` with a stand-in engine
 (``stub_service``). For every input it checks:
 
 * no 5xx, only the statuses the OpenAPI description lists;
@@ -54,7 +54,7 @@ class HttpHarness:
     def __init__(self) -> None:
         from aiohttp import web
 
-        from wyoming_qwen3tts.http_api import create_app
+        from wyoming_qwen3tts.doors.http.api import create_app
 
         from .stub_service import stub_service
 
@@ -174,7 +174,7 @@ def _check(
     if not keyed and path.startswith("/v1/"):
         raise FuzzFailure(f"{path} answered 200 without the API key")
     if (method, path) == ("POST", "/v1/audio/speech"):
-        from wyoming_qwen3tts.encoders import FORMATS
+        from wyoming_qwen3tts.doors.http.encoders import FORMATS
 
         request = json.loads(body)
         sse = request.get("stream_format") == "sse"
@@ -245,8 +245,8 @@ def main() -> None:
     import atheris
 
     with atheris.instrument_imports(include=["wyoming_qwen3tts"]):
-        import wyoming_qwen3tts.http_api  # noqa: F401
-        import wyoming_qwen3tts.text  # noqa: F401
+        import wyoming_qwen3tts.doors.http.api  # noqa: F401
+        import wyoming_qwen3tts.text.segmenter  # noqa: F401
     harness = HttpHarness()
     # -merge=1 re-runs argv[0] through the shell: script/fuzz passes itself as that.
     sys.argv[0] = os.environ.get("QWEN3TTS_FUZZ_ARGV0", sys.argv[0])

@@ -67,7 +67,7 @@ class WyomingHarness:
     """A stub-engine service and the Wyoming door's connection factory, on one event loop."""
 
     def __init__(self) -> None:
-        from wyoming_qwen3tts.handler import Connections, WyomingLimits
+        from wyoming_qwen3tts.doors.wyoming.handler import Connections, WyomingLimits
 
         from .stub_service import stub_service
 
@@ -107,7 +107,7 @@ class WyomingHarness:
         return events
 
     async def _exchange(self, data: bytes) -> list[Any]:
-        from wyoming_qwen3tts.wire import read_event
+        from wyoming_qwen3tts.doors.wyoming.wire import read_event
 
         near, far = socket.socketpair()
         server_reader, server_writer = await asyncio.open_connection(sock=near)
@@ -261,9 +261,9 @@ def main() -> None:
 
     with atheris.instrument_imports(include=["wyoming_qwen3tts", "wyoming"]):
         import wyoming.event  # noqa: F401
-        import wyoming_qwen3tts.handler  # noqa: F401
-        import wyoming_qwen3tts.text  # noqa: F401
-        import wyoming_qwen3tts.wire  # noqa: F401
+        import wyoming_qwen3tts.doors.wyoming.handler  # noqa: F401
+        import wyoming_qwen3tts.text.segmenter  # noqa: F401
+        import wyoming_qwen3tts.doors.wyoming.wire  # noqa: F401
     harness = WyomingHarness()
     # -merge=1 re-runs argv[0] through the shell: script/fuzz passes itself as that.
     sys.argv[0] = os.environ.get("QWEN3TTS_FUZZ_ARGV0", sys.argv[0])

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
+from wyoming_qwen3tts.common.audio import SAMPLES_PER_FRAME
 from wyoming_qwen3tts.engine import ModelMismatchError, Sampling, Segment
 from wyoming_qwen3tts.engine.cpu.ggml import GgmlEngine, native_support
 from wyoming_qwen3tts.engine import loader

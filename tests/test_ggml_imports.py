@@ -18,7 +18,7 @@ HEAVY = ("torch", "transformers", "qwen_tts", "faster_qwen3_tts")
 
 SCRIPT = """
 import json, logging, sys
-from wyoming_qwen3tts.quiet import quiet_dependencies
+from wyoming_qwen3tts.common.quiet import quiet_dependencies
 from wyoming_qwen3tts.startup import _device
 quiet_dependencies(models=False)
 device = _device(sys.argv[1], sys.argv[2])
@@ -40,7 +40,7 @@ def test_cpu_start_up_on_the_ggml_engine_imports_no_torch() -> None:
 
 
 def test_the_device_check_without_a_driver_imports_no_torch() -> None:
-    from wyoming_qwen3tts.engine.cuda_env import driver_cuda_version
+    from wyoming_qwen3tts.engine.gpu.cuda_env import driver_cuda_version
 
     if driver_cuda_version() is not None:
         pytest.skip("an NVIDIA driver is installed: auto asks torch, as it should")

@@ -35,17 +35,17 @@ from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
 from wyoming.tts import Synthesize, SynthesizeVoice
 
-from wyoming_qwen3tts.encoders import FORMATS, open_encoder
-from wyoming_qwen3tts.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from wyoming_qwen3tts.doors.http.encoders import FORMATS, open_encoder
+from wyoming_qwen3tts.common.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from wyoming_qwen3tts.engine import Engine, Segment
 from wyoming_qwen3tts.engine.serial import SerialEngine
-from wyoming_qwen3tts.http_api import _SERVICE_KEY, create_app, start_http
-from wyoming_qwen3tts.metrics import Metrics
-from wyoming_qwen3tts.service import TtsService
-from wyoming_qwen3tts.tempo import Tempo, stage_factors
-from wyoming_qwen3tts.text import Segmenter, frame_budget
+from wyoming_qwen3tts.doors.http.api import _SERVICE_KEY, create_app, start_http
+from wyoming_qwen3tts.common.metrics import Metrics
+from wyoming_qwen3tts.service.speech import TtsService
+from wyoming_qwen3tts.doors.http.tempo import Tempo, stage_factors
+from wyoming_qwen3tts.text.segmenter import Segmenter, frame_budget
 from wyoming_qwen3tts.common.vocabulary import ModelKind
-from wyoming_qwen3tts.voices import VoiceCatalog
+from wyoming_qwen3tts.catalogue.voices import VoiceCatalog
 
 from .conftest import Server, start_server, stop_server
 
@@ -471,7 +471,7 @@ def test_a_model_this_gpu_cannot_hold_is_not_listed(checkpoints: Path, voices_di
     import torch
 
     from wyoming_qwen3tts.engine.loader import checkpoint_params, checkpoint_slot_bytes
-    from wyoming_qwen3tts.engine.sizing import GB, MIN_STREAMS, ModelNeed, slot_positions
+    from wyoming_qwen3tts.engine.gpu.sizing import GB, MIN_STREAMS, ModelNeed, slot_positions
     from wyoming_qwen3tts.testing.checkpoint import build_checkpoint
 
     from .conftest import CHECKPOINTS
@@ -1081,7 +1081,7 @@ def _unservable_design(why: str) -> Engine:
     """The VoiceDesign engine start-up builds for a model the card cannot hold even alone: an
     ``OnDemandEngine`` flagged with ``why``, never loaded (as ``startup.load_engines`` flags it
     from the memory plan)."""
-    from wyoming_qwen3tts.engine.on_demand import OnDemandEngine
+    from wyoming_qwen3tts.engine.gpu.on_demand import OnDemandEngine
 
     def never(_shrink: float) -> Engine:
         raise AssertionError("a model this GPU cannot hold is never loaded")
@@ -1092,7 +1092,7 @@ def _unservable_design(why: str) -> Engine:
 @contextlib.asynccontextmanager
 async def wyoming_door(service: TtsService) -> AsyncIterator[int]:
     """The Wyoming door (the server's ``Connections``) on 127.0.0.1 for ``service``: its port."""
-    from wyoming_qwen3tts.handler import Connections, WyomingLimits
+    from wyoming_qwen3tts.doors.wyoming.handler import Connections, WyomingLimits
 
     connections = Connections(service, WyomingLimits(write_timeout=5, idle_timeout=60))
 

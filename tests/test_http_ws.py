@@ -24,11 +24,11 @@ import pytest
 from wyoming.client import AsyncTcpClient
 from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
-from wyoming_qwen3tts import ws_events as ev
-from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
-from wyoming_qwen3tts.http_ws import MAX_ERRORS_IN_A_ROW
-from wyoming_qwen3tts.service import DESIGNED_VOICE
-from wyoming_qwen3tts.text import frame_budget
+from wyoming_qwen3tts.doors.http import ws_events as ev
+from wyoming_qwen3tts.common.audio import SAMPLES_PER_FRAME
+from wyoming_qwen3tts.doors.http.websocket import MAX_ERRORS_IN_A_ROW
+from wyoming_qwen3tts.service.speech import DESIGNED_VOICE
+from wyoming_qwen3tts.text.segmenter import frame_budget
 
 from .conftest import Server, start_server, stop_server
 from .test_http import metric, scrape

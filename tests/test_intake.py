@@ -19,7 +19,7 @@ from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.engine.batched.prompt import Prompt
 from wyoming_qwen3tts.engine.batched.stages.intake import Inline, PromptWorker
 from wyoming_qwen3tts.common.vocabulary import ModelKind
-from wyoming_qwen3tts.voices import load_reference
+from wyoming_qwen3tts.catalogue.voices import load_reference
 
 from .engine_driver import Collect, Source, load_tiny, run
 

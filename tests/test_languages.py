@@ -2,7 +2,7 @@
 
 import pytest
 
-from wyoming_qwen3tts.languages import (
+from wyoming_qwen3tts.text.languages import (
     ALL_CODES,
     QWEN_LANGUAGES,
     SPEAKER_LANGUAGES,
@@ -12,7 +12,7 @@ from wyoming_qwen3tts.languages import (
 )
 from wyoming_qwen3tts.testing.checkpoint import SPEAKERS
 from wyoming_qwen3tts.common.vocabulary import ModelKind
-from wyoming_qwen3tts.voices import VoiceCatalog
+from wyoming_qwen3tts.catalogue.voices import VoiceCatalog
 
 
 @pytest.mark.parametrize(

@@ -10,24 +10,24 @@ from pathlib import Path
 import pytest
 
 from benchmarks import lone_breakdown, poisson
-from wyoming_qwen3tts.timeline import POINTS, Timeline
+from wyoming_qwen3tts.common.timeline import POINTS, Timeline
 
 from .conftest import start_server, stop_server
 
 #: Three requests as a server logs them, with other lines between (the third lacks points).
 RECORDED = """\
 2026-12-02 15:00:00,001 INFO wyoming_qwen3tts.startup: Ready: Wyoming on tcp://127.0.0.1:10300
-2026-12-02 15:00:01,100 INFO wyoming_qwen3tts.service: wyoming request ok: voice ryan, 40 chars, 1 sentence(s), \
+2026-12-02 15:00:01,100 INFO wyoming_qwen3tts.service.speech: wyoming request ok: voice ryan, 40 chars, 1 sentence(s), \
 first audio 20 ms (queued 0.1, taken 0.2, prompt 1.0, admitted 2.0, prefill 4.0, first frame 10.0, decoded 12.0, \
 delivered 12.5, written 13.0), 6.00 s of audio
-2026-12-02 15:00:02,100 INFO wyoming_qwen3tts.service: http request ok: voice ryan, 40 chars, 1 sentence(s), \
+2026-12-02 15:00:02,100 INFO wyoming_qwen3tts.service.speech: http request ok: voice ryan, 40 chars, 1 sentence(s), \
 first audio 90 ms (queued 0.1, written 95.0), 6.00 s of audio
-2026-12-02 15:00:03,100 INFO wyoming_qwen3tts.service: wyoming request ok: voice aria (anchor), 40 chars, \
+2026-12-02 15:00:03,100 INFO wyoming_qwen3tts.service.speech: wyoming request ok: voice aria (anchor), 40 chars, \
 1 sentence(s), first audio 30 ms (queued 0.3, taken 0.4, prompt 2.0, admitted 3.0, prefill 6.0, first frame 14.0, \
 decoded 18.0, delivered 18.5, written 21.0), 6.00 s of audio
-2026-12-02 15:00:04,100 INFO wyoming_qwen3tts.service: wyoming request cancelled: voice ryan, 4 chars, \
+2026-12-02 15:00:04,100 INFO wyoming_qwen3tts.service.speech: wyoming request cancelled: voice ryan, 4 chars, \
 1 sentence(s), first audio none, 0.00 s of audio
-2026-12-02 15:00:05,100 INFO wyoming_qwen3tts.service: wyoming request ok: voice ryan, 40 chars, 1 sentence(s), \
+2026-12-02 15:00:05,100 INFO wyoming_qwen3tts.service.speech: wyoming request ok: voice ryan, 40 chars, 1 sentence(s), \
 first audio 40 ms (queued 0.5, taken 0.6, prompt 3.0, admitted 4.0, prefill 8.0, first frame 18.0, decoded 24.0, \
 delivered 24.5, written 29.0), 6.00 s of audio
 """

@@ -18,11 +18,11 @@ import torch
 from wyoming_qwen3tts.__main__ import build_parser
 from wyoming_qwen3tts.engine import Engine, Segment, load_engine
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
-from wyoming_qwen3tts.engine.cuda_env import CUDA12_INSTALL, driver_problem, parse_cuda_version, pick_dtype
+from wyoming_qwen3tts.engine.gpu.cuda_env import CUDA12_INSTALL, driver_problem, parse_cuda_version, pick_dtype
 from wyoming_qwen3tts.engine.loader import checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers, slot_bytes
-from wyoming_qwen3tts.engine.lease import GpuLease
-from wyoming_qwen3tts.engine.on_demand import OnDemandEngine
-from wyoming_qwen3tts.engine.sizing import (
+from wyoming_qwen3tts.engine.gpu.lease import GpuLease
+from wyoming_qwen3tts.engine.gpu.on_demand import OnDemandEngine
+from wyoming_qwen3tts.engine.gpu.sizing import (
     DRIVER_HEADROOM_BYTES,
     GB,
     WORKSPACE_BYTES,
@@ -33,12 +33,12 @@ from wyoming_qwen3tts.engine.sizing import (
     plan_streams,
     slot_positions,
 )
-from wyoming_qwen3tts.metrics import Metrics
-from wyoming_qwen3tts.service import OOM_ADVICE, GenerationError, SpeechRequest, TtsService
-from wyoming_qwen3tts.audio import FRAMES_PER_SECOND
+from wyoming_qwen3tts.common.metrics import Metrics
+from wyoming_qwen3tts.service.speech import OOM_ADVICE, GenerationError, SpeechRequest, TtsService
+from wyoming_qwen3tts.common.audio import FRAMES_PER_SECOND
 from wyoming_qwen3tts.common.vocabulary import MAX_SEGMENT_SECONDS, MAX_REFERENCE_SECONDS, ModelKind
-from wyoming_qwen3tts.text import frame_budget
-from wyoming_qwen3tts.voices import VoiceCatalog
+from wyoming_qwen3tts.text.segmenter import frame_budget
+from wyoming_qwen3tts.catalogue.voices import VoiceCatalog
 
 MB = 1_000_000
 
@@ -70,7 +70,7 @@ def test_streams_are_capped_and_reserve_counts() -> None:
 
 
 def test_no_room_is_a_plan_that_does_not_fit() -> None:
-    from wyoming_qwen3tts.engine.sizing import LEAN_WORKSPACE_BYTES
+    from wyoming_qwen3tts.engine.gpu.sizing import LEAN_WORKSPACE_BYTES
 
     plan = plan_streams(free=LEAN_WORKSPACE_BYTES + 10 * MB, slot_bytes=120 * MB)
     assert not plan.fits and plan.streams == 0 and "not even 1 stream" in plan.reason
@@ -84,7 +84,7 @@ def test_asked_streams_say_whether_they_fit() -> None:
 
 
 def test_a_model_loaded_again_keeps_its_streams_unless_the_memory_moved_more_than_a_stream() -> None:
-    from wyoming_qwen3tts.engine.sizing import steady_streams
+    from wyoming_qwen3tts.engine.gpu.sizing import steady_streams
 
     assert steady_streams(11, None) == 11
     assert [steady_streams(p, 11) for p in (10, 11, 12, 13)] == [11, 11, 11, 11]
@@ -94,7 +94,7 @@ def test_a_model_loaded_again_keeps_its_streams_unless_the_memory_moved_more_tha
 def test_a_model_loaded_again_takes_what_fitted_after_an_earlier_out_of_memory() -> None:
     """The 6 GB H200 log: planned 14-16 streams at every swap, 9 fitted after the retry. The
     next load takes 9 at once; only more memory than a stream's worth lifts the cap."""
-    from wyoming_qwen3tts.engine.sizing import after_out_of_memory
+    from wyoming_qwen3tts.engine.gpu.sizing import after_out_of_memory
 
     slot = 120 * 10**6
     fitted = (int(2.7 * GB), 9)
@@ -110,7 +110,7 @@ def test_one_stream_takes_a_lean_workspace_only_where_the_full_one_leaves_no_roo
     1.0 GB workspace filled; one stream with the lean workspace fits. More memory: the full
     workspace as before; less than the lean one and a stream: no fit. A fixed --max-streams
     is judged with the full workspace."""
-    from wyoming_qwen3tts.engine.sizing import LEAN_WORKSPACE_BYTES, WORKSPACE_BYTES
+    from wyoming_qwen3tts.engine.gpu.sizing import LEAN_WORKSPACE_BYTES, WORKSPACE_BYTES
 
     slot = 120 * 10**6
     lean = plan_streams(free=int(1.0 * GB), slot_bytes=slot)
@@ -125,7 +125,7 @@ def test_a_model_taking_turns_is_judged_by_what_the_home_models_load_left() -> N
     """4 GB free on the H200: the Base model's load had about 1.12 GB beside its weights (one
     stream and the full workspace, just); the VoiceDesign model, as large, would have less once
     the context grew: it is not swapped in. With 6 GB free (2.8 GB beside) it is."""
-    from wyoming_qwen3tts.engine.sizing import ModelNeed, turns_fit
+    from wyoming_qwen3tts.engine.gpu.sizing import ModelNeed, turns_fit
 
     weights, slot = int(2.2 * GB), 120 * 10**6
     design = ModelNeed("voice_design", weights, slot)
@@ -422,7 +422,7 @@ async def test_models_that_do_not_fit_together_take_turns(
         assert await _speak(service, "A preset, designed live.") > 0
         assert design.resident and not base.resident
         assert first_base() is None and len(thaws) == 1  # nothing holds the model that left: its memory is free
-        from wyoming_qwen3tts.anchors import AnchorSpec
+        from wyoming_qwen3tts.service.anchors import AnchorSpec
 
         clip = await service.render_design(AnchorSpec("A warm voice.", "english", 3, "A short clip.", "model"))
         assert clip.dtype == np.float32 and len(clip) > 0
@@ -476,7 +476,7 @@ async def test_models_taking_turns_are_wired_at_start(
     checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from wyoming_qwen3tts import startup as main
-    from wyoming_qwen3tts.engine.sizing import Residency
+    from wyoming_qwen3tts.engine.gpu.sizing import Residency
 
     monkeypatch.setattr(main, "_residency", lambda *a: Residency("turns", {}, "faked: they do not fit"))
     engines = await main.load_engines(_args(checkpoints, tmp_path, "--device", "cpu"), Metrics())
@@ -490,7 +490,7 @@ async def test_a_model_that_cannot_fit_even_alone_is_logged_once_at_start_and_ne
     checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from wyoming_qwen3tts import startup as main
-    from wyoming_qwen3tts.engine.sizing import Residency
+    from wyoming_qwen3tts.engine.gpu.sizing import Residency
 
     why = "the voice_design model does not fit in this GPU's 3.5 GB even alone: it needs 3.7 GB"
     monkeypatch.setattr(main, "_residency", lambda *a: Residency("turns", {}, "faked", {"voice_design": why}))

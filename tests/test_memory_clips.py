@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from wyoming_qwen3tts.clips import ClipPreparer
+from wyoming_qwen3tts.service.clips import ClipPreparer
 from wyoming_qwen3tts.engine import Engine, Segment, load_engine
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
-from wyoming_qwen3tts.engine.on_demand import OnDemandEngine
-from wyoming_qwen3tts.metrics import Metrics
-from wyoming_qwen3tts.service import SpeechRequest, TtsService
+from wyoming_qwen3tts.engine.gpu.on_demand import OnDemandEngine
+from wyoming_qwen3tts.common.metrics import Metrics
+from wyoming_qwen3tts.service.speech import SpeechRequest, TtsService
 from wyoming_qwen3tts.common.vocabulary import ModelKind, Reference
-from wyoming_qwen3tts.voices import VoiceCatalog, load_reference
+from wyoming_qwen3tts.catalogue.voices import VoiceCatalog, load_reference
 
 
 def _load(checkpoints: Path) -> BatchedEngine:

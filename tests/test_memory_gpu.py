@@ -136,12 +136,12 @@ def test_fifty_swaps_leave_gpu_memory_flat_and_the_streams_the_same(
     import torch
 
     from wyoming_qwen3tts.engine import Engine
-    from wyoming_qwen3tts.engine.lease import GpuLease
-    from wyoming_qwen3tts.engine.on_demand import OnDemandEngine
-    from wyoming_qwen3tts.metrics import Metrics
-    from wyoming_qwen3tts.service import SpeechRequest, TtsService
+    from wyoming_qwen3tts.engine.gpu.lease import GpuLease
+    from wyoming_qwen3tts.engine.gpu.on_demand import OnDemandEngine
+    from wyoming_qwen3tts.common.metrics import Metrics
+    from wyoming_qwen3tts.service.speech import SpeechRequest, TtsService
     from wyoming_qwen3tts.common.vocabulary import Reference
-    from wyoming_qwen3tts.voices import VoiceCatalog
+    from wyoming_qwen3tts.catalogue.voices import VoiceCatalog
 
     lease = GpuLease()
 

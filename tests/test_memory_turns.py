@@ -1,4 +1,4 @@
-"""Models taking turns on one GPU (``engine.on_demand``): who goes first, how many swaps a
+"""Models taking turns on one GPU (``engine.gpu.on_demand``): who goes first, how many swaps a
 request waits, anchors rendered in one visit. Fake engines that only record what they say
 and when they load (ordering logic only), the real schedulers, lease and on-demand wrappers,
 and a fake clock for the idle time after which the VoiceDesign model gives the card back."""
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from wyoming_qwen3tts.engine import Engine, Segment, WorkSource
-from wyoming_qwen3tts.engine.lease import BACKGROUND_AFTER_IDLE_S, Demand, GpuLease, must_yield, next_turn
-from wyoming_qwen3tts.engine.on_demand import TURNS_IDLE_S, OnDemandEngine
-from wyoming_qwen3tts.scheduler import Job, Scheduler, background
+from wyoming_qwen3tts.engine.gpu.lease import BACKGROUND_AFTER_IDLE_S, Demand, GpuLease, must_yield, next_turn
+from wyoming_qwen3tts.engine.gpu.on_demand import TURNS_IDLE_S, OnDemandEngine
+from wyoming_qwen3tts.service.scheduler import Job, Scheduler, background
 from wyoming_qwen3tts.common.vocabulary import ModelKind
 
 BASE, DESIGN = ModelKind.BASE, ModelKind.VOICE_DESIGN
@@ -264,7 +264,7 @@ async def test_clients_of_both_models_each_wait_at_most_one_swap() -> None:
 async def test_a_model_that_cannot_load_fails_what_waits_for_it_and_the_other_serves_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import wyoming_qwen3tts.engine.on_demand as on_demand
+    import wyoming_qwen3tts.engine.gpu.on_demand as on_demand
 
     monkeypatch.setattr(on_demand, "RETRY_S", 0.2)
     turns = Turns()
@@ -276,7 +276,7 @@ async def test_a_model_that_cannot_load_fails_what_waits_for_it_and_the_other_se
     turns.start()
     try:
         preset = turns.job(DESIGN, "p1")
-        from wyoming_qwen3tts.scheduler import GenerationError
+        from wyoming_qwen3tts.service.scheduler import GenerationError
 
         with pytest.raises(GenerationError, match="could not be loaded: voice_design model: not even 1 stream fits"):
             await asyncio.wait_for(_drain(preset), 30)
@@ -311,7 +311,7 @@ async def test_a_model_found_not_to_fit_alone_is_never_swapped_in_again() -> Non
     and anchor sent the Base model out for it again. Now its first failure is its last try:
     later requests fail at once, and the Base model comes back and stays."""
     from wyoming_qwen3tts.engine.loader import MemoryFitError
-    from wyoming_qwen3tts.scheduler import GenerationError
+    from wyoming_qwen3tts.service.scheduler import GenerationError
 
     turns = Turns()
 
@@ -345,8 +345,8 @@ async def test_where_the_voice_design_model_cannot_load_stored_anchors_still_ser
     rendered; the anchors already in the data folder must still serve their presets (through
     the Base model). The 4 GB row asked for ``lena``, whose anchor was there, and got the
     VoiceDesign model's refusal: the model was never identified without the renderer."""
-    from wyoming_qwen3tts.anchors import AnchorMode, Anchors, AnchorStore, model_identity, preset_spec
-    from wyoming_qwen3tts.voices import VoiceCatalog
+    from wyoming_qwen3tts.service.anchors import AnchorMode, Anchors, AnchorStore, model_identity, preset_spec
+    from wyoming_qwen3tts.catalogue.voices import VoiceCatalog
 
     catalog = VoiceCatalog(voices_dir, {BASE, DESIGN})
     store = AnchorStore(tmp_path / "anchors")

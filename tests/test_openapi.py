@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from wyoming_qwen3tts import openapi
+from wyoming_qwen3tts.doors.http import openapi
 
 from .conftest import Server, start_server, stop_server
 
@@ -57,7 +57,7 @@ def test_document_is_served_without_the_key(described: Server) -> None:
     assert speech["input"]["maxLength"] == 200  # the running server's --max-chars
     assert doc["paths"]["/v1/audio/speech"]["post"]["security"] == [{"bearerAuth": []}]
     assert "security" not in doc["paths"]["/health"]["get"]
-    # Every operation with a body says it may get 408 (a stalled body: http_common.watch_body).
+    # Every operation with a body says it may get 408 (a stalled body: doors.http.shared.watch_body).
     with_body = [op for item in doc["paths"].values() for op in item.values() if "requestBody" in op]
     assert with_body and all("408" in op["responses"] for op in with_body)
 
@@ -69,7 +69,7 @@ def test_every_route_is_described() -> None:
 
     from aiohttp import web
 
-    from wyoming_qwen3tts.http_api import create_app
+    from wyoming_qwen3tts.doors.http.api import create_app
 
     from .stub_service import stub_service
 

@@ -24,7 +24,7 @@ from wyoming.error import Error
 from wyoming.event import Event, async_read_event
 from wyoming.tts import Synthesize, SynthesizeVoice
 
-from wyoming_qwen3tts.handler import UNSPOKEN_GRACE_S
+from wyoming_qwen3tts.doors.wyoming.handler import UNSPOKEN_GRACE_S
 
 from .conftest import Server, start_server, stop_server
 from .test_wyoming import check_audio_events, describe, expected_frames, read_until
@@ -270,7 +270,7 @@ async def test_admission_slots_are_released_on_every_ending() -> None:
     one past the cap is refused at once with ``OverloadedError``."""
     import threading
 
-    from wyoming_qwen3tts.service import OverloadedError, SpeechRequest
+    from wyoming_qwen3tts.service.speech import OverloadedError, SpeechRequest
 
     from .stub_service import stub_service
 
@@ -292,7 +292,7 @@ async def test_admission_slots_are_released_on_every_ending() -> None:
 async def test_shutdown_ends_open_streams_and_refuses_new_ones() -> None:
     import threading
 
-    from wyoming_qwen3tts.service import ServerStoppingError, SpeechRequest
+    from wyoming_qwen3tts.service.speech import ServerStoppingError, SpeechRequest
 
     from .stub_service import stub_service
 
@@ -321,7 +321,7 @@ async def test_a_connection_refused_for_the_limit_gets_its_error_not_a_reset() -
 
     from wyoming.event import async_read_event, async_write_event
 
-    from wyoming_qwen3tts.handler import Connections, WyomingLimits
+    from wyoming_qwen3tts.doors.wyoming.handler import Connections, WyomingLimits
 
     from .stub_service import stub_service
 
@@ -367,7 +367,7 @@ async def test_a_burst_past_the_limit_never_evicts_a_connection_that_has_not_spo
 
     from wyoming.event import async_read_event, async_write_event
 
-    from wyoming_qwen3tts.handler import Connections, WyomingLimits
+    from wyoming_qwen3tts.doors.wyoming.handler import Connections, WyomingLimits
 
     from .stub_service import stub_service
 

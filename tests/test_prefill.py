@@ -17,7 +17,7 @@ from wyoming_qwen3tts.engine import Sampling, Segment
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.engine.batched.planner import Planner
 from wyoming_qwen3tts.common.vocabulary import ModelKind
-from wyoming_qwen3tts.voices import load_reference
+from wyoming_qwen3tts.catalogue.voices import load_reference
 
 from .engine_driver import Collect, load_tiny, run
 
@@ -44,7 +44,7 @@ def either(request: pytest.FixtureRequest, checkpoints: Path, design: BatchedEng
     torch.backends.cuda.matmul.allow_tf32 = False
     request.addfinalizer(lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", saved))
     if request.param == "cuda-turns":
-        from wyoming_qwen3tts.engine.sizing import TURNS_GRAPH_ROWS
+        from wyoming_qwen3tts.engine.gpu.sizing import TURNS_GRAPH_ROWS
 
         engine = load_tiny(checkpoints / "voice_design", ModelKind.VOICE_DESIGN, device="cuda",
                            prefill_graph_rows=TURNS_GRAPH_ROWS)

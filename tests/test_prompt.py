@@ -19,7 +19,7 @@ from wyoming_qwen3tts.engine import Segment
 from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.engine.batched.prompt import PIECES_KEPT, Prompt, PromptBuilder
 from wyoming_qwen3tts.common.vocabulary import ModelKind
-from wyoming_qwen3tts.voices import load_reference
+from wyoming_qwen3tts.catalogue.voices import load_reference
 
 from .engine_driver import load_tiny
 

@@ -22,8 +22,8 @@ from wyoming_qwen3tts.engine.batched.engine import BatchedEngine
 from wyoming_qwen3tts.engine.batched.layers import _fuse
 from wyoming_qwen3tts.engine.batched.quant import Int8Embedding, Int8Linear, quantize_talker, weight_bytes
 from wyoming_qwen3tts.engine.loader import checkpoint_params, checkpoint_slot_bytes
-from wyoming_qwen3tts.engine.precision import USEFUL_STREAMS, int8_weights, pick_weight_quant, quantized_params
-from wyoming_qwen3tts.engine.sizing import GB, WORKSPACE_BYTES, ModelNeed
+from wyoming_qwen3tts.engine.gpu.precision import USEFUL_STREAMS, int8_weights, pick_weight_quant, quantized_params
+from wyoming_qwen3tts.engine.gpu.sizing import GB, WORKSPACE_BYTES, ModelNeed
 from wyoming_qwen3tts.common.vocabulary import ModelKind
 
 from .conftest import ROOT, start_server, stop_server
@@ -147,7 +147,7 @@ def test_int8_engine_streams_every_voice_kind_on_the_cpu(checkpoints: Path, voic
     talker and code predictor is int8, the text embedding too, the weights shrink, and each
     kind (an ICL and an x-vector clone, a VoiceDesign description, a CustomVoice speaker)
     streams its frames."""
-    from wyoming_qwen3tts.voices import load_reference
+    from wyoming_qwen3tts.catalogue.voices import load_reference
 
     clone = load_reference(voices_dir / "clone.wav")
     xvec = load_reference(voices_dir / "xvec.wav")

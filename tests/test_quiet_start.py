@@ -39,7 +39,7 @@ def test_debug_logging_keeps_numbas_compiler_trace_out() -> None:
         import logging, sys
         logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="%(name)s %(levelname)s")
         if sys.argv[1] == "quiet":
-            from wyoming_qwen3tts.quiet import quiet_compilers
+            from wyoming_qwen3tts.common.quiet import quiet_compilers
             quiet_compilers()
         import numba
         @numba.njit

@@ -116,8 +116,8 @@ async def _describe(port: int) -> Info:
 def test_the_model_field_lists_every_openai_model_name() -> None:
     """``GET /v1/models`` lists the OpenAI names the server takes (``GENERIC_MODELS``): the
     README's ``model`` field and the OpenAPI description name each of them."""
-    from wyoming_qwen3tts import openapi
-    from wyoming_qwen3tts.http_request import GENERIC_MODELS
+    from wyoming_qwen3tts.doors.http import openapi
+    from wyoming_qwen3tts.doors.http.request import GENERIC_MODELS
 
     row = next(line for line in README.splitlines() if line.startswith("| `model` | optional |"))
     model = openapi.document(10_000)["components"]["schemas"]["SpeechRequest"]["properties"]["model"]

@@ -12,7 +12,7 @@ import pytest
 
 from wyoming_qwen3tts.engine import Engine, Segment
 from wyoming_qwen3tts.engine.serial import SerialEngine
-from wyoming_qwen3tts.scheduler import GenerationError, Job, Scheduler
+from wyoming_qwen3tts.service.scheduler import GenerationError, Job, Scheduler
 from wyoming_qwen3tts.common.vocabulary import ModelKind
 
 
@@ -146,7 +146,7 @@ async def test_a_client_that_does_not_read_gets_no_new_segments(
 ) -> None:
     """Back-pressure: while a job's unread audio is over the limit its next segment waits
     (others go on); once its client reads, it continues, losing nothing."""
-    from wyoming_qwen3tts import scheduler as scheduler_module
+    from wyoming_qwen3tts.service import scheduler as scheduler_module
 
     monkeypatch.setattr(scheduler_module, "MAX_BACKLOG_SECONDS", 2 / 24000)  # two samples
     model, scheduler = engine_and_scheduler

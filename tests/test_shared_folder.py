@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from wyoming_qwen3tts.anchors import CLAIM_STALE_S, AnchorStore
-from wyoming_qwen3tts.library import LOCK_FILE, VoiceEditError, VoiceLibrary
-from wyoming_qwen3tts.voices import PRESETS_FILE, VoiceCatalog
+from wyoming_qwen3tts.service.anchors import CLAIM_STALE_S, AnchorStore
+from wyoming_qwen3tts.catalogue.library import LOCK_FILE, VoiceEditError, VoiceLibrary
+from wyoming_qwen3tts.catalogue.voices import PRESETS_FILE, VoiceCatalog
 from wyoming_qwen3tts.common.vocabulary import ModelKind
 
 #: Presets each process adds.
@@ -108,7 +108,7 @@ def test_a_library_change_checks_what_another_server_wrote(tmp_path: Path) -> No
 
 
 def test_a_held_lock_makes_a_change_wait_then_refuses_it_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from wyoming_qwen3tts import library as library_module
+    from wyoming_qwen3tts.catalogue import library as library_module
 
     monkeypatch.setattr(library_module, "LOCK_TIMEOUT_S", 0.3)
     lib = _library(tmp_path)

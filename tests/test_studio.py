@@ -30,10 +30,10 @@ from wyoming.error import Error
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeVoice
 
-from wyoming_qwen3tts.anchors import ANCHOR_MAX_FRAMES, ANCHOR_TEXTS
-from wyoming_qwen3tts.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
-from wyoming_qwen3tts.library import LOCK_FILE, MAX_UPLOAD_BYTES
-from wyoming_qwen3tts.text import frame_budget
+from wyoming_qwen3tts.service.anchors import ANCHOR_MAX_FRAMES, ANCHOR_TEXTS
+from wyoming_qwen3tts.common.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from wyoming_qwen3tts.catalogue.library import LOCK_FILE, MAX_UPLOAD_BYTES
+from wyoming_qwen3tts.text.segmenter import frame_budget
 
 from .conftest import CLONE_TRANSCRIPT, Server, start_server, stop_server
 
@@ -680,7 +680,7 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
     gone another voice is picked by the same rule, on both doors and in the listing."""
     from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
-    from wyoming_qwen3tts.audio import SAMPLE_RATE as RATE
+    from wyoming_qwen3tts.common.audio import SAMPLE_RATE as RATE
 
     voices = tmp_path / "voices"
     voices.mkdir()
@@ -1190,12 +1190,12 @@ def test_a_pinned_default_may_go_exactly_when_a_voice_of_its_name_lies_beneath_i
     chosen with ``--voice`` may go then; a clone over nothing (``solo``) stays protected.
     A default clone ``lena`` over the shipped preset was refused with ``default-voice``
     (the page hid Delete), though a user preset in its place could go."""
-    from wyoming_qwen3tts.library import VoiceEditError, VoiceLibrary
-    from wyoming_qwen3tts.metrics import Metrics
-    from wyoming_qwen3tts.service import TtsService
-    from wyoming_qwen3tts.studio import listed_voice
+    from wyoming_qwen3tts.catalogue.library import VoiceEditError, VoiceLibrary
+    from wyoming_qwen3tts.common.metrics import Metrics
+    from wyoming_qwen3tts.service.speech import TtsService
+    from wyoming_qwen3tts.doors.http.studio import listed_voice
     from wyoming_qwen3tts.common.vocabulary import ModelKind
-    from wyoming_qwen3tts.voices import VoiceCatalog, VoiceSource
+    from wyoming_qwen3tts.catalogue.voices import VoiceCatalog, VoiceSource
 
     for name in ("lena", "ryan", "camille", "solo"):
         sf.write(tmp_path / f"{name}.wav", tone(1.0), 24000)

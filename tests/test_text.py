@@ -9,11 +9,11 @@ from collections.abc import Iterable
 import pytest
 from sentence_stream import SentenceBoundaryDetector
 
-from wyoming_qwen3tts import text as text_module
-from wyoming_qwen3tts.writing import MAX_ESCAPE_CHARS
-from wyoming_qwen3tts.markdown import MAX_EMPHASIS_CHARS
+from wyoming_qwen3tts.text import segmenter as text_module
+from wyoming_qwen3tts.text.writing import MAX_ESCAPE_CHARS
+from wyoming_qwen3tts.text.markdown import MAX_EMPHASIS_CHARS
 from wyoming_qwen3tts.common.vocabulary import MAX_SEGMENT_SECONDS
-from wyoming_qwen3tts.text import (
+from wyoming_qwen3tts.text.segmenter import (
     MarkdownReader,
     Segmenter,
     clean_text,

@@ -19,10 +19,10 @@ from wyoming.event import Event, async_read_event
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
-from wyoming_qwen3tts import ws_events
-from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
-from wyoming_qwen3tts.languages import ALL_CODES
-from wyoming_qwen3tts.text import Segmenter
+from wyoming_qwen3tts.doors.http import ws_events
+from wyoming_qwen3tts.common.audio import SAMPLES_PER_FRAME
+from wyoming_qwen3tts.text.languages import ALL_CODES
+from wyoming_qwen3tts.text.segmenter import Segmenter
 
 from .conftest import Server, start_server, stop_server
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from wyoming_qwen3tts.anchors import (
+from wyoming_qwen3tts.service.anchors import (
     ANCHOR_TEXTS,
     AnchorSpec,
     AnchorStore,
@@ -20,7 +20,7 @@ from wyoming_qwen3tts.anchors import (
     preset_seed,
     preset_spec,
 )
-from wyoming_qwen3tts.library import (
+from wyoming_qwen3tts.catalogue.library import (
     LOCK_FILE,
     MAX_NAME_CHARS,
     DeletedSkipped,
@@ -29,8 +29,8 @@ from wyoming_qwen3tts.library import (
     check_name,
     decode_clip,
 )
-from wyoming_qwen3tts import library, voices as voices_module
-from wyoming_qwen3tts.voices import (
+from wyoming_qwen3tts.catalogue import library, voices as voices_module
+from wyoming_qwen3tts.catalogue.voices import (
     AUDIO_SUFFIXES,
     MAX_TRANSCRIPT_CHARS,
     MAX_TRANSCRIPT_CHARS_PER_SECOND,
@@ -285,7 +285,7 @@ def test_a_clip_shorter_than_the_studio_takes_is_skipped_until_replaced_with_a_l
     rescan like any other change, with its transcript."""
     import os
 
-    from wyoming_qwen3tts import library, voices
+    from wyoming_qwen3tts.catalogue import library, voices
     from wyoming_qwen3tts.startup import survey_clips
 
     assert library.MIN_CLIP_SECONDS is voices.MIN_CLIP_SECONDS == 1.0
@@ -349,7 +349,7 @@ def test_a_clip_cut_off_short_of_its_header_is_said_to_be_cut_off_as_an_upload_a
     assert catalog.find("kim") is None and catalog.skipped_clips() == [f"kim.wav: {reason}"]
     assert taken_logs(caplog, logging.WARNING, "kim.wav") == [f"Skipping clone voice {tmp_path / 'kim.wav'}: {reason}"]
     # The header's length: a WAV's own (FFmpeg and libsndfile trim it to the bytes present).
-    from wyoming_qwen3tts.voices import declared_seconds
+    from wyoming_qwen3tts.catalogue.voices import declared_seconds
 
     assert declared_seconds(io.BytesIO(cut)) == declared_seconds(str(tmp_path / "kim.wav")) == 3.0
     assert declared_seconds(io.BytesIO(b"not audio at all")) is None
@@ -806,8 +806,8 @@ def test_a_service_with_no_voice_refuses_with_the_way_out_then_adopts_the_first_
     take the first clip): no default voice, every request refused with ``no-voices`` and
     where the studio is; the first clip that appears becomes the default voice (the studio's
     library then guards it as one) and a later, earlier-sorting clip does not take its place."""
-    from wyoming_qwen3tts.metrics import Metrics
-    from wyoming_qwen3tts.service import NoVoicesError, TtsService, VoiceNotFoundError, pick_default_voice
+    from wyoming_qwen3tts.common.metrics import Metrics
+    from wyoming_qwen3tts.service.speech import NoVoicesError, TtsService, VoiceNotFoundError, pick_default_voice
 
     catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
     service = TtsService(catalog, {}, None, Metrics(), studio="http://studio.test:8880/")
@@ -856,8 +856,8 @@ def test_a_clip_name_with_spaces_around_it_is_the_voice_name_without_them(
     duplicate rule, the other named in a WARNING: ``zed.wav``, whose name is the voice name
     as spoken (the stray copy ``"zed .wav"`` was spoken, as " " sorts before "."); ``" .wav"``,
     a blank name, is skipped with a WARNING."""
-    from wyoming_qwen3tts.metrics import Metrics
-    from wyoming_qwen3tts.service import TtsService
+    from wyoming_qwen3tts.common.metrics import Metrics
+    from wyoming_qwen3tts.service.speech import TtsService
 
     write_voice(tmp_path, "trail ", transcript="Trail speaking.")
     write_voice(tmp_path, " spaced ", transcript=None)
@@ -959,8 +959,8 @@ def test_an_automatic_default_is_picked_again_when_its_voice_goes_an_explicit_on
     removed, the next by ``pick_default_voice`` (logged once), None when no voice is left; the
     studio may delete it. An explicit default stays as given and the studio keeps it."""
     from wyoming_qwen3tts.engine import Engine
-    from wyoming_qwen3tts.metrics import Metrics
-    from wyoming_qwen3tts.service import NoVoicesError, TtsService, VoiceNotFoundError
+    from wyoming_qwen3tts.common.metrics import Metrics
+    from wyoming_qwen3tts.service.speech import NoVoicesError, TtsService, VoiceNotFoundError
 
     from .stub_service import StubEngine
 
@@ -1028,8 +1028,8 @@ def test_a_gone_default_voice_is_refused_in_a_short_message_and_logged_in_full_n
     default goes and the one when it is served again both name it as "(--voice <name>)"
     (the second said "(--voice)")."""
     from wyoming_qwen3tts.engine import Engine
-    from wyoming_qwen3tts.metrics import Metrics
-    from wyoming_qwen3tts.service import DefaultVoiceGoneError, TtsService
+    from wyoming_qwen3tts.common.metrics import Metrics
+    from wyoming_qwen3tts.service.speech import DefaultVoiceGoneError, TtsService
 
     from .stub_service import StubEngine
 
@@ -1521,7 +1521,7 @@ def test_a_constant_offset_or_one_click_in_silence_is_silent_for_the_folder_and_
     dBFS peak): both are refused as uploads and skipped in the folder with one reason, while
     a steady tone just over the old peak rule, a quiet word in silence and speech riding on
     a DC offset are taken, as before."""
-    from wyoming_qwen3tts.voices import MIN_SOUND_SECONDS, SILENCE_PEAK, SILENCE_RMS, sound_seconds
+    from wyoming_qwen3tts.catalogue.voices import MIN_SOUND_SECONDS, SILENCE_PEAK, SILENCE_RMS, sound_seconds
 
     rate = 24000
     t = np.arange(3 * rate) / rate
@@ -1573,10 +1573,10 @@ async def test_voice_names_are_listed_and_picked_by_name_regardless_of_case(tmp_
     ``voices.name_order``: "alina, bob, Zoe"."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from wyoming_qwen3tts.handler import build_info
-    from wyoming_qwen3tts.http_api import create_app
-    from wyoming_qwen3tts.metrics import Metrics
-    from wyoming_qwen3tts.service import TtsService, pick_default_voice
+    from wyoming_qwen3tts.doors.wyoming.handler import build_info
+    from wyoming_qwen3tts.doors.http.api import create_app
+    from wyoming_qwen3tts.common.metrics import Metrics
+    from wyoming_qwen3tts.service.speech import TtsService, pick_default_voice
 
     for name in ("bob", "Zoe", "alina"):
         write_voice(tmp_path, name)

@@ -17,8 +17,8 @@ from wyoming.event import Event, Eventable, async_read_event, async_write_event
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
-from wyoming_qwen3tts.audio import SAMPLES_PER_FRAME
-from wyoming_qwen3tts.text import Segmenter, frame_budget
+from wyoming_qwen3tts.common.audio import SAMPLES_PER_FRAME
+from wyoming_qwen3tts.text.segmenter import Segmenter, frame_budget
 
 from .conftest import ROOT, Server, start_server, stop_server
 
@@ -130,7 +130,7 @@ _GGML = "qwentts.cpp GGML on the CPU (Q8_0, 2 stream(s) x 2 threads"
 def test_the_program_description_names_each_engine_once(backends: dict[str, str], said: str) -> None:
     """``info``'s program description (Home Assistant shows it) names each engine once, with
     what its models share, then what is one model's own (``service.describe_backends``)."""
-    from wyoming_qwen3tts.service import describe_backends
+    from wyoming_qwen3tts.service.speech import describe_backends
     from wyoming_qwen3tts.common.vocabulary import ModelKind
 
     assert describe_backends({ModelKind(kind): backend for kind, backend in backends.items()}) == said
@@ -481,7 +481,7 @@ async def test_a_malformed_synthesize_gets_its_error_then_eof(server: Server, ev
 
 
 async def test_malformed_lines_and_unknown_events(server: Server) -> None:
-    logged = server.output().count("INFO wyoming_qwen3tts.handler: Refused request: Malformed")
+    logged = server.output().count("INFO wyoming_qwen3tts.doors.wyoming.handler: Refused request: Malformed")
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
         writer.write(b"this is not json\n")
@@ -503,7 +503,7 @@ async def test_malformed_lines_and_unknown_events(server: Server) -> None:
         # (A Python whose parser does go that deep sees an array, which is no event either.)
         assert "nested too deeply" in texts[1] or "not a JSON object" in texts[1], texts[1]
         # Junk is answered every time but logged at INFO once per connection.
-        assert server.output().count("INFO wyoming_qwen3tts.handler: Refused request: Malformed") == logged + 1
+        assert server.output().count("INFO wyoming_qwen3tts.doors.wyoming.handler: Refused request: Malformed") == logged + 1
     finally:
         writer.close()
 

@@ -20,31 +20,31 @@ from urllib.parse import urlparse
 from wyoming.server import AsyncServer, AsyncTcpServer
 
 from . import __version__
-from .anchors import AnchorMode, Anchors, AnchorStore
-from .clips import ClipPreparer, follow_default_voice
-from .discovery import Announcer
+from .service.anchors import AnchorMode, Anchors, AnchorStore
+from .service.clips import ClipPreparer, follow_default_voice
+from .doors.wyoming.discovery import Announcer
 from .engine import DTYPES, ENGINES, Engine, resolve_checkpoint
-from .engine.on_demand import DEFAULT_IDLE_S
-from .engine.precision import WEIGHT_QUANTS
-from .engine.sizing import DESIGN_MEMORY
+from .engine.gpu.on_demand import DEFAULT_IDLE_S
+from .engine.gpu.precision import WEIGHT_QUANTS
+from .engine.gpu.sizing import DESIGN_MEMORY
 from .engine.cpu.defaults import CPU_DEFAULT_SPEAKER, cpu_default_voice
 from .engine.cpu.ggml import GgmlEngine
 from .engine.cpu.gguf_files import DEFAULT_QUANT as DEFAULT_GGUF_QUANT, QUANTS as GGUF_QUANTS, gguf_identity
-from .metrics import Metrics
-from .handler import DEFAULT_MAX_CONNECTIONS
-from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED
-from .quiet import drop_default_config_notes, quiet_compilers, quiet_dependencies, restore_console, route_hub_logs
+from .common.metrics import Metrics
+from .doors.wyoming.handler import DEFAULT_MAX_CONNECTIONS
+from .doors.limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED
+from .common.quiet import drop_default_config_notes, quiet_compilers, quiet_dependencies, restore_console, route_hub_logs
 from .startup import load_engines, no_voices_message, no_voices_warning, studio_address, survey_clips
-from .service import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, DEFAULT_RULE, DEFAULT_VOICE, TtsService, pick_default_voice
-from .studio import HA_INGRESS_PEER
+from .service.speech import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, DEFAULT_RULE, DEFAULT_VOICE, TtsService, pick_default_voice
+from .doors.http.studio import HA_INGRESS_PEER
 from .common.vocabulary import ModelKind, Reference
-from .voices import VoiceCatalog
-from .ws_events import browser_can_offer_key, header_safe_key
+from .catalogue.voices import VoiceCatalog
+from .doors.http.ws_events import browser_can_offer_key, header_safe_key
 
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from .handler import Connections
+    from .doors.wyoming.handler import Connections
 
 _LOGGER = logging.getLogger("wyoming_qwen3tts")
 
@@ -109,9 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--http-port", type=int, default=8880, help="OpenAI-compatible endpoint port (0 = off)")
     parser.add_argument("--api-key", help="Bearer key required by the HTTP endpoint")
     parser.add_argument("--local-files-only", action="store_true", help="Never download; use only local files")
-    # GPU weights (engine/precision.py, engine/batched/quant.py)
+    # GPU weights (engine/gpu/precision.py, engine/batched/quant.py)
     parser.add_argument("--weight-quant", choices=WEIGHT_QUANTS, default="auto", help="Batched engine: int8 stores the talker's and code predictor's weights in 8 bits (per-channel scales; a 1.7B model's weights take 2.4 GB instead of 4.2), none keeps --dtype's; auto: int8 when the GPU memory the card reports free is too short for every model at full precision with 4 streams each")
-    # Voice studio (anchors.py, studio.py)
+    # Voice studio (service/anchors.py, doors/http/studio.py)
     parser.add_argument("--anchors", choices=["auto", "all", "used", "kept", "off"], default="auto", help="Preset anchors: all (every VoiceDesign preset rendered once in the background, then cloned by the Base model), used (the default voice and presets once used), kept (none rendered: only designs kept in the voice studio, with the clip you heard), off (presets designed live for every sentence); auto: all with CUDA, kept on the CPU")
     parser.add_argument("--ingress-peer", default=HA_INGRESS_PEER if os.environ.get("SUPERVISOR_TOKEN") else None, help="Address of Home Assistant's ingress proxy: its requests (with X-Ingress-Path) need no API key (default: 172.30.32.2 inside a Home Assistant add-on, else none)")
     # Limits (hardening): admission, stalled and idle clients.
@@ -353,7 +353,7 @@ async def main(argv: list[str] | None = None) -> None:
     # collection at exit, which would outlast Docker's stop grace).
     gc.freeze()
 
-    from .handler import Connections, WyomingLimits
+    from .doors.wyoming.handler import Connections, WyomingLimits
 
     connections = Connections(
         service,
@@ -365,8 +365,8 @@ async def main(argv: list[str] | None = None) -> None:
     await server.start(connections)
     http_runner = None
     if args.http_port:
-        from .http_api import start_http
-        from .http_request import loaded_model_names
+        from .doors.http.api import start_http
+        from .doors.http.request import loaded_model_names
 
         sources = {kind: source for kind, source in getattr(args, "model_sources", {}).items() if kind in engines}
         http_runner = await start_http(
@@ -494,7 +494,7 @@ async def shutdown(
     if listener is not None:
         listener.close()  # no new connections; open ones carry on
     if http_runner is not None:
-        from .http_api import stop_listening
+        from .doors.http.api import stop_listening
 
         await stop_listening(http_runner)
     if announcer is not None:

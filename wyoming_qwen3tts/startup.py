@@ -17,25 +17,25 @@ from pathlib import Path
 
 import numpy as np
 
-from .audio import SAMPLE_RATE
+from .common.audio import SAMPLE_RATE
 from .engine import Engine, Segment, load_engine, pick_engine, resolve_checkpoint
 from .engine.cpu.defaults import cpu_sources
-from .engine.cuda_env import check_driver, cuda_bf16_supported, driver_cuda_version, pick_dtype
+from .engine.gpu.cuda_env import check_driver, cuda_bf16_supported, driver_cuda_version, pick_dtype
 from .engine.cpu.ggml import NativeWidthError, check_checkpoint_widths
 from .engine.cpu.gguf_files import resolve_gguf, with_folder_note
-from .engine.gpu_memory import is_out_of_memory
+from .engine.gpu.memory import is_out_of_memory
 from .engine.loader import (
     MemoryFitError, checkpoint_params, checkpoint_slot_bytes, checkpoint_speakers, free_after_weights, load_fitting,
 )
-from .engine.lease import GpuLease
-from .engine.on_demand import OnDemandEngine
-from .engine.precision import int8_weights, pick_weight_quant, quantized_params
-from .engine.sizing import (
+from .engine.gpu.lease import GpuLease
+from .engine.gpu.on_demand import OnDemandEngine
+from .engine.gpu.precision import int8_weights, pick_weight_quant, quantized_params
+from .engine.gpu.sizing import (
     GB, TURNS_GRAPH_ROWS, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions, turns_fit,
 )
-from .metrics import Metrics
-from .service import shown_names
-from .voices import (
+from .common.metrics import Metrics
+from .service.speech import shown_names
+from .catalogue.voices import (
     AUDIO_SUFFIXES, MIN_CLIP_SECONDS, PRESETS_FILE, ClipSkip, VoiceCatalog, VoiceSource, clone_name, cut_off_reason,
     has_control_characters, load_presets, name_key, read_clone_clip, transcript_name, voice_clips,
 )

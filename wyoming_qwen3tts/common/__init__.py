@@ -1,1 +1,6 @@
-"""What every wing of the package shares. It imports nothing of the project outside itself."""
+"""What every wing shares: audio facts (``audio``), the engine's vocabulary (``vocabulary``:
+model kinds, references and their limits), a request's timeline (``timeline``), Prometheus
+metrics (``metrics``) and the quieting of third-party output (``quiet``).
+
+The ground floor: it imports nothing of the project outside itself.
+"""

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..timeline import Timeline
+from ..common.timeline import Timeline
 from ..common.vocabulary import ModelKind, Reference
 from .segment import Segment
 

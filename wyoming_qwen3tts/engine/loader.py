@@ -11,10 +11,10 @@ from typing import Any
 
 from ..common.vocabulary import ModelKind
 from .base import Engine
-from .cuda_env import cuda_bf16_supported, pick_dtype
-from .gpu_memory import is_out_of_memory
+from .gpu.cuda_env import cuda_bf16_supported, pick_dtype
+from .gpu.memory import is_out_of_memory
 from .cpu.gguf_files import hub_error, with_folder_note
-from .sizing import MIN_STREAMS, after_out_of_memory, memory_budget, plan_streams, steady_streams
+from .gpu.sizing import MIN_STREAMS, after_out_of_memory, memory_budget, plan_streams, steady_streams
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def load_engine(
         )
         _say_ggml_chosen()
         return loaded
-    from ..quiet import import_models
+    from ..common.quiet import import_models
 
     import_models()  # qwen_tts, transformers and torch: imported here, never on the GGML engine
     import torch

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..audio import SAMPLES_PER_FRAME
+from ..common.audio import SAMPLES_PER_FRAME
 from ..common.vocabulary import ModelKind
 from .base import Engine, ModelMismatchError, Work, WorkSource
 from .prompts import ClonePrompts

@@ -898,7 +898,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debug", action="store_true", help="show the dependencies' banners and warnings")
     args = parser.parse_args(argv)
     if not args.debug:  # qwen_tts's flash-attn and SoX banners, as the server hides them
-        from ..quiet import quiet_dependencies
+        from ..common.quiet import quiet_dependencies
 
         quiet_dependencies()
 

@@ -55,7 +55,7 @@ import torch
 
 from ...common.vocabulary import ModelKind, Reference
 from ..base import Engine, ModelMismatchError, Work, WorkSource
-from ..gpu_memory import is_out_of_memory, serving_error
+from ..gpu.memory import is_out_of_memory, serving_error
 from .codec import StreamingDecoder
 from .first_frame import FirstFrames, Probe
 from .graphs import StepGraphs, buckets, role_stream
@@ -65,7 +65,7 @@ from .prefill import Prefill
 from .prompt import Prompt, PromptBuilder
 from ..prompts import ClonePrompts
 from ..segment import Segment
-from ..sizing import PRIME_HEADROOM_BYTES
+from ..gpu.sizing import PRIME_HEADROOM_BYTES
 from .stages.intake import Inline, PromptWorker, hold
 from .step import FrameStep, SlotState
 
@@ -707,7 +707,7 @@ class BatchedEngine(Engine):
             self.decoder.move_row(src, dst)
 
     def _failure(self, error: BaseException) -> BaseException:
-        """What a request that failed with ``error`` is told (``gpu_memory.serving_error``: an
+        """What a request that failed with ``error`` is told (``gpu.memory.serving_error``: an
         out-of-memory names its cause); an out-of-memory is also counted in ``out_of_memory``
         (an on-demand model then reloads with the streams the free memory holds)."""
         if is_out_of_memory(error):

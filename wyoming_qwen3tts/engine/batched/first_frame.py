@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...timeline import Timeline
+from ...common.timeline import Timeline
 from ..base import Work
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ...quiet import native_output
+from ...common.quiet import native_output
 from ...common.vocabulary import ModelKind, Reference
 from ..base import Engine, ModelMismatchError, Work, WorkSource
 from ..prompts import PROMPT_CACHE_SIZE, REFERENCE_TAIL_SECONDS

@@ -41,8 +41,8 @@ from collections.abc import Iterable
 
 from sentence_stream import SentenceBoundaryDetector
 
-from .audio import FRAMES_PER_SECOND
-from .common.vocabulary import MAX_SEGMENT_SECONDS
+from ..common.audio import FRAMES_PER_SECOND
+from ..common.vocabulary import MAX_SEGMENT_SECONDS
 from .markdown import MAX_SPOKEN_CODE_CHARS as MAX_SPOKEN_CODE_CHARS, MarkdownReader  # (re-exported)
 from .markup import ASTERISK
 from .writing import CJK_RE, CLOSERS, HAN_KANA_RE, tidy

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..audio import FRAMES_PER_SECOND
-from ..common.vocabulary import MAX_SEGMENT_SECONDS, MAX_REFERENCE_SECONDS
+from ...common.audio import FRAMES_PER_SECOND
+from ...common.vocabulary import MAX_SEGMENT_SECONDS, MAX_REFERENCE_SECONDS
 
 GB = 1024**3
 
@@ -34,7 +34,7 @@ TEXT_TOKENS_PER_SECOND = 6.0
 #: slot and the codec BOS/pad run (Qwen3-TTS's chat template, measured on the tiny model: 14).
 PROMPT_OVERHEAD = 32
 #: Generated frames per second of estimated speech: slow speakers and pauses run past
-#: ``text.estimated_seconds`` by up to a half (the rest of ``frame_budget``'s 2x is a guard
+#: ``text.segmenter.estimated_seconds`` by up to a half (the rest of ``frame_budget``'s 2x is a guard
 #: against a model that never stops, which the cache end caps as well as the budget would).
 SPEECH_SLACK = 1.5
 #: What a model needs beyond its weights and slots: CUDA graphs' private pools, the

@@ -44,11 +44,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .audio import FRAMES_PER_SECOND, SAMPLE_RATE
-from .library import wav_bytes, write_atomic
+from ..common.audio import FRAMES_PER_SECOND, SAMPLE_RATE
+from ..catalogue.library import wav_bytes, write_atomic
 from .scheduler import background
-from .voices import MAX_PRESET_SEED, Voice, VoiceCatalog, load_reference
-from .common.vocabulary import ModelKind, Reference
+from ..catalogue.voices import MAX_PRESET_SEED, Voice, VoiceCatalog, load_reference
+from ..common.vocabulary import ModelKind, Reference
 
 _LOGGER = logging.getLogger(__name__)
 

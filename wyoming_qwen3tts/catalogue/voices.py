@@ -40,8 +40,8 @@ from typing import Any, BinaryIO, ClassVar
 import numpy as np
 import soundfile as sf
 
-from .common.vocabulary import MAX_REFERENCE_SECONDS, ClipTooShortError, ModelKind, Reference
-from .languages import ALL_CODES, AUTO, QWEN_LANGUAGES, SPEAKER_LANGUAGES, UnsupportedLanguageError, codes_first, to_qwen
+from ..common.vocabulary import MAX_REFERENCE_SECONDS, ClipTooShortError, ModelKind, Reference
+from ..text.languages import ALL_CODES, AUTO, QWEN_LANGUAGES, SPEAKER_LANGUAGES, UnsupportedLanguageError, codes_first, to_qwen
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -525,10 +525,12 @@ PRESETS_FILE = "presets.toml"
 #: Largest preset seed (the anchor's seed; torch seeds are 64-bit, this keeps them portable).
 MAX_PRESET_SEED = 2**32 - 1
 
-#: The shipped presets: inside the installed package, or the repository's voices/ folder.
+#: The shipped presets: inside the installed package (the wheel puts the repository's voices/
+#: folder at ``wyoming_qwen3tts/voices``), or the repository's voices/ folder.
+_PACKAGE_DIR = Path(__file__).parent.parent
 _SHIPPED_PRESETS = (
-    Path(__file__).parent / "voices" / "presets.toml",
-    Path(__file__).parent.parent / "voices" / "presets.toml",
+    _PACKAGE_DIR / "voices" / "presets.toml",
+    _PACKAGE_DIR.parent / "voices" / "presets.toml",
 )
 
 

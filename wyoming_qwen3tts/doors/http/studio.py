@@ -44,12 +44,12 @@ from urllib.parse import quote
 import numpy as np
 from aiohttp import BodyPartReader, web
 
-from .anchors import AnchorSpec, anchor_text, preset_spec
-from .audio import SAMPLE_RATE
-from .http_common import MAX_INSTRUCTIONS_CHARS, ApiError, read_json
-from .http_common import voice_json as _listed_json
-from .languages import AUTO, QWEN_LANGUAGES, UnsupportedLanguageError, to_qwen
-from .library import (
+from ...service.anchors import AnchorSpec, anchor_text, preset_spec
+from ...common.audio import SAMPLE_RATE
+from .shared import MAX_INSTRUCTIONS_CHARS, ApiError, read_json
+from .shared import voice_json as _listed_json
+from ...text.languages import AUTO, QWEN_LANGUAGES, UnsupportedLanguageError, to_qwen
+from ...catalogue.library import (
     MAX_UPLOAD_BYTES,
     DeletedSkipped,
     VoiceEditError,
@@ -60,10 +60,10 @@ from .library import (
     too_large,
     wav_bytes,
 )
-from .service import GenerationError, TtsService, VoiceNotFoundError
-from .text import clean_text, estimated_seconds
-from .voices import MAX_PRESET_SEED, MAX_TRANSCRIPT_BYTES, TranscriptError, Voice, VoiceSource, decode_transcript
-from .common.vocabulary import ModelKind
+from ...service.speech import GenerationError, TtsService, VoiceNotFoundError
+from ...text.segmenter import clean_text, estimated_seconds
+from ...catalogue.voices import MAX_PRESET_SEED, MAX_TRANSCRIPT_BYTES, TranscriptError, Voice, VoiceSource, decode_transcript
+from ...common.vocabulary import ModelKind
 
 _LOGGER = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -186,7 +186,7 @@ def _string(body: dict[str, Any], name: str, required: bool = False) -> str | No
 
 
 def listed_voice(service: TtsService, voice: Voice) -> dict[str, Any]:
-    """A voice as ``GET /v1/audio/voices`` lists it: ``http_common.voice_json``, how it is
+    """A voice as ``GET /v1/audio/voices`` lists it: ``shared.voice_json``, how it is
     served (``TtsService.voice_info``) and, for the user's voices (a user preset or a clone):
 
     * ``shadows``: the source ("shipped", "user", "builtin") of the voice of its name that

@@ -1,7 +1,7 @@
 """The characters of the languages' writing that both text stages decide by.
 
 The markdown reader (``markdown.py``) ends a list item with "。" after Chinese or Japanese
-and knows a sentence's end by its punctuation; the segmenter (``text.py``) finds sentence
+and knows a sentence's end by its punctuation; the segmenter (``segmenter.py``) finds sentence
 and clause ends and estimates speech by the same classes. Neither owns them, so they live
 here, below both: CJK ranges, sentence-final punctuation, closing quotes and brackets, how
 speech text's whitespace is tidied, and the characters that are no text at all (``SILENT``,
@@ -9,7 +9,7 @@ speech text's whitespace is tidied, and the characters that are no text at all (
 reader drops from its input and from decoded entities alike (``markup.INPUT_TEXT``,
 ``markup.ENTITY_TEXT``), with the terminal escape sequences they may begin
 (``drop_escapes``); the request doors make lone surrogates U+FFFD in what they decode
-(``replace_lone_surrogates``). What is spoken and where text is cut stay with ``text.py``; what
+(``replace_lone_surrogates``). What is spoken and where text is cut stay with ``segmenter.py``; what
 markdown and markup are read as stays with ``markdown.py`` and ``markup.py``.
 """
 

@@ -49,10 +49,10 @@ from wyoming.ping import Ping
 from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
-from . import __version__
-from .audio import PCM_WIDTH, SAMPLE_RATE, to_pcm16
-from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
-from .service import (
+from ... import __version__
+from ...common.audio import PCM_WIDTH, SAMPLE_RATE, to_pcm16
+from ..limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
+from ...service.speech import (
     EmptyTextError,
     GenerationError,
     OverloadedError,
@@ -62,8 +62,8 @@ from .service import (
     SpeechStream,
     TtsService,
 )
-from .common.vocabulary import ModelKind
-from .voices import Voice, name_order
+from ...common.vocabulary import ModelKind
+from ...catalogue.voices import Voice, name_order
 from .wire import MAX_EVENT_BYTES, EventCutOffError, MalformedEventError, read_event
 
 _LOGGER = logging.getLogger(__name__)

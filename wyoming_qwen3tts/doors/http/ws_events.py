@@ -1,5 +1,5 @@
 """The ``nari.speech.v1`` WebSocket protocol's messages: client events parsed and checked,
-server events built. Nothing here does I/O (``http_ws`` runs the sessions).
+server events built. Nothing here does I/O (``websocket`` runs the sessions).
 
 The protocol is the one of nari-labs/nari-qwen3-tts (``docs/websocket.md``) as the public
 benchmark harness nari-labs/benchmarks (``tts_bench``, its ``--transport websocket``) speaks
@@ -33,10 +33,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .audio import SAMPLE_RATE
-from .http_common import error_body
-from .service import RequestError
-from .writing import replace_lone_surrogates
+from ...common.audio import SAMPLE_RATE
+from .shared import error_body
+from ...service.speech import RequestError
+from ...text.writing import replace_lone_surrogates
 
 #: The WebSocket subprotocol a client must offer (``Sec-WebSocket-Protocol``).
 PROTOCOL = "nari.speech.v1"
@@ -194,7 +194,7 @@ def response_done(request_id: str, stop_reason: str, audio_chunks: int, samples:
 def error(
     request_id: str | None, message: str, code: str, param: str | None = None, kind: str | None = None
 ) -> dict[str, Any]:
-    """An ``error`` event: OpenAI's error object (``http_common.error_body``) with the
+    """An ``error`` event: OpenAI's error object (``shared.error_body``) with the
     request's id (a refused ``request.start``'s own; None for an event before any
     ``request.start``). ``kind`` defaults to the type the HTTP door gives the same code:
     ``rate_limit_error`` for ``overloaded`` (HTTP's 429), ``server_error`` for the server's

@@ -1,7 +1,7 @@
 """The ``POST /v1/audio/speech`` body: validated into ``SpeechParams`` (types, ranges, the
 ``model`` name as OpenAI's generic names, our names or the checkpoints' hub ids), and the
 catalogue voice to ask the service for. Errors are ``ApiError``s in OpenAI's shape; nothing
-here touches HTTP itself (``http_api`` does).
+here touches HTTP itself (``api`` does).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from .encoders import FORMATS
-from .http_common import MAX_INSTRUCTIONS_CHARS, MODEL_OF_KIND, ApiError
-from .limits import MAX_SEED
-from .service import DefaultVoiceGoneError, TtsService, VoiceNotFoundError, check_text
+from .shared import MAX_INSTRUCTIONS_CHARS, MODEL_OF_KIND, ApiError
+from ..limits import MAX_SEED
+from ...service.speech import DefaultVoiceGoneError, TtsService, VoiceNotFoundError, check_text
 from .tempo import MAX_SPEED, MIN_SPEED
-from .common.vocabulary import ModelKind
-from .voices import name_order
+from ...common.vocabulary import ModelKind
+from ...catalogue.voices import name_order
 
 #: OpenAI's model names: accepted, the voice decides which Qwen3-TTS model speaks.
 GENERIC_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")

@@ -29,8 +29,8 @@ from typing import Any
 
 from wyoming.event import Event
 
-from .service import RequestError
-from .writing import replace_lone_surrogates
+from ...service.speech import RequestError
+from ...text.writing import replace_lone_surrogates
 
 #: Largest data or payload part a client may announce, in bytes. A TTS request is text:
 #: 10,000 characters of JSON stay far below this.

@@ -9,7 +9,7 @@ the event loop never blocks on generation.
 
 A job opened inside ``background()`` (the anchors' rendering) is background work: a client's
 segment always goes first, and ``demand`` tells a model that takes turns on the GPU
-(``engine.on_demand``) whether a client or only background work waits for it.
+(``engine.gpu.on_demand``) whether a client or only background work waits for it.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
 
-from .audio import SAMPLE_RATE
-from .engine import Segment, Work
-from .engine.lease import Demand
-from .timeline import Timeline
+from ..common.audio import SAMPLE_RATE
+from ..engine import Segment, Work
+from ..engine.gpu.lease import Demand
+from ..common.timeline import Timeline
 
 #: Audio a client may leave unread before its next segment is held back, in seconds. A client
 #: that stops reading thus holds at most this much (plus the running segment) in memory; the

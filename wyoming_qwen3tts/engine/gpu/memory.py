@@ -7,7 +7,7 @@ the cause named): another process, an LLM say, may take GPU memory while this se
 
 from __future__ import annotations
 
-from ..common.vocabulary import ModelKind
+from ...common.vocabulary import ModelKind
 
 
 #: What a CUDA library says when the driver has no memory left for it: cuBLAS's

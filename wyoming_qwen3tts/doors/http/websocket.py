@@ -7,7 +7,7 @@ the moment it is complete. Behind the door is the same request type and streamed
 front end as the Wyoming door's ``synthesize-start`` / ``-chunk`` / ``-stop``:
 ``TtsService.open`` then ``SpeechStream.add_text`` / ``finish``, and one async stream of
 float32 chunks out. ``request.start`` is checked exactly as ``POST /v1/audio/speech``'s
-body (``http_request.parse_speech`` and ``pick_voice``): the same voices, ``model`` names,
+body (``request.parse_speech`` and ``pick_voice``): the same voices, ``model`` names,
 languages, ``speed``, ``seed``, ``instructions``; the API key is the HTTP door's (the
 ``Authorization`` header of the handshake, or from a browser the subprotocol
 ``ws_events.KEY_PROTOCOL_PREFIX`` + key); requests count against the same ``--max-queue``.
@@ -37,11 +37,11 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from .audio import to_pcm16
-from .http_common import ApiError, error_param
-from .http_request import parse_speech, pick_voice
-from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
-from .service import (
+from ...common.audio import to_pcm16
+from .shared import ApiError, error_param
+from .request import parse_speech, pick_voice
+from ..limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
+from ...service.speech import (
     EmptyTextError,
     GenerationError,
     RequestError,
@@ -53,7 +53,7 @@ from .service import (
     check_text,
 )
 from .tempo import Tempo
-from .common.vocabulary import ModelKind
+from ...common.vocabulary import ModelKind
 from . import ws_events as ev
 
 _LOGGER = logging.getLogger(__name__)
@@ -556,7 +556,7 @@ class Sessions:
         write_timeout: seconds a write may wait for the client to read.
         idle_timeout: seconds without a message before a session with open text is closed.
         model_names: the loaded models' own names, which ``model`` may name (as on
-            ``/v1/audio/speech``: ``http_request.loaded_model_names``).
+            ``/v1/audio/speech``: ``request.loaded_model_names``).
     """
 
     def __init__(

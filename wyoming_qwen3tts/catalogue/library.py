@@ -36,7 +36,7 @@ import numpy as np
 import soundfile as sf
 import tomlkit
 
-from .audio import SAMPLE_RATE
+from ..common.audio import SAMPLE_RATE
 from .voices import (
     AUDIO_SUFFIXES,
     MAX_TRANSCRIPT_CHARS,
@@ -59,7 +59,7 @@ from .voices import (
     sound_seconds,
     transcript_names,
 )
-from .common.vocabulary import MAX_REFERENCE_SECONDS, ModelKind
+from ..common.vocabulary import MAX_REFERENCE_SECONDS, ModelKind
 
 #: Largest uploaded clip, in bytes (20 MB: a 20 s WAV at 48 kHz stereo 32-bit is 7.7 MB).
 MAX_UPLOAD_BYTES = 20 * 1000 * 1000
@@ -116,7 +116,7 @@ def check_name(name: object) -> str:
         VoiceEditError: 400 ``invalid-type`` (not a string: a JSON body's number, list...),
             ``invalid-name`` (None or blank: "empty", or not a valid name).
     """
-    if name is not None and not isinstance(name, str):  # as http_request reports wrong types
+    if name is not None and not isinstance(name, str):  # as doors.http.request reports wrong types
         raise VoiceEditError(400, "invalid-type", "'name' must be a string", "name")
     if name is None or not name.strip():
         raise VoiceEditError(400, "invalid-name", "The voice name is empty", "name")

@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 description of the HTTP door, served at ``GET /openapi.json``.
 
-It describes what ``http_api`` really accepts and returns (schemathesis checks the live
+It describes what ``api`` really accepts and returns (schemathesis checks the live
 server against it in ``tests/test_openapi.py``): every optional request field may also be
 ``null`` (the server treats it as absent), unknown fields are ignored, and every error is
 OpenAI's shape. Dynamic parts (the ``input`` length limit, whether the API key is
@@ -16,12 +16,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from . import __version__
+from ... import __version__
 from .encoders import FORMATS
-from .limits import MAX_SEED
+from ..limits import MAX_SEED
 from .tempo import MAX_SPEED, MIN_SPEED
 
-#: Longest ``instructions`` (http_common.MAX_INSTRUCTIONS_CHARS).
+#: Longest ``instructions`` (shared.MAX_INSTRUCTIONS_CHARS).
 _MAX_INSTRUCTIONS = 2000
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -592,7 +592,7 @@ def document(max_chars: int, api_key: bool = False) -> dict[str, Any]:
     paths.update(copy.deepcopy(_EXTRA_PATHS))
     for path, item in paths.items():
         for operation in item.values():
-            if "requestBody" in operation:  # http_common.watch_body
+            if "requestBody" in operation:  # shared.watch_body
                 operation["responses"].setdefault(
                     "408", _error("The request body stopped arriving for --idle-timeout seconds; the connection is closed.")
                 )

@@ -15,14 +15,14 @@ response headers go out (FLAC: the whole file, see ``encoders``). A failure afte
 ends the response without its final chunk (SSE: an ``error`` event, then the end), and
 the failure is logged. The same goes for a server shutting down (code ``server-stopping``).
 
-The speech request's body is validated by ``http_request`` (into ``SpeechParams``); this
+The speech request's body is validated by ``request`` (into ``SpeechParams``); this
 module is the HTTP side: routes, streaming, errors, the application and its runner.
 
 Limits: past the service's request cap a request gets 429 (code ``overloaded``) with
 ``Retry-After``, at once; a client that does not read for ``write_timeout`` seconds loses
 its response (the generation stops); connections idle for ``idle_timeout`` are closed, and
 a request whose body makes no progress for that long gets 408 ``idle-timeout``, then the
-connection is closed (``http_common.watch_body``).
+connection is closed (``shared.watch_body``).
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .encoders import StreamEncoder, open_encoder
-from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
-from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
-from . import http_ws, openapi
+from ..limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
+from ...common.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from . import openapi, websocket
 from .ws_events import KEY_PROTOCOL_PREFIX, PATH as WS_PATH, PROTOCOL, offered_subprotocols
-from .http_common import ApiError, BodyStalledError, error_body, error_param, read_json, watch_body
-from .http_request import GENERIC_MODELS, HUB_MODEL, KIND_MODELS, SpeechParams, model_kind, parse_speech, pick_voice
+from .shared import ApiError, BodyStalledError, error_body, error_param, read_json, watch_body
+from .request import GENERIC_MODELS, HUB_MODEL, KIND_MODELS, SpeechParams, model_kind, parse_speech, pick_voice
 from .studio import add_routes, from_ingress, is_page, listed_skipped, listed_voice  # the page is open, ingress is authenticated
-from .service import (
+from ...service.speech import (
     DESIGNED_VOICE,
     EmptyTextError,
     GenerationError,
@@ -69,8 +69,8 @@ from .service import (
     VoiceNotFoundError,
 )
 from .tempo import Tempo
-from .common.vocabulary import ModelKind
-from .voices import name_order
+from ...common.vocabulary import ModelKind
+from ...catalogue.voices import name_order
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ _SERVICE_KEY = web.AppKey("service", TtsService)
 _WRITE_TIMEOUT_KEY = web.AppKey("write_timeout", float)
 _KEYED = web.AppKey("keyed", bool)
 _BODY_LIMIT_KEY = web.AppKey("body_limit", int)
-_NAMES_KEY = web.AppKey("model_names", dict[str, ModelKind])  # http_request.loaded_model_names
+_NAMES_KEY = web.AppKey("model_names", dict[str, ModelKind])  # request.loaded_model_names
 _CREATED = int(time.time())
 #: The refusal of a wrong API key (its ``WWW-Authenticate`` header says so too: RFC 6750 3.1).
 _WRONG_KEY = "Incorrect API key provided"
@@ -467,7 +467,7 @@ def _middleware(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         counted = request.path.startswith("/v1/")
-        door = http_ws.DOOR if request.path == WS_PATH else "http"  # the metrics' door label
+        door = websocket.DOOR if request.path == WS_PATH else "http"  # the metrics' door label
         try:
             if (
                 expected is not None
@@ -569,7 +569,7 @@ def create_app(
         api_key: Bearer key required by ``/v1/*``, or None.
         ingress_peer: address of Home Assistant's ingress proxy; its requests need no key.
         write_timeout: seconds a response write may wait for the client to read.
-        model_names: the loaded models' own names (``http_request.loaded_model_names``).
+        model_names: the loaded models' own names (``request.loaded_model_names``).
         idle_timeout: seconds a WebSocket session with open text may send nothing, and a
             request body may make no progress (then 408 ``idle-timeout``).
     """
@@ -590,7 +590,7 @@ def create_app(
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi_json)
-    http_ws.add_route(app, service, write_timeout, idle_timeout, app[_NAMES_KEY])  # /v1/audio/speech/ws
+    websocket.add_route(app, service, write_timeout, idle_timeout, app[_NAMES_KEY])  # /v1/audio/speech/ws
     add_routes(app, service)  # the voice studio's routes and page
     return app
 

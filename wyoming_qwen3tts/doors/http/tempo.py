@@ -16,7 +16,7 @@ import av.filter
 import numpy as np
 
 from .encoders import audio_frame
-from .audio import SAMPLE_RATE
+from ...common.audio import SAMPLE_RATE
 
 #: Accepted tempo factors (OpenAI's range for ``speed``).
 MIN_SPEED = 0.25

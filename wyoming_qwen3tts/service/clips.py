@@ -6,7 +6,7 @@ card. ``ClipPreparer`` hands every clip to the Base engine's ``prime`` as it app
 start (before the server says it is ready), and whenever the clone library shows a new or
 changed clip or a preset's anchor is stored (it looks every ``POLL_S``). So a clip's first
 request starts like any other. An engine that loads on demand prepares them again at every
-load (``engine.on_demand.OnDemandEngine.prime``).
+load (``engine.gpu.on_demand.OnDemandEngine.prime``).
 
 Only engines whose ``prime`` is safe while they serve (``prime_any_time``: the batched CUDA
 engine, on-demand models) are watched. The GGML engine prepares its default voice's clip
@@ -27,12 +27,12 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from .engine import Engine
-from .common.vocabulary import ModelKind, Reference
+from ..engine import Engine
+from ..common.vocabulary import ModelKind, Reference
 
 if TYPE_CHECKING:
-    from .engine.cpu.ggml import GgmlEngine
-    from .service import TtsService
+    from ..engine.cpu.ggml import GgmlEngine
+    from .speech import TtsService
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ class DefaultVoicePreparer:
 def follow_default_voice(service: TtsService, engines: dict[ModelKind, Engine]) -> DefaultVoicePreparer | None:
     """Start a ``DefaultVoicePreparer`` for ``service`` where the Base model runs on the GGML
     engine (the others prepare every clip: ``ClipPreparer``); None elsewhere."""
-    from .engine.cpu.ggml import GgmlEngine
+    from ..engine.cpu.ggml import GgmlEngine
 
     engine = engines.get(ModelKind.BASE)
     if not isinstance(engine, GgmlEngine):

@@ -38,7 +38,7 @@ from typing import cast
 import av
 import numpy as np
 
-from .audio import SAMPLE_RATE, to_pcm16
+from ...common.audio import SAMPLE_RATE, to_pcm16
 
 
 def audio_frame(audio: np.ndarray, pts: int) -> av.AudioFrame:

@@ -32,7 +32,7 @@ markers). A tag whose attributes go on over the next lines is joined into one li
 inline stage: their grammar, tag names, marks and streamed holding come from ``markup.py``;
 what a tag is read as (``_tag``, ``_attribute``) is decided here, as an ``<img>``'s alt text
 and an SSML ``<sub>``'s alias are read as inline markdown themselves. Where sentences and
-segments end is left to ``text.py``'s ``Segmenter``, which gets this reader's output:
+segments end is left to ``segmenter.py``'s ``Segmenter``, which gets this reader's output:
 single spaces, with ``"\\n\\n"`` where the markdown made a sentence end certain.
 """
 

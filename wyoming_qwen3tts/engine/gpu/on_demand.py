@@ -35,12 +35,12 @@ import time
 import weakref
 from collections.abc import Callable
 
-from ..common.vocabulary import ModelKind, Reference
-from .base import Engine, Sink, Work, WorkSource
-from .gpu_memory import gpu_memory_note, is_out_of_memory
+from ...common.vocabulary import ModelKind, Reference
+from ..base import Engine, Sink, Work, WorkSource
+from .memory import gpu_memory_note, is_out_of_memory
 from .lease import Demand, GpuLease
-from .loader import MemoryFitError, load_fitting
-from .segment import Segment
+from ..loader import MemoryFitError, load_fitting
+from ..segment import Segment
 
 _LOGGER = logging.getLogger(__name__)
 

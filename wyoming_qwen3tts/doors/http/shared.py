@@ -11,10 +11,10 @@ from typing import Any
 
 from aiohttp import StreamReader, web
 
-from . import writing
-from .service import EmptyTextError, LanguageError, RequestError, TextTooLongError, VoiceNotFoundError
-from .common.vocabulary import ModelKind
-from .voices import Voice
+from ...text import writing
+from ...service.speech import EmptyTextError, LanguageError, RequestError, TextTooLongError, VoiceNotFoundError
+from ...common.vocabulary import ModelKind
+from ...catalogue.voices import Voice
 
 #: The model name that speaks each kind (``GET /v1/models``, a voice's ``model``).
 MODEL_OF_KIND = {

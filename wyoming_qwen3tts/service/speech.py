@@ -21,15 +21,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from .anchors import ANCHOR_MAX_FRAMES, Anchors, AnchorSpec, AnchorState
-from .audio import SAMPLE_RATE
-from .engine import Engine, Segment
-from .languages import AUTO, SPEAKER_LANGUAGES, UnsupportedLanguageError, to_qwen
-from .metrics import Metrics
+from ..common.audio import SAMPLE_RATE
+from ..engine import Engine, Segment
+from ..text.languages import AUTO, SPEAKER_LANGUAGES, UnsupportedLanguageError, to_qwen
+from ..common.metrics import Metrics
 from .scheduler import GenerationError, Job, Scheduler
-from .text import Segmenter, clean_text, frame_budget
-from .timeline import Timeline
-from .common.vocabulary import ModelKind, Reference
-from .voices import UnknownVoiceError, Voice, VoiceCatalog, name_order
+from ..text.segmenter import Segmenter, clean_text, frame_budget
+from ..common.timeline import Timeline
+from ..common.vocabulary import ModelKind, Reference
+from ..catalogue.voices import UnknownVoiceError, Voice, VoiceCatalog, name_order
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ helpers (``hides``, ``hidden_upto``, ``may_become_markup``, ``unfinished_tag``) 
 what to hold back or drop while a tag, entity, comment or hidden element may still be
 arriving, and what of it to drop when the text ends before it does. What a tag is read as
 is left to ``markdown.py`` (an attribute's value is read as inline markdown there),
-sentences and segments to ``text.py``.
+sentences and segments to ``segmenter.py``.
 """
 
 from __future__ import annotations
