@@ -219,7 +219,7 @@ def test_an_unknown_default_voice_lists_the_valid_voices_as_the_server_lists_the
     running server's messages (``service.shown_names`` of the catalogue's voices) list them
     by name regardless of case, the first 12, each name once. Now start-up lists the same
     names in that order (capitals were first, as in "Aria, Bob, Zed, alina", until stop 48)."""
-    from wyoming_qwen3tts.service.speech import shown_names
+    from wyoming_qwen3tts.service.default_voice import shown_names
     from wyoming_qwen3tts.common.vocabulary import ModelKind
     from wyoming_qwen3tts.catalogue.voices import VoiceCatalog
 

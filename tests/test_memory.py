@@ -34,7 +34,8 @@ from wyoming_qwen3tts.engine.gpu.sizing import (
     slot_positions,
 )
 from wyoming_qwen3tts.common.metrics import Metrics
-from wyoming_qwen3tts.service.speech import OOM_ADVICE, GenerationError, SpeechRequest, TtsService
+from wyoming_qwen3tts.service.speech import OOM_ADVICE, SpeechRequest, TtsService
+from wyoming_qwen3tts.service.errors import GenerationError
 from wyoming_qwen3tts.common.audio import FRAMES_PER_SECOND
 from wyoming_qwen3tts.common.vocabulary import MAX_SEGMENT_SECONDS, MAX_REFERENCE_SECONDS, ModelKind
 from wyoming_qwen3tts.text.segmenter import frame_budget

@@ -276,7 +276,7 @@ async def test_a_model_that_cannot_load_fails_what_waits_for_it_and_the_other_se
     turns.start()
     try:
         preset = turns.job(DESIGN, "p1")
-        from wyoming_qwen3tts.service.scheduler import GenerationError
+        from wyoming_qwen3tts.service.errors import GenerationError
 
         with pytest.raises(GenerationError, match="could not be loaded: voice_design model: not even 1 stream fits"):
             await asyncio.wait_for(_drain(preset), 30)
@@ -311,7 +311,7 @@ async def test_a_model_found_not_to_fit_alone_is_never_swapped_in_again() -> Non
     and anchor sent the Base model out for it again. Now its first failure is its last try:
     later requests fail at once, and the Base model comes back and stays."""
     from wyoming_qwen3tts.engine.loader import MemoryFitError
-    from wyoming_qwen3tts.service.scheduler import GenerationError
+    from wyoming_qwen3tts.service.errors import GenerationError
 
     turns = Turns()
 

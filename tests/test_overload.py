@@ -270,7 +270,8 @@ async def test_admission_slots_are_released_on_every_ending() -> None:
     one past the cap is refused at once with ``OverloadedError``."""
     import threading
 
-    from wyoming_qwen3tts.service.speech import OverloadedError, SpeechRequest
+    from wyoming_qwen3tts.service.errors import OverloadedError
+    from wyoming_qwen3tts.service.speech import SpeechRequest
 
     from .stub_service import stub_service
 
@@ -292,7 +293,8 @@ async def test_admission_slots_are_released_on_every_ending() -> None:
 async def test_shutdown_ends_open_streams_and_refuses_new_ones() -> None:
     import threading
 
-    from wyoming_qwen3tts.service.speech import ServerStoppingError, SpeechRequest
+    from wyoming_qwen3tts.service.errors import ServerStoppingError
+    from wyoming_qwen3tts.service.speech import SpeechRequest
 
     from .stub_service import stub_service
 

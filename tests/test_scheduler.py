@@ -12,7 +12,8 @@ import pytest
 
 from wyoming_qwen3tts.engine import Engine, Segment
 from wyoming_qwen3tts.engine.serial import SerialEngine
-from wyoming_qwen3tts.service.scheduler import GenerationError, Job, Scheduler
+from wyoming_qwen3tts.service.errors import GenerationError
+from wyoming_qwen3tts.service.scheduler import Job, Scheduler
 from wyoming_qwen3tts.common.vocabulary import ModelKind
 
 

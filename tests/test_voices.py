@@ -807,7 +807,9 @@ def test_a_service_with_no_voice_refuses_with_the_way_out_then_adopts_the_first_
     where the studio is; the first clip that appears becomes the default voice (the studio's
     library then guards it as one) and a later, earlier-sorting clip does not take its place."""
     from wyoming_qwen3tts.common.metrics import Metrics
-    from wyoming_qwen3tts.service.speech import NoVoicesError, TtsService, VoiceNotFoundError, pick_default_voice
+    from wyoming_qwen3tts.service.errors import NoVoicesError, VoiceNotFoundError
+    from wyoming_qwen3tts.service.speech import TtsService
+    from wyoming_qwen3tts.service.default_voice import pick_default_voice
 
     catalog = VoiceCatalog(tmp_path, {ModelKind.BASE})
     service = TtsService(catalog, {}, None, Metrics(), studio="http://studio.test:8880/")
@@ -960,7 +962,8 @@ def test_an_automatic_default_is_picked_again_when_its_voice_goes_an_explicit_on
     studio may delete it. An explicit default stays as given and the studio keeps it."""
     from wyoming_qwen3tts.engine import Engine
     from wyoming_qwen3tts.common.metrics import Metrics
-    from wyoming_qwen3tts.service.speech import NoVoicesError, TtsService, VoiceNotFoundError
+    from wyoming_qwen3tts.service.errors import NoVoicesError, VoiceNotFoundError
+    from wyoming_qwen3tts.service.speech import TtsService
 
     from .stub_service import StubEngine
 
@@ -1029,7 +1032,8 @@ def test_a_gone_default_voice_is_refused_in_a_short_message_and_logged_in_full_n
     (the second said "(--voice)")."""
     from wyoming_qwen3tts.engine import Engine
     from wyoming_qwen3tts.common.metrics import Metrics
-    from wyoming_qwen3tts.service.speech import DefaultVoiceGoneError, TtsService
+    from wyoming_qwen3tts.service.errors import DefaultVoiceGoneError
+    from wyoming_qwen3tts.service.speech import TtsService
 
     from .stub_service import StubEngine
 
@@ -1576,7 +1580,8 @@ async def test_voice_names_are_listed_and_picked_by_name_regardless_of_case(tmp_
     from wyoming_qwen3tts.doors.wyoming.handler import build_info
     from wyoming_qwen3tts.doors.http.api import create_app
     from wyoming_qwen3tts.common.metrics import Metrics
-    from wyoming_qwen3tts.service.speech import TtsService, pick_default_voice
+    from wyoming_qwen3tts.service.speech import TtsService
+    from wyoming_qwen3tts.service.default_voice import pick_default_voice
 
     for name in ("bob", "Zoe", "alina"):
         write_voice(tmp_path, name)

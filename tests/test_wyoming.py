@@ -129,8 +129,8 @@ _GGML = "qwentts.cpp GGML on the CPU (Q8_0, 2 stream(s) x 2 threads"
 )
 def test_the_program_description_names_each_engine_once(backends: dict[str, str], said: str) -> None:
     """``info``'s program description (Home Assistant shows it) names each engine once, with
-    what its models share, then what is one model's own (``service.describe_backends``)."""
-    from wyoming_qwen3tts.service.speech import describe_backends
+    what its models share, then what is one model's own (``service.backends.describe_backends``)."""
+    from wyoming_qwen3tts.service.backends import describe_backends
     from wyoming_qwen3tts.common.vocabulary import ModelKind
 
     assert describe_backends({ModelKind(kind): backend for kind, backend in backends.items()}) == said

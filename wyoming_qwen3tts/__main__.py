@@ -35,7 +35,8 @@ from .doors.wyoming.handler import DEFAULT_MAX_CONNECTIONS
 from .doors.limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, MAX_SEED
 from .common.quiet import drop_default_config_notes, quiet_compilers, quiet_dependencies, restore_console, route_hub_logs
 from .startup import load_engines, no_voices_message, no_voices_warning, studio_address, survey_clips
-from .service.speech import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, DEFAULT_RULE, DEFAULT_VOICE, TtsService, pick_default_voice
+from .service.speech import DEFAULT_MAX_CHARS, DEFAULT_MAX_QUEUE, TtsService
+from .service.default_voice import DEFAULT_RULE, DEFAULT_VOICE, pick_default_voice
 from .doors.http.studio import HA_INGRESS_PEER
 from .common.vocabulary import ModelKind, Reference
 from .catalogue.voices import VoiceCatalog

@@ -34,7 +34,7 @@ from .engine.gpu.sizing import (
     GB, TURNS_GRAPH_ROWS, ModelNeed, Residency, cap_fraction, memory_budget, plan_residency, slot_positions, turns_fit,
 )
 from .common.metrics import Metrics
-from .service.speech import shown_names
+from .service.default_voice import shown_names
 from .catalogue.voices import (
     AUDIO_SUFFIXES, MIN_CLIP_SECONDS, PRESETS_FILE, ClipSkip, VoiceCatalog, VoiceSource, clone_name, cut_off_reason,
     has_control_characters, load_presets, name_key, read_clone_clip, transcript_name, voice_clips,

@@ -28,6 +28,7 @@ from ..common.audio import SAMPLE_RATE
 from ..engine import Segment, Work
 from ..engine.gpu.lease import Demand
 from ..common.timeline import Timeline
+from .errors import GenerationError
 
 #: Audio a client may leave unread before its next segment is held back, in seconds. A client
 #: that stops reading thus holds at most this much (plus the running segment) in memory; the
@@ -49,10 +50,6 @@ def background() -> Iterator[None]:
         yield
     finally:
         _BACKGROUND.reset(token)
-
-
-class GenerationError(RuntimeError):
-    """The model failed on a segment; the message says why."""
 
 
 class _SegmentDone:

@@ -5,7 +5,9 @@ A front door turns its protocol into a ``SpeechRequest`` and calls ``TtsService.
 Either resolves the voice and language or raises a ``RequestError``; the stream yields
 float32 [n_samples] chunks at 24 kHz, or raises ``GenerationError``. Segmentation, frame
 caps, seeds, the engines, their schedulers and metrics live behind this module, so both
-doors behave the same and neither imports the engine or the scheduler.
+doors behave the same and neither imports the engine or the scheduler. Beside it in the
+service: the default voice (``default_voice``), admission, readiness and draining
+(``readiness``), and the refusals and failures (``errors``).
 """
 
 from __future__ import annotations
@@ -13,9 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,11 +26,18 @@ from ..common.audio import SAMPLE_RATE
 from ..engine import Engine, Segment
 from ..text.languages import AUTO, SPEAKER_LANGUAGES, UnsupportedLanguageError, to_qwen
 from ..common.metrics import Metrics
-from .scheduler import GenerationError, Job, Scheduler
+from .scheduler import Job, Scheduler
 from ..text.segmenter import Segmenter, clean_text, frame_budget
 from ..common.timeline import Timeline
 from ..common.vocabulary import ModelKind, Reference
-from ..catalogue.voices import UnknownVoiceError, Voice, VoiceCatalog, name_order
+from ..catalogue.voices import UnknownVoiceError, Voice, VoiceCatalog
+from .backends import describe_backends
+from .default_voice import DefaultVoice, shown_names
+from .errors import (
+    DefaultVoiceGoneError, EmptyTextError, GenerationError, LanguageError, ModelUnservableError, NoVoicesError,
+    RequestError, VoiceNotFoundError, text_too_long,
+)
+from .readiness import Admission, model_states
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -38,10 +46,6 @@ _LOGGER = logging.getLogger(__name__)
 DEFAULT_MAX_CHARS = 10_000
 #: Default cap on requests open at once over both doors (generating or waiting their turn).
 DEFAULT_MAX_QUEUE = 32
-#: Voice used when a request names none and ``--voice`` names none either, if the catalogue
-#: has it and it can be spoken (else the first such voice by name: ``pick_default_voice``,
-#: ``TtsService.default_voice``).
-DEFAULT_VOICE = "aria"
 #: What an out-of-memory error tells the client and the log to change.
 OOM_ADVICE = (
     "The GPU ran out of memory for this request; the server goes on. Retry, or restart the server "
@@ -49,153 +53,10 @@ OOM_ADVICE = (
 )
 
 
-#: A count of streams or threads, "2 stream(s)", "1 threads": said as "2 streams", "1 thread".
-_COUNTED = re.compile(r"\b(\d+) (stream|thread)(?:\(s\)|s)")
-
-
-def _split_outside_parentheses(text: str) -> list[str]:
-    """``text`` split at each ", " outside parentheses."""
-    pieces, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        depth += {"(": 1, ")": -1}.get(char, 0)
-        if depth == 0 and text.startswith(", ", i):
-            pieces.append(text[start:i])
-            start = i + 2
-    return [*pieces, text[start:]]
-
-
-def _backend_parts(backend: str) -> tuple[str, list[str]]:
-    """An engine's ``backend`` as its name and its parts: those in parentheses after the
-    name, then those after a comma ("qwentts.cpp GGML on the CPU (Q8_0, 2 stream(s) x 2
-    threads, clones in context (ICL))", "batched engine (eager, cpu)", "batched CUDA-graph
-    engine, on demand")."""
-    head, *tail = _split_outside_parentheses(backend)
-    name, paren, inner = head.partition(" (")
-    if not paren or not inner.endswith(")"):
-        return head, tail
-    return name, [*_split_outside_parentheses(inner[:-1]), *tail]
-
-
-def describe_backends(backends: Mapping[ModelKind, str]) -> str:
-    """The models' engines (each model's ``Engine.backend``) in words, for Wyoming's ``info``
-    (Home Assistant shows it): each engine named once, with the parts all its models share
-    in parentheses, then what is a model's own, named by the model. For example a Base and a
-    CustomVoice model on the GGML engine: "qwentts.cpp GGML on the CPU (Q8_0, 2 streams x 2
-    threads): base model clones by x-vector". Engines of other names follow after " + "."""
-    groups: dict[str, dict[ModelKind, list[str]]] = {}
-    for kind, backend in backends.items():
-        name, parts = _backend_parts(_COUNTED.sub(lambda m: f"{m[1]} {m[2]}{'' if m[1] == '1' else 's'}", backend))
-        groups.setdefault(name, {})[kind] = parts
-    said = []
-    for name, models in sorted(groups.items()):
-        first = next(iter(models.values()))
-        common = [part for part in first if all(part in parts for parts in models.values())]
-        text = f"{name} ({', '.join(common)})" if common else name
-        own = [
-            f"{kind.value} model {', '.join(extra)}"
-            for kind in ModelKind
-            if kind in models and (extra := [part for part in models[kind] if part not in common])
-        ]
-        said.append(f"{text}: {'; '.join(own)}" if own else text)
-    return " + ".join(said)
-
-
-class RequestError(Exception):
-    """A request the server will not run. ``code`` is a stable machine-readable id."""
-
-    code = "bad-request"
-
-
-class EmptyTextError(RequestError):
-    """The text is empty, whitespace, or nothing speakable once cleaned."""
-
-    code = "empty-text"
-
-
-class TextTooLongError(RequestError):
-    """The text is longer than the server's limit."""
-
-    code = "text-too-long"
-
-
-def text_too_long(chars: int, max_chars: int, streamed: bool = False) -> TextTooLongError:
-    """The refusal of a text of ``chars`` characters over ``max_chars`` (``--max-chars``), in
-    the same words on every door and path: a whole text (``check_text``) and a streamed one
-    (``SpeechStream.add_text``, ``streamed``: ``chars`` counts what came so far, up to the
-    delta that passed the limit, so the message says "at least")."""
-    size = f"at least {chars} characters (so far)" if streamed else f"{chars} characters"
-    return TextTooLongError(f"Text is {size}, over the limit of {max_chars} (--max-chars)")
-
-
-class VoiceNotFoundError(RequestError):
-    """No available voice of that name."""
-
-    code = "unknown-voice"
-
-
-class NoVoicesError(VoiceNotFoundError):
-    """The server has no voice at all yet (the clone model alone, and no usable clip in the
-    voices folder): every request is refused with how to add one, until one is added.
-    A ``VoiceNotFoundError``, so every door answers it where it answers an unknown voice
-    (HTTP 404, param ``voice``), with its own code."""
-
-    code = "no-voices"
-
-
-class DefaultVoiceGoneError(VoiceNotFoundError):
-    """A request named no voice, and the server's explicit default voice (``--voice``) is
-    no longer served (its clip was removed or broken by hand): what to do about it. A
-    ``VoiceNotFoundError``, so every door answers it where it answers an unknown voice
-    (HTTP 404, param ``voice``), with its own code."""
-
-    code = "default-voice-gone"
-
-
-class ModelUnservableError(RequestError):
-    """The request needs a model the GPU cannot hold even alone (``TtsService.unservable``):
-    refused before it is queued, as a model the server has not loaded is (HTTP 404, OpenAI's
-    code ``model_not_found``). The message says why (the start-up plan's reason) and what
-    to ask for instead.
-
-    Attributes:
-        param: the request field at fault: ``voice`` (its voice, or the default voice, is
-            spoken by that model) or ``instructions`` (they design a voice with it).
-    """
-
-    code = "model_not_found"
-
-    def __init__(self, message: str, param: str = "voice") -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class LanguageError(RequestError):
-    """The language is not one Qwen3-TTS speaks."""
-
-    code = "unsupported-language"
-
-
-class OverloadedError(RequestError):
-    """The server already has ``max_queue`` requests open: refused at once, never queued.
-
-    Attributes:
-        retry_after_s: seconds after which a retry is worth trying (HTTP ``Retry-After``).
-    """
-
-    code = "overloaded"
-    retry_after_s = 2
-
-
 #: How the doors and the log name a voice designed from a request's ``instructions`` alone
 #: (no voice named): no catalogue voice spoke (``SpeechStream.designed``). Never a
 #: percent-encoded voice name (those encode "(" as %28).
 DESIGNED_VOICE = "(designed)"
-
-
-class ServerStoppingError(RequestError):
-    """The server is shutting down: new requests are refused and open streams end with it."""
-
-    code = "server-stopping"
 
 
 @dataclass(frozen=True)
@@ -222,20 +83,9 @@ class SpeechRequest:
 __all__ = [
     "DEFAULT_MAX_CHARS",
     "DESIGNED_VOICE",
-    "DefaultVoiceGoneError",
-    "EmptyTextError",
-    "GenerationError",
-    "LanguageError",
-    "ModelUnservableError",
-    "NoVoicesError",
-    "OverloadedError",
-    "RequestError",
-    "ServerStoppingError",
     "SpeechRequest",
     "SpeechStream",
-    "TextTooLongError",
     "TtsService",
-    "VoiceNotFoundError",
     "check_text",
 ]
 
@@ -284,17 +134,11 @@ class TtsService:
         for kind, engine in engines.items():
             metrics.track_queue(kind.value, self._schedulers[kind].queue_depth)
             engine.start(self._schedulers[kind])
-        self._default_voice = default_voice
-        self._default_explicit = default_explicit and default_voice is not None
-        self._pinned_gone = False  # the explicit default is no longer served (logged once)
-        self._pinned_mute_said = False  # the explicit default cannot be spoken on this GPU (logged once)
+        self._default = DefaultVoice(catalog, default_voice, default_explicit, self.unspeakable, studio)
         self.studio = studio
         self.metrics = metrics
         self.max_chars = max_chars
-        self.max_queue = max_queue
-        self._open: set[SpeechStream] = set()  # streams not yet ended (the admission count)
-        self._stopping = False
-        self._draining = False  # a shutdown began: not ready for a load balancer
+        self.admission = Admission(max_queue)
 
     @property
     def kinds(self) -> frozenset[ModelKind]:
@@ -336,117 +180,22 @@ class TtsService:
 
     @property
     def default_voice(self) -> str | None:
-        """The voice of requests that name none. An explicit default (``--voice``,
-        ``default_explicit``) is kept as given. An automatic one (chosen at start, or the
-        first time it is needed by a server that started with no voice) follows the rule
-        of ``pick_default_voice`` among the voices that can be spoken (``speakable_voices``:
-        not a preset of a VoiceDesign model this GPU cannot hold; among all voices where none
-        can) at each read: while the voice it names is in the catalogue and can be spoken it
-        stays; once that voice is gone (its clip deleted or renamed, in the studio or the
-        folder) or cannot be spoken another is picked by the same rule, and the change is
-        logged once. An explicit default that cannot be spoken is kept, and said once at
-        ERROR (``_check_pinned``). None while the catalogue holds no voice at all. Reading it does not re-read
-        the voices folder (the doors refresh the catalogue); it costs one pass over the
-        catalogue's voices."""
-        if self._default_explicit:
-            self._check_pinned()
-            return self._default_voice
-        voices = self.catalog.voices()
-        current = self._default_voice
-        held = next((v for v in voices if v.name == current), None)
-        mute = self.unspeakable(held) if held is not None else None
-        if held is not None and mute is None:
-            return current
-        spoken = [v.name for v in voices if self.unspeakable(v) is None]
-        chosen = pick_default_voice(spoken or [v.name for v in voices])  # none spoken: the refusal says why
-        if chosen != current:
-            self._default_voice = chosen
-            if chosen is None:
-                _LOGGER.info("Default voice: none, %s is gone and no voice is left", current)
-            elif current is None:
-                _LOGGER.info("Default voice: %s, %s (--voice chooses another)", chosen, first_default_reason(chosen, len(voices)))
-            elif mute is not None:
-                _LOGGER.info("Default voice: %s, as %s cannot be spoken (%s; --voice chooses one to keep)", chosen,
-                             current, mute)
-            else:
-                _LOGGER.info("Default voice: %s, as %s is gone (--voice chooses one to keep)", chosen, current)
-        return chosen
-
-    def _check_pinned(self) -> bool:
-        """Whether the explicit default voice is served now; logs a WARNING once when it
-        stops being served, and once when it is back; an ERROR once when its model cannot be
-        served on this GPU (``unspeakable``: it is still "served", and its requests are
-        refused with ``ModelUnservableError``)."""
-        assert self._default_voice is not None
-        voice = self.catalog.find(self._default_voice)
-        served = voice is not None
-        mute = self.unspeakable(voice) if voice is not None and not self._pinned_mute_said else None
-        if mute is not None:
-            self._pinned_mute_said = True
-            name = self._default_voice
-            _LOGGER.error(
-                "The default voice %s (--voice %s) cannot be spoken: %s. Requests that name no voice are refused "
-                "until you choose a default voice of another model (--voice, the add-on's voice option; these can "
-                "be spoken: %s) and restart, or free the GPU memory that model needs and restart", name, name, mute,
-                shown_names([v.name for v in self.speakable_voices()]),
-            )
-        if served == self._pinned_gone:  # it changed
-            self._pinned_gone = not served
-            if served:
-                _LOGGER.warning("The default voice %s (--voice %s) is served again: requests that name no voice "
-                                "are spoken with it", self._default_voice, self._default_voice)
-            else:
-                _LOGGER.warning("%s", self._default_gone_message(log=True))
-        return served
+        """The voice of requests that name none (``DefaultVoice.name``): an explicit one
+        (``--voice``) as given, an automatic one picked anew when its voice is gone or cannot
+        be spoken; None while the catalogue holds no voice at all."""
+        return self._default.name
 
     @property
     def default_served(self) -> bool:
-        """False while the explicit default voice (``--voice``) is no longer served (its clip
-        was removed or broken by hand): requests naming no voice are refused with
-        ``DefaultVoiceGoneError``. True otherwise (an automatic default is always served)."""
-        return not self._default_explicit or self._check_pinned()
-
-    def _default_gone_message(self, log: bool = False) -> str:
-        """Why the explicit default voice is not served, and how to fix it. ``log``: the
-        server log's WARNING, in full (why, the two fixes, the voices still served). Else a
-        refused request's message: two short sentences, short enough for Home Assistant's pipeline
-        error (under 200 characters for a name of the studio's ``MAX_NAME_CHARS``), naming
-        the voice, what is wrong and what to do; the log holds the detail."""
-        name = self._default_voice
-        clip = self.catalog.skipped_clip(name) if name is not None else None
-        # The skipped record names the transcript where it is the fault (the clip is fine).
-        transcript = clip.transcript if clip is not None else None
-        if not log:
-            if transcript is not None:
-                assert clip is not None
-                return (f"The default voice {name!r} (--voice) cannot be used: its transcript {transcript} could not "
-                        f"be used (see the server log). Save it {clip.transcript_fix}, or choose another default voice")
-            if clip is not None:
-                return (f"The default voice {name!r} (--voice) cannot be used: its clip is skipped (see the server "
-                        "log). Replace the clip, or choose another default voice")
-            return (f"The default voice {name!r} (--voice) is no longer in the voices folder. Put it back, or "
-                    "choose another default voice")
-        if clip is not None and transcript is not None:
-            why = f"its transcript {transcript} could not be used, so its clip {clip.file} is skipped ({clip.reason})"
-            put_back = f"save its transcript {transcript} {clip.transcript_fix}"
-        else:
-            why = (f"its clip {clip.file} is skipped ({clip.reason})" if clip is not None
-                   else "no clip or preset of that name is in the voices folder any more")
-            put_back = (f"put its clip back ({name}.wav and its transcript {name}.txt in the voices folder"
-                        + (", or upload one in the voice studio" if self.studio else "") + ")")
-        names = [v.name for v in self.catalog.voices()]
-        shown = shown_names(names)
-        fix = f"{put_back}, or choose another default voice (--voice, the add-on's voice option) and restart"
-        served = f"; requests that name a voice are served (available: {shown})" if names else "; no voice is left"
-        return (f"The default voice {name} (--voice {name}) is no longer served: {why}. Requests that name no "
-                f"voice are refused until you {fix}{served}")
+        """False while the explicit default voice (``--voice``) is no longer served: requests
+        naming no voice are refused with ``DefaultVoiceGoneError`` (``DefaultVoice.served``)."""
+        return self._default.served
 
     @property
     def pinned_default(self) -> str | None:
         """The default voice if it is explicit (``--voice``): the studio may not rename or
-        delete it. None for an automatic default, which may go (the next request picks
-        another, ``default_voice``)."""
-        return self._default_voice if self._default_explicit else None
+        delete it. None for an automatic default (``DefaultVoice.pinned``)."""
+        return self._default.pinned
 
     def no_voices(self, name: str | None = None, why: str | None = None) -> NoVoicesError:
         """The refusal of a request while the server has no voice: what to do about it.
@@ -471,14 +220,7 @@ class TtsService:
 
     def model_states(self) -> dict[str, str]:
         """Each loaded model's state: "ready", "loading" or "failed" (for ``/ready``)."""
-        return {
-            kind.value: "failed"
-            if e.warm_error is not None or e.serve_error is not None
-            else "ready"
-            if e.ready.is_set()
-            else "loading"
-            for kind, e in self._engines.items()
-        }
+        return model_states(self._engines)
 
     def is_ready(self) -> bool:
         """True when every model finished its warm-up without error."""
@@ -488,21 +230,21 @@ class TtsService:
         """Why this server takes no new work now (for ``/ready`` and a load balancer), or
         None when it does: "failed" or "loading" (a model), "draining" (``drain`` was
         called: a shutdown began), "busy" (``max_queue`` requests are open)."""
-        states = self.model_states().values()
-        if "failed" in states:
-            return "failed"
-        if "loading" in states:
-            return "loading"
-        if self._draining or self._stopping:
-            return "draining"
-        if len(self._open) >= self.max_queue:
-            return "busy"
-        return None
+        return self.admission.readiness(self.model_states().values())
+
+    @property
+    def max_queue(self) -> int:
+        """Most requests open at once (both doors): ``open`` refuses the next one."""
+        return self.admission.max_queue
+
+    @max_queue.setter
+    def max_queue(self, value: int) -> None:
+        self.admission.max_queue = value
 
     def drain(self) -> None:
         """Turn not-ready (``readiness``) ahead of a shutdown, so that a load balancer sends
         new work elsewhere; requests are still served until ``shutdown``."""
-        self._draining = True
+        self.admission.drain()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop every engine after its current step (blocking)."""
@@ -529,10 +271,10 @@ class TtsService:
         wanted = name or self.default_voice
         if wanted is None:
             raise self.no_voices()
-        if not name and self._default_explicit and self._pinned_gone:
+        if not name and self._default.gone:
             # Refused, not spoken by another voice: the user chose this one (a clone in
             # their language); Home Assistant shows the error's text in its pipeline.
-            raise DefaultVoiceGoneError(self._default_gone_message())
+            raise DefaultVoiceGoneError(self._default.gone_message())
         try:
             return self.catalog.get(wanted)
         except UnknownVoiceError as err:
@@ -576,13 +318,7 @@ class TtsService:
             ModelUnservableError: the model that would speak it cannot be served on this GPU
                 (``unservable``): refused before anything is queued.
         """
-        if self._stopping:
-            raise ServerStoppingError("The server is shutting down")
-        if len(self._open) >= self.max_queue:
-            raise OverloadedError(
-                f"The server is busy ({len(self._open)} requests open, the limit is "
-                f"{self.max_queue}); retry in a few seconds"
-            )
+        self.admission.admit()
         designing = bool(request.instructions) and not request.voice and ModelKind.VOICE_DESIGN in self._engines
         designed = [v for v in self.catalog.voices() if v.kind is ModelKind.VOICE_DESIGN] if designing else []
         try:
@@ -623,7 +359,7 @@ class TtsService:
         stream = SpeechStream(
             self, job, voice, language, instruct, seed, request.door, streamed, reference, designed=one_off
         )
-        self._open.add(stream)
+        self.admission.add(stream)
         return stream
 
     def _unservable_refusal(
@@ -632,7 +368,7 @@ class TtsService:
         """The refusal of ``request``, whose ``voice`` (or one-off design) needs the model
         ``kind``, which cannot be served on this GPU (``why``: ``unservable``'s sentence): the field at fault
         and what to ask for instead. A request naming no voice (Home Assistant's) gets a short
-        message (the log has the detail: ``_check_pinned``)."""
+        message (the log has the detail: ``DefaultVoice.name``)."""
         others = f" (these can be spoken: {shown_names([v.name for v in self.speakable_voices()])})"
         if one_off:
             return ModelUnservableError(f"{why}. A voice designed from instructions alone needs it: name a voice of "
@@ -650,14 +386,12 @@ class TtsService:
     @property
     def open_streams(self) -> int:
         """Requests open now (generating, queued, or with audio not yet consumed)."""
-        return len(self._open)
+        return self.admission.open
 
     def shutdown(self) -> None:
         """Refuse new requests and end every open stream: its generation stops within a
         frame and its iteration raises ``ServerStoppingError`` (must run in the event loop)."""
-        self._stopping = True
-        for stream in list(self._open):
-            stream.interrupt(ServerStoppingError("The server is shutting down"))
+        self.admission.shutdown()
 
     async def render_design(self, spec: AnchorSpec) -> np.ndarray:
         """Render one VoiceDesign clip in a single generation (an anchor, or a design
@@ -902,7 +636,7 @@ class SpeechStream:
         if self._outcome is not None:
             return
         self._outcome = outcome
-        self._service._open.discard(self)
+        self._service.admission.discard(self)
         m = self._service.metrics
         if outcome != "refused":
             m.requests.labels(self._door, outcome).inc()
@@ -928,38 +662,6 @@ class SpeechStream:
             m.real_time_factor.labels(self._door).observe((time.perf_counter() - self._opened) / audio_s)
         for wait in self._job.queue_waits:
             m.queue_wait.labels(self._door).observe(wait)
-
-
-def shown_names(names: list[str], most: int = 12) -> str:
-    """Voice ``names`` for a message, by name regardless of case (as the studio and
-    ``GET /v1/audio/voices`` list them): the first ``most``, then how many in all; "none"
-    for none."""
-    ordered = sorted(names, key=name_order)
-    return ", ".join(ordered[:most]) + (f", ... ({len(ordered)} in all)" if len(ordered) > most else "") or "none"
-
-
-def pick_default_voice(names: list[str]) -> str | None:
-    """The default voice among the catalogue's voice ``names`` when ``--voice`` names none:
-    ``DEFAULT_VOICE`` if it is one of them, else the first by name; None when there are none."""
-    if not names:
-        return None
-    return DEFAULT_VOICE if DEFAULT_VOICE in names else min(names, key=name_order)
-
-
-#: How ``pick_default_voice`` chooses, in the log's words.
-DEFAULT_RULE = f"{DEFAULT_VOICE} if there is one, else the first by name"
-
-
-def first_default_reason(chosen: str, added: int) -> str:
-    """Why a server that had no voice took ``chosen`` as its default from the ``added``
-    voices (at least one) that came in together, for the log line that names it: "the first
-    voice added", or for several (a copy of clips into the voices folder, found by one scan)
-    which rule of ``pick_default_voice`` chose it among them."""
-    if added == 1:
-        return "the first voice added"
-    if chosen == DEFAULT_VOICE:
-        return f"of the {added} voices added together, {DEFAULT_VOICE} (taken first when there is one)"
-    return f"the first by name of the {added} voices added together"
 
 
 def native_language(voice: Voice) -> str:

@@ -53,8 +53,8 @@ from .ws_events import KEY_PROTOCOL_PREFIX, PATH as WS_PATH, PROTOCOL, offered_s
 from .shared import ApiError, BodyStalledError, error_body, error_param, read_json, watch_body
 from .request import GENERIC_MODELS, HUB_MODEL, KIND_MODELS, SpeechParams, model_kind, parse_speech, pick_voice
 from .studio import add_routes, from_ingress, is_page, listed_skipped, listed_voice  # the page is open, ingress is authenticated
-from ...service.speech import (
-    DESIGNED_VOICE,
+from ...service.speech import DESIGNED_VOICE, SpeechRequest, SpeechStream, TtsService
+from ...service.errors import (
     EmptyTextError,
     GenerationError,
     LanguageError,
@@ -62,10 +62,7 @@ from ...service.speech import (
     OverloadedError,
     RequestError,
     ServerStoppingError,
-    SpeechRequest,
-    SpeechStream,
     TextTooLongError,
-    TtsService,
     VoiceNotFoundError,
 )
 from .tempo import Tempo

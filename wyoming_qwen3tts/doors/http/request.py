@@ -16,7 +16,8 @@ from typing import Any
 from .encoders import FORMATS
 from .shared import MAX_INSTRUCTIONS_CHARS, MODEL_OF_KIND, ApiError
 from ..limits import MAX_SEED
-from ...service.speech import DefaultVoiceGoneError, TtsService, VoiceNotFoundError, check_text
+from ...service.errors import DefaultVoiceGoneError, VoiceNotFoundError
+from ...service.speech import TtsService, check_text
 from .tempo import MAX_SPEED, MIN_SPEED
 from ...common.vocabulary import ModelKind
 from ...catalogue.voices import name_order

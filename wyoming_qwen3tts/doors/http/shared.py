@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import StreamReader, web
 
 from ...text import writing
-from ...service.speech import EmptyTextError, LanguageError, RequestError, TextTooLongError, VoiceNotFoundError
+from ...service.errors import EmptyTextError, LanguageError, RequestError, TextTooLongError, VoiceNotFoundError
 from ...common.vocabulary import ModelKind
 from ...catalogue.voices import Voice
 

@@ -60,7 +60,8 @@ from ...catalogue.library import (
     too_large,
     wav_bytes,
 )
-from ...service.speech import GenerationError, TtsService, VoiceNotFoundError
+from ...service.errors import GenerationError, VoiceNotFoundError
+from ...service.speech import TtsService
 from ...text.segmenter import clean_text, estimated_seconds
 from ...catalogue.voices import MAX_PRESET_SEED, MAX_TRANSCRIPT_BYTES, TranscriptError, Voice, VoiceSource, decode_transcript
 from ...common.vocabulary import ModelKind

@@ -41,17 +41,8 @@ from ...common.audio import to_pcm16
 from .shared import ApiError, error_param
 from .request import parse_speech, pick_voice
 from ..limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
-from ...service.speech import (
-    EmptyTextError,
-    GenerationError,
-    RequestError,
-    ServerStoppingError,
-    SpeechRequest,
-    SpeechStream,
-    TextTooLongError,
-    TtsService,
-    check_text,
-)
+from ...service.errors import EmptyTextError, GenerationError, RequestError, ServerStoppingError, TextTooLongError
+from ...service.speech import SpeechRequest, SpeechStream, TtsService, check_text
 from .tempo import Tempo
 from ...common.vocabulary import ModelKind
 from . import ws_events as ev

@@ -35,7 +35,7 @@ from typing import Any
 
 from ...common.audio import SAMPLE_RATE
 from .shared import error_body
-from ...service.speech import RequestError
+from ...service.errors import RequestError
 from ...text.writing import replace_lone_surrogates
 
 #: The WebSocket subprotocol a client must offer (``Sec-WebSocket-Protocol``).

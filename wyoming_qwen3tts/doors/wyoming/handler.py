@@ -52,16 +52,8 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from ... import __version__
 from ...common.audio import PCM_WIDTH, SAMPLE_RATE, to_pcm16
 from ..limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, limit_send_buffer
-from ...service.speech import (
-    EmptyTextError,
-    GenerationError,
-    OverloadedError,
-    RequestError,
-    ServerStoppingError,
-    SpeechRequest,
-    SpeechStream,
-    TtsService,
-)
+from ...service.errors import EmptyTextError, GenerationError, OverloadedError, RequestError, ServerStoppingError
+from ...service.speech import SpeechRequest, SpeechStream, TtsService
 from ...common.vocabulary import ModelKind
 from ...catalogue.voices import Voice, name_order
 from .wire import MAX_EVENT_BYTES, EventCutOffError, MalformedEventError, read_event

@@ -29,7 +29,7 @@ from typing import Any
 
 from wyoming.event import Event
 
-from ...service.speech import RequestError
+from ...service.errors import RequestError
 from ...text.writing import replace_lone_surrogates
 
 #: Largest data or payload part a client may announce, in bytes. A TTS request is text:
