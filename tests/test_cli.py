@@ -174,7 +174,7 @@ async def test_a_new_voices_folder_is_named_in_a_warning_and_several_first_voice
         async with aiohttp.ClientSession() as session, session.get(srv.http_url + "/v1/audio/voices") as resp:
             listing = await resp.json()
         assert listing["default"] == "amy" and [v["name"] for v in listing["voices"]] == ["amy", "bob", "zed"], listing
-        said = [line.split(": ", 1)[1] for line in srv.output().splitlines() if "service: Default voice:" in line]
+        said = [line.split(": ", 1)[1] for line in srv.output().splitlines() if "service.default_voice: Default voice:" in line]
         assert said == ["Default voice: amy, the first by name of the 3 voices added together (--voice chooses another)"], said
         assert srv.alive()
     finally:
