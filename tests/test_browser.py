@@ -5,7 +5,7 @@ The server has an API key, so the page asks for it; the same page is also served
 small reverse proxy that does what Home Assistant's ingress does (a path prefix, the
 ``X-Ingress-Path`` header, requests from the trusted ingress address), where it must work
 without the key. Set ``QWEN3TTS_SCREENSHOT=docs/voice-studio.png`` to refresh the README's
-screenshot.
+screenshot (docs/voices.md shows it too).
 """
 
 from __future__ import annotations

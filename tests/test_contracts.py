@@ -9,7 +9,7 @@ streamed WAV. All of them send ``"stream": true``; only vLLM-Omni's adds
 ``"stream_format": "audio"``. ``stream`` is not OpenAI's field: the engines use it to mean
 "stream the audio", so it must never turn the body into server-sent events (only OpenAI's
 ``"stream_format": "sse"`` does). Then OpenAI's SDK with either ``stream_format``, and the
-README's streaming example as a user runs it (curl piped to a player).
+README's streaming example as a user runs it (curl piped to a player), and docs/api.md's.
 
 Random weights never emit EOS, so a response's length is known in advance
 (``test_http.assert_frames``): every check decodes the bytes and counts the samples.
@@ -235,15 +235,15 @@ def test_openai_sdk_as_the_engines_document_it_is_raw(server: Server) -> None:
     check_speech(pcm16(data))
 
 
-# --- the README's streaming example ---------------------------------------------------------
+# --- the README's and docs/api.md's streaming examples --------------------------------------
 
 
 def readme_players() -> list[tuple[list[str], list[str]]]:
-    """Each README command that pipes ``curl`` into a player: (curl's arguments, the
-    player's), continued lines joined and comments left out."""
-    readme = (ROOT / "README.md").read_text()
+    """Each command of the README and the docs/ pages that pipes ``curl`` into a player:
+    (curl's arguments, the player's), continued lines joined and comments left out."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     found = []
-    for block in re.findall(r"```sh\n(.*?)```", readme, re.S):
+    for block in (b for page in pages for b in re.findall(r"```sh\n(.*?)```", page.read_text(), re.S)):
         lines = [line for line in block.replace("\\\n", " ").splitlines() if not line.lstrip().startswith("#")]
         for command in lines:
             if command.lstrip().startswith("curl") and "|" in command:
@@ -253,10 +253,10 @@ def readme_players() -> list[tuple[list[str], list[str]]]:
 
 
 async def test_the_readme_streams_raw_audio_to_its_player(server: Server) -> None:
-    """The README's ``curl ... | ffplay -f s16le -ar 24000 -ch_layout mono``, its body and
-    headers as written: the bytes are in exactly the format it tells the player."""
+    """The README's and docs/api.md's ``curl ... | ffplay -f s16le -ar 24000 -ch_layout mono``,
+    each's body and headers as written: the bytes are in exactly the format it tells the player."""
     examples = readme_players()
-    assert examples, "no streaming example in the README"
+    assert len(examples) >= 2, "a streaming example in the README and one in docs/api.md"
     for curl, player in examples:
         assert player[0] == "ffplay" and player[player.index("-f") + 1] == "s16le"
         assert int(player[player.index("-ar") + 1]) == SAMPLE_RATE and player[player.index("-ch_layout") + 1] == "mono"

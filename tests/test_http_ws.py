@@ -300,7 +300,7 @@ async def test_harness_sequence_replayed(ws_server: Server) -> None:
 
 
 async def test_bad_input_gets_error_events_and_the_session_goes_on(ws_server: Server) -> None:
-    """Every refusal but the ones that end the session leaves it open (README): a refused
+    """Every refusal but the ones that end the session leaves it open (docs/api.md): a refused
     ``request.start`` opened no request, its error (in place of ``request.configured``)
     names the id the server gave that attempt, and a good ``request.start`` on the same
     socket then opens a request of its own id that speaks its whole text."""
@@ -703,25 +703,26 @@ def test_parse_reads_the_harness_events() -> None:
 
 
 def test_readme_client_works_as_written(ws_server: Server) -> None:
-    """The README's WebSocket client, run as written but for the server's address and key."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("\n### Streamed text over a WebSocket\n") :]
+    """The WebSocket client of the API page (docs/api.md, which the README links to), run as
+    written but for the server's address and key."""
+    readme = (Path(__file__).parent.parent / "docs" / "api.md").read_text()
+    section = readme[readme.index("\n## Streamed text over a WebSocket\n") :]
     code = section[section.index("```python\n") + 10 : section.index("\n```", section.index("```python\n"))]
     assert len(code.splitlines()) <= 22
     url = f"ws://127.0.0.1:{ws_server.http_port}{ev.PATH}"
     code = code.replace("ws://localhost:8880/v1/audio/speech/ws", url).replace("your key, or anything", KEY)
     scope: dict[str, Any] = {}
-    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the README's own code
+    exec(compile(code, "docs/api.md", "exec"), scope)  # noqa: S102 - the page's own code
     pcm = scope["pcm"]
     assert isinstance(pcm, bytes) and len(pcm) > 0 and len(pcm) % (2 * SAMPLES_PER_FRAME) == 0
     # The next block: a wrong key, and how the client reads why (what it prints is the
-    # README's comment; the log line the README quotes is the server's).
+    # page's comment; the log line the page quotes is the server's).
     rest = section[section.index("\n```", section.index("```python\n")) + 4 :]
     wrong = rest[rest.index("```python\n") + 10 : rest.index("\n```", rest.index("```python\n"))]
     printed = io.StringIO()
     mark = len(ws_server.output())
     with contextlib.redirect_stdout(printed):
-        exec(compile(wrong, "README.md", "exec"), scope)  # noqa: S102 - the README's own code
+        exec(compile(wrong, "docs/api.md", "exec"), scope)  # noqa: S102 - the page's own code
     said = wrong.splitlines()[-2].removeprefix("# ")
     assert printed.getvalue().strip() == said == '401 Bearer error="invalid_token", error_description="Incorrect API key provided"'
     quoted = re.search(r"\(`(HTTP GET [^`]+)`\)", section[: section.index(wrong)])

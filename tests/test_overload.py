@@ -33,7 +33,7 @@ MAX_QUEUE = 3
 MAX_CONNECTIONS = 32
 IDLE_TIMEOUT = 3
 WRITE_TIMEOUT = 3
-#: RSS a client that never reads may add to the server (see the README's limits): its
+#: RSS a client that never reads may add to the server (see docs/robustness.md's limits): its
 #: socket buffers, asyncio's 64 KiB write buffer and the audio generated in
 #: --write-timeout seconds are a few MB; the rest is headroom for allocator noise.
 STALL_RSS_BOUND = 64 << 20

@@ -421,7 +421,7 @@ async def test_a_refused_synthesize_ends_a_client_that_reads_up_to_audio_stop(se
     """Home Assistant's ``synthesize`` loop: read events until ``audio-stop`` or the end of
     the connection, skip anything else (``error`` included). A refused request (unknown
     voice) ends it at once, with no audio, then a good request on a new connection is
-    spoken. The README's "No voice yet" bullet says so of a refused one-shot ``synthesize``."""
+    spoken. docs/voices.md's "No voice yet" bullet says so of a refused one-shot ``synthesize``."""
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
         await client.write_event(Synthesize(text="Hello there.", voice=SynthesizeVoice(name="no-such-voice")).event())
         seen = []
@@ -437,9 +437,10 @@ async def test_a_refused_synthesize_ends_a_client_that_reads_up_to_audio_stop(se
         await client.write_event(Synthesize(text="Hello there.", voice=SynthesizeVoice(name="aria")).event())
         events = await read_until(client, "audio-stop")
         assert audio_of(events)[0]
-    # The README says so where it tells a refusal's events: its "No voice yet" bullet said
-    # the connection stays open for every Wyoming request, a one-shot synthesize included.
-    readme = (ROOT / "README.md").read_text()
+    # docs/voices.md says so where it tells a refusal's events: its "No voice yet" bullet (the
+    # README's once) said the connection stays open for every Wyoming request, a one-shot
+    # synthesize included.
+    readme = (ROOT / "docs" / "voices.md").read_text()
     no_voice = re.search(r"^- \*\*No voice yet\.\*\*.*?(?=^- |^#)", readme, re.S | re.M)
     assert no_voice is not None
     said = " ".join(no_voice[0].split())

@@ -300,9 +300,9 @@ def _speech_operation() -> dict[str, Any]:
     }
 
 
-#: Where the README describes the WebSocket door (OpenAPI 3.1 has no way to describe a
+#: Where docs/api.md describes the WebSocket door (OpenAPI 3.1 has no way to describe a
 #: WebSocket's messages).
-WEBSOCKET_DOCS = "https://github.com/wyoming-qwen3tts/wyoming-qwen3tts#streamed-text-over-a-websocket"
+WEBSOCKET_DOCS = "https://github.com/wyoming-qwen3tts/wyoming-qwen3tts/blob/main/docs/api.md#streamed-text-over-a-websocket"
 
 
 def _speech_ws_operation() -> dict[str, Any]:
@@ -315,7 +315,7 @@ def _speech_ws_operation() -> dict[str, Any]:
             "deltas), speech starts at the first clause, audio returns as binary messages of 24 kHz "
             "16-bit mono PCM. OpenAPI cannot describe WebSocket messages; this entry covers only the "
             "HTTP handshake (an Upgrade request offering the subprotocol nari.speech.v1, answered 101). "
-            f"The messages, errors and limits are in the README: {WEBSOCKET_DOCS}"
+            f"The messages, errors and limits are in the API documentation: {WEBSOCKET_DOCS}"
         ),
         "externalDocs": {"description": "The WebSocket protocol", "url": WEBSOCKET_DOCS},
         "responses": {
