@@ -291,6 +291,8 @@ def exported_codec(checkpoint: Path, data_dir: Path, load_decoder: Callable[[], 
                 return target
             _LOGGER.warning("The exported codec %s cannot be used (%s): exporting it again", target, why)
             target.unlink(missing_ok=True)
+        for stale in folder.glob(f".{target.stem}.*.onnx.tmp"):  # an export killed midway (we hold the lock)
+            stale.unlink(missing_ok=True)
         _LOGGER.info("Exporting the codec's streaming step to ONNX (once per codec; later starts reuse it): %s", target)
         started = time.monotonic()
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".onnx.tmp", dir=folder)
