@@ -77,7 +77,14 @@ class FrameSource(Protocol):
 
     def frames(self, segment: Segment, cancelled: Callable[[], bool]) -> Iterator[np.ndarray]:
         """Generate ``segment``: each codec frame's codes, int64 [16], as made; stops at EOS,
-        ``max_new_tokens`` or within a frame of ``cancelled()``. Closing it stops generation."""
+        ``max_new_tokens`` or within a frame of ``cancelled()``. Closing it stops generation.
+        Up to ``streams`` generators are open at once, each advanced a frame at a time in
+        turn from one thread (the engine's generation thread): each keeps its own state.
+
+        Raises:
+            ValueError (and what the model raises): a segment it cannot voice; the engine
+                fails that segment alone.
+        """
 
 
 @dataclass(eq=False)
@@ -123,10 +130,6 @@ class _Board:
         self._streams: list[_Stream] = []
         self._next = 0
         self._closed = False
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._streams)
 
     def add(self, stream: _Stream) -> None:
         with self._lock:
@@ -275,10 +278,11 @@ class PipelineEngine(Engine):
 
     def _advance(self, stream: _Stream, frames: Iterator[np.ndarray]) -> bool:
         """Generate ``stream``'s next frame onto the board; False once its generation ended."""
+        if stream.cancelled():  # the client left (or decoding failed): stop generating now
+            frames.close()  # type: ignore[attr-defined]
+            self._board.end(stream)
+            return False
         try:
-            if stream.cancelled():
-                frames.close()  # type: ignore[attr-defined]
-                raise StopIteration
             codes = next(frames)
         except StopIteration:
             self._board.end(stream)
