@@ -231,14 +231,8 @@ def onnx_data_dir(checkpoints: Path, tmp_path_factory: pytest.TempPathFactory) -
     tiny models share one codec), made once a session: the onnx engine's tests and servers
     (``--data-dir`` in ``extra`` overrides ``start_server``'s) reuse it instead of exporting
     again (about 10-30 s each)."""
-    from wyoming_qwen3tts.engine.cpu.onnx_export import exported_codec
-
-    def decoder() -> torch.nn.Module:
-        from qwen_tts import Qwen3TTSModel
-
-        qwen = Qwen3TTSModel.from_pretrained(str(checkpoints / "base"), device_map="cpu", dtype=torch.float32)
-        return qwen.model.speech_tokenizer.model.decoder
+    from wyoming_qwen3tts.engine.cpu.onnx_export import checkpoint_decoder, exported_codec
 
     folder = tmp_path_factory.mktemp("onnx-data")
-    exported_codec(checkpoints / "base", folder, decoder)
+    exported_codec(checkpoints / "base", folder, lambda: checkpoint_decoder(checkpoints / "base"))
     return folder

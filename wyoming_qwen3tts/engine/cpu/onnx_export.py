@@ -168,6 +168,26 @@ def tokenizer_file(checkpoint: Path) -> Path:
     return path
 
 
+def checkpoint_decoder(checkpoint: Path) -> Any:
+    """The codec decoder of ``checkpoint`` alone, float32 on the CPU: its speech tokenizer
+    loaded by qwen_tts (``Qwen3TTSTokenizer``), no talker. ``exported_codec``'s
+    ``load_decoder`` where no PyTorch model is loaded otherwise (a frame source on ggml).
+
+    Raises:
+        OSError: no readable speech tokenizer in ``checkpoint``.
+    """
+    import torch
+
+    from ...quiet import import_models
+
+    import_models()
+    from qwen_tts import Qwen3TTSTokenizer
+
+    tokenizer = Qwen3TTSTokenizer.from_pretrained(str(checkpoint / "speech_tokenizer"), device_map="cpu",
+                                                  dtype=torch.float32)
+    return tokenizer.model.decoder
+
+
 def codec_identity(weights: Path) -> str:
     """A hex digest (16 characters) of the codec decoder's weights in the speech tokenizer's
     safetensors file ``weights``: the names, dtypes, shapes and bytes of its ``decoder.*``
