@@ -25,6 +25,7 @@ from wyoming_qwen3tts.voices import ModelKind, Reference
 
 from .conftest import CLONE_TRANSCRIPT, Server, start_server, stop_server
 from .engine_driver import Collect, Source
+from .test_quiet_start import NOISE
 
 #: Largest sample difference allowed from the library's whole-sequence decode of the same codes.
 TOLERANCE = 1e-4
@@ -259,6 +260,7 @@ def test_both_doors_speak_a_seed_replays_and_a_client_may_leave(onnx_server: Ser
     assert "Engine on the CPU: onnx" in start
     assert re.search(r"CPU pipeline engine, custom_voice model: \d threads? generating, \d decoding audio \(\d+ cores?", start)
     assert "Exporting" not in start  # the session's export, found in the data folder
+    assert [noise for noise in NOISE if noise in start] == [], start[:3000]
 
     async def wyoming(voice: str) -> list[int]:
         sizes: list[int] = []
