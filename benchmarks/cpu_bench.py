@@ -125,7 +125,8 @@ def run_row(
         load = os.getloadavg()[0]
         rounds = [asyncio.run(_round(port, text, clients)) for _ in range(REQUESTS)]
         results = [r for one in rounds for r in one]
-        streams = next((l for l in log.read_text(errors="replace").splitlines() if "CPU engine, " in l and "model: " in l), "")  # ggml.py's start-up line
+        streams = next((l for l in log.read_text(errors="replace").splitlines()
+                        if ("CPU engine, " in l or "CPU pipeline engine, " in l) and "model: " in l), "")  # the CPU engines' start-up line
         rss, peak, anon = (_status_gb(proc.pid, key) for key in ("VmRSS", "VmHWM", "RssAnon"))
     finally:
         proc.terminate()
@@ -152,7 +153,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/cpu-bench"), help="checkpoints and data folder")
     parser.add_argument("--frames", type=int, default=25, help="codec frames per request (80 ms each)")
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--engines", nargs="+", default=["ggml", "reference"], choices=["ggml", "reference"])
+    parser.add_argument("--engines", nargs="+", default=["ggml", "reference"], choices=["ggml", "reference", "onnx"])
     parser.add_argument("--quant", default="Q8_0")
     parser.add_argument("--text", default=TEXT, help="the sentence asked for")
     parser.add_argument("--clients", type=int, nargs="+", default=[1], help="rows with this many clients at once (e.g. 1 2)")
@@ -167,8 +168,9 @@ def main() -> None:
         checkpoint = build_checkpoint(args.work / size / "custom_voice", "custom_voice", size)
         for engine in args.engines:
             print(f"{engine} {SIZES[size]} ...", flush=True)
-            weights = f"GGUF {args.quant} (qwentts.cpp)" if engine == "ggml" else "float32 (qwen_tts on the CPU)"
-            for clients in args.clients if engine == "ggml" else [1]:  # the reference engine: one client (its figure beside)
+            weights = {"ggml": f"GGUF {args.quant} (qwentts.cpp)",
+                       "onnx": "float32 generation (qwen_tts's modules), codec on ONNX Runtime"}.get(engine, "float32 (qwen_tts on the CPU)")
+            for clients in args.clients if engine != "reference" else [1]:  # the reference engine: one client (its figure beside)
                 row = {"engine": engine, "model": SIZES[size], "quant": args.quant if engine == "ggml" else "float32", "weights": weights}
                 extra = args.ggml_args.split() if engine == "ggml" else []
                 source = args.gguf_dir / args.quant if engine == "ggml" and args.gguf_dir else checkpoint

@@ -18,9 +18,9 @@ output per buffer (the output named as its input with ``new_`` before it):
 A fresh stream starts from zeros, ``key_pos`` from -1 (``OnnxStreamingDecoder`` does this).
 The export goes through ``torch.export`` (the dynamo exporter), which turns the decoder's
 in-place updates of its past into the new-state outputs; it needs the ``onnx`` and
-``onnxscript`` packages, the runner ``onnxruntime`` (which ``qwen-tts-hf`` installs). The
-project does not depend on ``onnx`` or ``onnxscript``: the benchmark skips this racer,
-saying so, without them.
+``onnxscript`` packages, the runner ``onnxruntime``. The export itself is the server's
+(``wyoming_qwen3tts.engine.cpu.onnx_export``, which the onnx engine runs at its first start);
+this runner also takes several frames a call (``--frames``).
 """
 
 from __future__ import annotations
@@ -31,56 +31,13 @@ from typing import Any
 
 import numpy as np
 
-#: The ONNX opset the model is written in.
-OPSET = 18
-
-
-def _state_names(stream: Any) -> list[str]:
-    """Input names of ``stream.state()``'s buffers, in its order."""
-    layers = len(stream._keys)
-    return ([f"conv_{i}" for i in range(len(stream._conv_state))] + [f"key_{i}" for i in range(layers)]
-            + [f"value_{i}" for i in range(layers)] + ["key_pos", "frames"])
-
-
-def streaming_step_module(decoder: Any) -> Any:
-    """A ``torch.nn.Module`` whose ``forward(codes, *state)`` is one ``StreamingDecoder.step``
-    of one stream with its past passed in (see the module docstring for the order) and
-    returns ``(pcm [1, frames * 1920], *new_state)``. Builds a ``StreamingDecoder`` on
-    ``decoder`` (which re-lays out its transformer's weights in place, same values)."""
-    import torch
-
-    from wyoming_qwen3tts.engine.batched.codec import StreamingDecoder
-
-    class StreamingStep(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.decoder = decoder
-            self.stream = StreamingDecoder(decoder, 1)
-            self.names = _state_names(self.stream)
-
-        def initial_state(self) -> list[torch.Tensor]:
-            """A fresh stream's past (copies)."""
-            return [buffer.clone() for buffer in self.stream.state()]
-
-        def forward(self, codes: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            # The stream's buffers become (copies of) the inputs; its step updates them in
-            # place, which torch.export turns into the new-state outputs.
-            s = self.stream
-            past = [t.clone() for t in state]
-            conv = len(s._conv_state)
-            layers = len(s._keys)
-            s._conv_state = dict(zip(s._conv_state, past[:conv], strict=True))
-            s._keys = past[conv : conv + layers]
-            s._values = past[conv + layers : conv + 2 * layers]
-            s._key_pos, s._frames = past[-2], past[-1]
-            pcm = s.step(codes)
-            return (pcm, *s.state())
-
-    return StreamingStep()
+from wyoming_qwen3tts.engine.cpu.onnx_export import OPSET, export_step, streaming_step_module  # noqa: F401 - re-exported
 
 
 def export(decoder: Any, out: Path, frames: int = 1) -> Path:
-    """Write the streaming step of ``frames`` frames a call to ``out`` (ONNX, weights inside).
+    """Write the streaming step of ``frames`` frames a call to ``out`` (ONNX, weights inside):
+    ``wyoming_qwen3tts.engine.cpu.onnx_export.export_step``, which the server's onnx engine
+    exports (one frame a call) into its data folder.
 
     Args:
         decoder: the loaded float32 ``Qwen3TTSTokenizerV2Decoder`` on the CPU.
@@ -90,20 +47,7 @@ def export(decoder: Any, out: Path, frames: int = 1) -> Path:
     Returns:
         ``out``.
     """
-    import torch
-
-    step = streaming_step_module(decoder).eval()
-    codes = torch.zeros(1, 16, frames, dtype=torch.int64)
-    state = step.initial_state()
-    names = step.names
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with torch.inference_mode(False), torch.no_grad():
-        program = torch.onnx.export(
-            step, (codes, *state), dynamo=True, opset_version=OPSET, external_data=False,
-            input_names=["codes", *names], output_names=["pcm", *[f"new_{n}" for n in names]],
-        )
-    program.save(str(out))
-    return out
+    return export_step(decoder, out, frames)
 
 
 class OnnxStreamingDecoder:

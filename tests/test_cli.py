@@ -38,6 +38,8 @@ def run_clone_alone(tmp_path: Path, voices: Path, checkpoints: Path, *flags: str
         (["--max-chars", "0"], "--max-chars must be at least 1"),
         (["--max-streams", "0"], "--max-streams must be at least 1"),
         (["--ggml-threads", "-1"], "--ggml-threads must be 0 (auto) or more"),
+        (["--generation-threads", "-2"], "--generation-threads must be 0 (auto) or more"),
+        (["--codec-threads", "-1"], "--codec-threads must be 0 (auto) or more"),
         (["--gpu-memory", "0"], "--gpu-memory must be more than 0 GB"),
         (["--seed", "1180591620717411303424"], "--seed must be 0..4294967295"),
         (["--seed", "-1"], "--seed must be 0..4294967295"),

@@ -1,9 +1,11 @@
-"""The GGML engine's settings chosen from the machine (``engine.cpu.machine``), from faked
-core counts, CPU flags and free memory: no library, no timing."""
+"""The CPU engines' settings chosen from the machine (``engine.cpu.machine``: the GGML engine's plan,
+the pipeline engine's threads), from faked core counts, CPU flags and free memory: no library, no timing."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from wyoming_qwen3tts.engine.cpu.machine import available_memory, cpu_flags, plan
 
@@ -68,3 +70,37 @@ def test_flags_and_memory_are_read_from_proc_files(tmp_path: Path) -> None:
     assert cpu_flags(cpuinfo) == {"fpu", "avx2", "fma", "avx512f"}
     assert available_memory(meminfo) == 2_000_000 * 1024
     assert cpu_flags(tmp_path / "none") == set() and available_memory(tmp_path / "none") is None
+
+
+# --- the pipeline engine's threads (``machine.pipeline_threads``) ------------------------
+
+
+def test_pipeline_threads_split_the_cores_between_generation_and_the_codec() -> None:
+    """1 + 1 on 2 cores, 2 + 2 on 4, at most 4 a side; never more threads than cores but on
+    one core, where the pipeline's two sides take turns (and the log says they share it)."""
+    from wyoming_qwen3tts.engine.cpu.machine import pipeline_threads
+
+    chosen = {n: (pipeline_threads(n).generation, pipeline_threads(n).codec) for n in (1, 2, 4, 8, 16)}
+    assert chosen == {1: (1, 1), 2: (1, 1), 4: (2, 2), 8: (4, 4), 16: (4, 4)}
+    assert (pipeline_threads(3).generation, pipeline_threads(3).codec) == (2, 1)  # the odd core generates
+    for n in (2, 3, 4, 5, 6, 7, 8, 12, 16, 64):
+        plan = pipeline_threads(n)
+        assert plan.generation + plan.codec <= n and "shared" not in plan.describe()
+    assert pipeline_threads(2).describe() == "1 thread generating, 1 decoding audio (2 cores)"
+    assert pipeline_threads(4).describe() == "2 threads generating, 2 decoding audio (4 cores)"
+    assert pipeline_threads(1).describe() == "1 thread generating, 1 decoding audio (1 core, shared: more threads than cores)"
+
+
+def test_pipeline_thread_options_override_and_the_other_side_takes_what_is_left() -> None:
+    from wyoming_qwen3tts.engine.cpu.machine import pipeline_threads
+
+    assert (pipeline_threads(8, generation=2).generation, pipeline_threads(8, generation=2).codec) == (2, 4)
+    assert (pipeline_threads(4, codec=1).generation, pipeline_threads(4, codec=1).codec) == (3, 1)
+    assert (pipeline_threads(2, generation=2).codec, pipeline_threads(16, 6, 6).codec) == (1, 6)
+    given = pipeline_threads(2, 3, 2)
+    assert (given.generation, given.codec) == (3, 2)
+    assert given.describe() == (
+        "3 threads generating (--generation-threads), 2 decoding audio (--codec-threads) (2 cores, shared: more threads than cores)"
+    )
+    with pytest.raises(ValueError):
+        pipeline_threads(4, generation=-1)

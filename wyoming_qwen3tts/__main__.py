@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="auto: CUDA when available")
     parser.add_argument("--chunk-size", type=int, default=1, help="Codec frames per audio chunk (80 ms each); 1 starts soonest and, on the batched engine, costs no speed")
     parser.add_argument("--chunk-growth", action="store_true", help="Batched engine: first chunk of one frame, then 2, 4, 8... frames up to --chunk-size (first audio as with --chunk-size 1, fewer chunks after)")
-    parser.add_argument("--engine", choices=ENGINES, default="auto", help="auto: batched on CUDA; on the CPU ggml (qwentts.cpp) when its wheel runs here, else reference")
+    parser.add_argument("--engine", choices=ENGINES, default="auto", help="auto: batched on CUDA; on the CPU ggml (qwentts.cpp) when its wheel runs here, else reference; onnx: on the CPU, generation on one thread and the codec on ONNX Runtime on another (exported once into --data-dir)")
     parser.add_argument("--max-streams", type=_streams, default="auto", help="Streams generated at once per model (batched engine); auto: as many as the GPU memory left after the weights holds (8 on the CPU)")
     parser.add_argument("--gpu-memory", type=float, metavar="GB", help="Most GPU memory this server may use, in GB (to share the card with another program, e.g. an LLM); streams are sized within it (default: the whole card)")
     parser.add_argument("--design-model-memory", choices=DESIGN_MEMORY, default="auto", help="VoiceDesign model in GPU memory: resident (always), on-demand (loaded for anchors, designs and instructions, dropped when idle), auto (resident when both models fit, else the models take turns on the GPU)")
@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ggml-streams", type=int, default=0, help="GGML engine: streams generated at once per model, each a native context with its own copy of the weights (0: chosen from the machine: one per 2 cores, at least 2 so a second client is heard at once, at most 4, as many as free memory holds; the log says why)")
     parser.add_argument("--ggml-threads", type=int, default=0, help="GGML engine: CPU threads per stream, half of them decoding audio (0: by the machine, engine.cpu.machine.default_threads: 1 on one core, 2 on 2-7 cores, 4 on 8-11, 6 on 12-15, 8 from 16); 3 on 2 cores starts speaking sooner but generates slower")
     parser.add_argument("--ggml-icl", action="store_true", help="GGML engine: clone voices with a transcript are cloned in context (closer likeness), but the first request of each clip on each stream waits about 2 s per second of reference clip (2 cores) before its first audio (the default voice pays it ahead: at start, or between requests for a default picked while serving); default: by x-vector, starting at once")
+    parser.add_argument("--generation-threads", type=int, default=0, help="onnx engine: CPU threads generating codec frames (0: by the machine, engine.cpu.machine.pipeline_threads: half the cores, the odd one included, at most 4; 1 on 2 cores, 2 on 4)")
+    parser.add_argument("--codec-threads", type=int, default=0, help="onnx engine: ONNX Runtime threads decoding audio (0: by the machine: half the cores, at least 1, at most 4; 1 on 2 cores, 2 on 4)")
     parser.add_argument("--gguf-quant", type=str.upper, choices=GGUF_QUANTS, default=DEFAULT_GGUF_QUANT, help="GGML engine: weights fetched or converted at this quantization (Q4_0: 4-bit generation weights, converted from a checkpoint folder only; Q4_K_M: downloaded only)")
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="Weights: auto is bfloat16 on CUDA (float16 on GPUs without bfloat16, logged), float32 on the CPU")
     parser.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, help="Longest text per request")
@@ -149,6 +151,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"--ggml-streams must be 0 (auto) or more, got {args.ggml_streams}")
     if args.ggml_threads < 0:
         raise SystemExit(f"--ggml-threads must be 0 (auto) or more, got {args.ggml_threads}")
+    for flag, value in (("--generation-threads", args.generation_threads), ("--codec-threads", args.codec_threads)):
+        if value < 0:
+            raise SystemExit(f"{flag} must be 0 (auto) or more, got {value}")
     for flag, value in (("--max-queue", args.max_queue), ("--max-connections", args.max_connections)):
         if value < 1:
             raise SystemExit(f"{flag} must be at least 1, got {value}")

@@ -70,10 +70,14 @@ def _device(choice: str, engine: str) -> str:
         engine = pick_engine(engine, choice)
     except ValueError as err:
         raise SystemExit(f"--engine: {err}") from None
+    if engine == "onnx" and choice != "cpu":  # the pipeline engine runs on the CPU whatever the device
+        choice, why = "cpu", "--engine onnx"
     if choice == "cpu" and engine != "ggml":  # GGML: said once the models are loaded (``cpu_engines_line``)
         how = (
             "the batched engine runs eagerly, frame by frame"
             if engine == "batched"
+            else "qwen_tts's modules generating on one thread, the codec on ONNX Runtime on another"
+            if engine == "onnx"
             else "the qwen_tts reference model, one request at a time"
         )
         _LOGGER.warning(
@@ -151,6 +155,8 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
             names the options that make it fit when memory was the reason).
     """
     device = _device(args.device, args.engine)
+    if args.engine == "onnx" and pick_engine("onnx", device) != "onnx":
+        args.engine = "auto"  # not offered here (logged): the CPU's fallbacks, as under auto
     models_dir = Path(args.data_dir) / "models"
     sources = {
         ModelKind.BASE: args.clone_model,
@@ -217,6 +223,8 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
                 on_eager_prefill=metrics.eager_prefill.labels(kind.value).inc, chunk_growth=args.chunk_growth,
                 shrink=shrink, weight_quant=args.weight_quant_chosen,
                 prefill_graph_rows=TURNS_GRAPH_ROWS if lease is not None else None,
+                data_dir=Path(args.data_dir), generation_threads=getattr(args, "generation_threads", 0),
+                codec_threads=getattr(args, "codec_threads", 0),
             )
 
         engine: Engine

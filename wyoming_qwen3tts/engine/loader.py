@@ -22,7 +22,7 @@ _LOGGER = logging.getLogger(__name__)
 #: ``max_seq_len``; ``vocabulary.MAX_SEGMENT_SECONDS`` keeps every segment inside it).
 MAX_SEQ_LEN = 2048
 #: Engines ``load_engine`` can build.
-ENGINES = ("auto", "batched", "single", "reference", "ggml")
+ENGINES = ("auto", "batched", "single", "reference", "ggml", "onnx")
 #: Weight dtypes ``load_engine`` accepts ("auto": bfloat16 on CUDA, float32 on the CPU).
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -64,13 +64,17 @@ def pick_engine(engine: str, device: str) -> str:
     """The engine ``auto`` means on ``device``: batched on CUDA; on the CPU the GGML engine
     (qwentts.cpp) when its wheel loads and the CPU has its instructions, else the reference
     model (the log says which and why; for the GGML engine once one has loaded, see
-    ``_ggml_why``). ``ggml`` runs on the CPU whatever ``device`` is.
+    ``_ggml_why``). ``ggml`` and ``onnx`` run on the CPU whatever ``device`` is; ``onnx`` (the
+    pipeline engine) where it cannot run falls back to what ``auto`` picks on the CPU, the
+    log saying why once (``_onnx_engine``).
 
     Raises:
         ValueError: an engine that cannot run on ``device``.
     """
     if engine == "auto":
         return _auto_engine(device)
+    if engine == "onnx":
+        return _onnx_engine()
     if engine == "ggml":
         from .cpu.ggml import native_support
 
@@ -102,6 +106,21 @@ def _auto_engine(device: str) -> str:
         return "ggml"
     _LOGGER.warning("Engine on the CPU: reference (qwen_tts, slow), because %s", why)
     return "reference"
+
+
+@functools.lru_cache(maxsize=1)
+def _onnx_engine() -> str:
+    """``onnx`` where the pipeline engine can run (``cpu.pipeline_load.pipeline_support``),
+    else the CPU's fallback (the GGML engine, then the reference), saying why in one line."""
+    from .cpu.pipeline_load import pipeline_support
+
+    ok, why = pipeline_support()
+    if ok:
+        _LOGGER.info("Engine on the CPU: onnx (generation and the codec on their own threads), because %s", why)
+        return "onnx"
+    fallback = _auto_engine("cpu")
+    _LOGGER.warning("--engine onnx cannot run here (%s): the CPU falls back to the %s engine", why, fallback)
+    return fallback
 
 
 def _say_ggml_chosen() -> None:
@@ -136,6 +155,9 @@ def load_engine(
     ggml_icl: bool = False,
     weight_quant: str = "none",
     prefill_graph_rows: int | None = None,
+    data_dir: Path | None = None,
+    generation_threads: int = 0,
+    codec_threads: int = 0,
 ) -> Engine:
     """Load a checkpoint through the real loaders (faster-qwen3-tts / qwen_tts).
 
@@ -147,8 +169,9 @@ def load_engine(
         engine: "batched" (the slot pool; CUDA graphs on CUDA, eager elsewhere), "single"
             (faster-qwen3-tts's own single-stream generator, CUDA only), "reference"
             (qwen_tts's own generator, streamed by hooks; the CPU fallback), "ggml" (qwentts.cpp
-            on GGML, quantized GGUF weights; the CPU default where its wheel runs) or "auto"
-            (see ``pick_engine``).
+            on GGML, quantized GGUF weights; the CPU default where its wheel runs), "onnx"
+            (the pipeline engine: generation on one thread, the codec on ONNX Runtime on
+            another; ``cpu.pipeline``) or "auto" (see ``pick_engine``).
         max_streams: slots of the batched engine; None sizes them from the GPU memory left
             after the weights (``sizing.plan_streams``; 8 off CUDA).
         on_join: the batched engine's join-stall observer (seconds).
@@ -175,6 +198,9 @@ def load_engine(
         prefill_graph_rows: the batched engine captures prefill graphs for up to this many
             rows (``batched.prefill.Prefill``); None: all. A model taking turns on the card
             passes ``sizing.TURNS_GRAPH_ROWS``: it captures at every swap.
+        data_dir: the server's data folder: the pipeline engine's exported codec lives there.
+        generation_threads, codec_threads: the pipeline engine's threads of each side; 0:
+            chosen from the machine (``cpu.machine.pipeline_threads``).
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
@@ -196,6 +222,12 @@ def load_engine(
         )
         _say_ggml_chosen()
         return loaded
+    if engine == "onnx":
+        from .cpu.pipeline_load import load_pipeline
+
+        if data_dir is None:
+            raise ValueError("the onnx engine needs a data folder for its exported codec")
+        return load_pipeline(kind, checkpoint, chunk_frames, data_dir, generation_threads, codec_threads)
     from ..common.quiet import import_models
 
     import_models()  # qwen_tts, transformers and torch: imported here, never on the GGML engine

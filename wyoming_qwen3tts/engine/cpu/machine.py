@@ -27,6 +27,19 @@ What the choices rest on (``benchmarks/results/cpu-2core/limits.md``):
 * **Codec runtime: qwentts.cpp's own.** The wheel decodes inside its generation call and
   hands over audio only (codes come out only in a debugging dump after the whole request),
   so another codec cannot serve its streams.
+
+The pipeline engine (``--engine onnx``, ``pipeline``) generates on one thread and decodes on
+another (ONNX Runtime); ``pipeline_threads`` chooses each side's threads:
+
+* **Half the cores each, generation taking the odd one, at most 4 a side**: 1 + 1 on 2 cores,
+  2 + 1 on 3, 2 + 2 on 4, 4 + 4 from 8. Generation (98 ms a frame for 0.6B Q8_0 on one core
+  here) and ONNX Runtime's codec step (90 ms on one thread, 68 ms on two) cost about the same
+  a frame (``benchmarks/results/cpu-2core/limits.md``), so an even split lets neither wait
+  long for the other. Beyond 4 threads ggml's per-node barriers on these small matrices cost
+  more than the split gains (4 threads a stream on 4 cores: 0.34-0.41x against a predicted
+  1.0x, ``cpu-4core``), and every stream of a model shares these two sides.
+* **Never more threads than cores**, but for one core, where both sides take turns on it
+  (1 + 1: the pipeline needs one thread each).
 """
 
 from __future__ import annotations
@@ -187,3 +200,57 @@ def plan(
     )
     given = frozenset(k for k, v in (("streams", given_streams), ("threads", given_threads)) if v)
     return CpuPlan(streams, threads, quant, codec, reasons, cores, memory, given, memory_bound)
+
+
+#: Threads each side of the pipeline engine takes at most by default (see the module text).
+MAX_PIPELINE_THREADS = 4
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """The pipeline engine's threads: generation's and the codec's.
+
+    Attributes:
+        generation: threads generating codec frames (the frame source's).
+        codec: ONNX Runtime's intra-op threads decoding them.
+        cores: CPUs usable when planned.
+        given: the counts the user set ("generation": ``--generation-threads``, "codec":
+            ``--codec-threads``).
+    """
+
+    generation: int
+    codec: int
+    cores: int
+    given: frozenset[str] = frozenset()
+
+    def describe(self) -> str:
+        """The choice in plain words for the start-up log, e.g. "1 thread generating, 1
+        decoding audio (2 cores)"; options the user set are named, and threads beyond the
+        cores said to share them."""
+        generation = f"{self.generation} thread{'s' if self.generation != 1 else ''} generating"
+        generation += " (--generation-threads)" if "generation" in self.given else ""
+        codec = f"{self.codec} decoding audio" + (" (--codec-threads)" if "codec" in self.given else "")
+        machine = f"{self.cores} core{'s' if self.cores != 1 else ''}"
+        if self.generation + self.codec > self.cores:
+            machine += ", shared: more threads than cores"
+        return f"{generation}, {codec} ({machine})"
+
+
+def pipeline_threads(cores: int, generation: int = 0, codec: int = 0) -> ThreadPlan:
+    """Generation and codec threads of the pipeline engine on ``cores`` CPUs (see the module
+    text): the codec half the cores (at least 1), generation the rest (at least 1), each at
+    most ``MAX_PIPELINE_THREADS``: 1 + 1 on 1 and 2 cores, 2 + 1 on 3, 2 + 2 on 4, 3 + 3 on
+    6, 4 + 4 from 8. A non-zero ``generation``/``codec`` (the user's) is kept as given, the
+    other side then taking the cores left (at least 1, at most ``MAX_PIPELINE_THREADS``).
+
+    Raises:
+        ValueError: a negative count.
+    """
+    if generation < 0 or codec < 0 or cores < 1:
+        raise ValueError(f"threads must be 0 (chosen) or more on at least one core, got {generation}, {codec}, {cores}")
+    given = frozenset(k for k, v in (("generation", generation), ("codec", codec)) if v)
+    if not codec:
+        codec = max(1, min(MAX_PIPELINE_THREADS, (cores - generation) if generation else cores // 2))
+    if not generation:
+        generation = max(1, min(MAX_PIPELINE_THREADS, cores - codec))
+    return ThreadPlan(generation, codec, cores, given)

@@ -1,0 +1,336 @@
+"""The pipeline engine (``--engine onnx``, ``engine.cpu.pipeline``): codec frames generated on
+one thread by the checkpoint's own modules (``torch_frames``), decoded on another by ONNX
+Runtime. Loaded through the real loader on the tiny checkpoints; in process, then over the
+server's doors. The codec step is the session's export (``conftest.onnx_data_dir``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from wyoming_qwen3tts.common.audio import SAMPLES_PER_FRAME
+from wyoming_qwen3tts.common.vocabulary import ModelKind, Reference
+from wyoming_qwen3tts.engine import Segment, Work, load_engine, loader
+from wyoming_qwen3tts.engine.cpu.pipeline import PipelineEngine
+
+from .conftest import CLONE_TRANSCRIPT, Server, start_server, stop_server
+from .engine_driver import Collect, Source
+from .test_quiet_start import NOISE
+
+#: Largest sample difference allowed from the library's whole-sequence decode of the same codes.
+TOLERANCE = 1e-4
+TEXT = "Hello there, this is a streamed sentence."
+
+
+@dataclass
+class Timed(Collect):
+    """A sink that also notes when each chunk came (``time.monotonic()``)."""
+
+    times: list[float] = field(default_factory=list)
+
+    def audio(self, chunk: np.ndarray) -> None:
+        self.times.append(time.monotonic())
+        super().audio(chunk)
+
+
+@dataclass
+class Served:
+    """A running pipeline engine and the work source it serves."""
+
+    engine: PipelineEngine
+    source: Source
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoints: Path, onnx_data_dir: Path) -> Iterator[dict[ModelKind, Served]]:
+    """A served pipeline engine per model kind, 2 frames a chunk, warmed up."""
+    torch.set_num_threads(1)
+    served: dict[ModelKind, Served] = {}
+    for kind in (ModelKind.CUSTOM_VOICE, ModelKind.BASE):
+        engine = load_engine(kind, checkpoints / kind.value, "cpu", 2, engine="onnx", data_dir=onnx_data_dir)
+        assert isinstance(engine, PipelineEngine)
+        engine.warm(Segment("Warm.", "english", 2, seed=0, speaker="ryan" if kind is ModelKind.CUSTOM_VOICE else None,
+                            reference=_clone(None) if kind is ModelKind.BASE else None))
+        served[kind] = Served(engine, Source())
+        engine.start(served[kind].source)
+    yield served
+    for item in served.values():
+        item.source.stop.set()
+        item.engine.join(10)
+
+
+@pytest.fixture(scope="module")
+def decoder(checkpoints: Path) -> torch.nn.Module:
+    from qwen_tts import Qwen3TTSModel
+
+    qwen = Qwen3TTSModel.from_pretrained(str(checkpoints / "base"), device_map="cpu", dtype=torch.float32)
+    return qwen.model.speech_tokenizer.model.decoder
+
+
+def _clone(transcript: str | None) -> Reference:
+    t = np.arange(2 * 24000) / 24000
+    return Reference.from_audio((0.2 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24000, transcript)
+
+
+def _serve(served: Served, *segments: Segment, timeout: float = 120) -> list[Timed]:
+    """Give ``segments`` to the running engine at once; their sinks once all ended."""
+    sinks = [Timed() for _ in segments]
+    for segment, sink in zip(segments, sinks, strict=True):
+        served.source.items.put(Work(segment, sink))
+    _wait(sinks, timeout)
+    return sinks
+
+
+def _wait(sinks: list[Timed], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(s.finished for s in sinks):
+        assert time.monotonic() < deadline, "the engine did not finish"
+        time.sleep(0.01)
+
+
+def _codes(engine: PipelineEngine, segment: Segment) -> np.ndarray:
+    """The codes the engine's source makes for ``segment`` (its sampling is a pure function of
+    the seed): int64 [frames, 16]."""
+    return np.stack(list(engine.source.frames(segment, lambda: False)))
+
+
+def _decoded(decoder: torch.nn.Module, codes: np.ndarray) -> np.ndarray:
+    """The library's whole-sequence decode of ``codes`` int64 [frames, 16]: float32 [frames * 1920]."""
+    with torch.inference_mode():
+        return decoder(torch.from_numpy(codes.T[None].copy()))[0, 0].numpy()
+
+
+def test_a_stream_is_its_frames_decoded_in_chunks(engines: dict[ModelKind, Served], decoder: torch.nn.Module) -> None:
+    """The audio is the source's codes for the segment decoded by the library's decoder, to
+    float rounding, in chunks of 2 frames; ``done`` counts the frames."""
+    served = engines[ModelKind.CUSTOM_VOICE]
+    engine = served.engine
+    segment = Segment(TEXT, "english", max_new_tokens=23, min_new_tokens=23, seed=11, speaker="ryan")
+    (sink,) = _serve(served, segment)
+    assert sink.error is None and sink.frames == 23
+    assert [len(c) // SAMPLES_PER_FRAME for c in sink.chunks] == [2] * 11 + [1]
+    whole = _decoded(decoder, _codes(engine, segment))
+    assert sink.pcm.shape == whole.shape
+    assert np.abs(sink.pcm - whole).max() < TOLERANCE < np.abs(whole).max()
+
+
+def test_two_streams_are_heard_at_once_each_as_if_alone(engines: dict[ModelKind, Served]) -> None:
+    """A second client arriving while a long reply streams hears its first audio long before
+    that reply ends, within twice the first client's wait (issue 50 item 4); each stream's
+    audio is what it is alone, byte for byte (its sampling depends on its seed only)."""
+    served = engines[ModelKind.CUSTOM_VOICE]
+    engine = served.engine
+    long = Segment(TEXT, "english", max_new_tokens=150, min_new_tokens=150, seed=1, speaker="ryan")
+    short = Segment("Welcome home.", "english", max_new_tokens=30, min_new_tokens=30, seed=2, speaker="serena")
+    (alone_long,) = _serve(served, long)
+    (alone_short,) = _serve(served, short)
+    first, second = Timed(), Timed()
+    asked = time.monotonic()
+    served.source.items.put(Work(long, first))
+    while len(first.chunks) < 2:
+        time.sleep(0.005)
+    second_asked = time.monotonic()
+    served.source.items.put(Work(short, second))
+    _wait([first, second])
+    assert np.array_equal(first.pcm, alone_long.pcm) and np.array_equal(second.pcm, alone_short.pcm)
+    assert second.times[0] < first.times[-1] and second.times[-1] < first.times[-1]
+    waited, first_wait = second.times[0] - second_asked, first.times[0] - asked
+    assert waited <= 2 * first_wait + 0.5, (waited, first_wait)
+
+
+def test_a_client_that_leaves_stops_generation_within_a_frame(engines: dict[ModelKind, Served]) -> None:
+    """Cancelled after its first chunk, a 400-frame segment makes at most one more frame (the
+    one in progress), its undecoded frames are dropped, ``done`` says what was delivered;
+    the engine then serves the next request."""
+    served = engines[ModelKind.CUSTOM_VOICE]
+    engine = served.engine
+    made: list[int] = [0]
+    frames = engine.source.frames
+
+    def counted(segment: Segment, cancelled):  # type: ignore[no-untyped-def]
+        for codes in frames(segment, cancelled):
+            made[0] += 1
+            yield codes
+
+    engine.source.frames = counted  # type: ignore[method-assign]
+    try:
+        sink = Timed()
+        served.source.items.put(Work(Segment(TEXT, "english", 400, 400, seed=3, speaker="ryan"), sink))
+        while not sink.chunks:
+            time.sleep(0.001)
+        at_cancel = made[0]
+        sink.cancel = True
+        _wait([sink])
+        assert made[0] <= at_cancel + 2 and made[0] < 40, (at_cancel, made[0])
+        assert sink.error is None and sink.frames == sum(len(c) for c in sink.chunks) // SAMPLES_PER_FRAME
+    finally:
+        engine.source.frames = frames  # type: ignore[method-assign]
+    (after,) = _serve(served, Segment("Next.", "english", 6, 6, seed=4, speaker="ryan"))
+    assert after.frames == 6
+
+
+def test_an_in_context_clone_decodes_after_its_reference_codes(
+    engines: dict[ModelKind, Served], decoder: torch.nn.Module
+) -> None:
+    """A clone with a transcript (ICL): the codec's past is the clip's codes, as qwen_tts
+    decodes them before the new frames; by x-vector: no past."""
+    served = engines[ModelKind.BASE]
+    engine = served.engine
+    for transcript in (CLONE_TRANSCRIPT, None):
+        reference = _clone(transcript)
+        segment = Segment(TEXT, "english", 10, 10, seed=5, reference=reference)
+        (sink,) = _serve(served, segment)
+        context = engine.source.decoder_context(reference)
+        assert (context is None) == (transcript is None)
+        codes = _codes(engine, segment)
+        whole = _decoded(decoder, codes if context is None else np.concatenate([context, codes]))
+        assert sink.error is None and np.abs(sink.pcm - whole[-len(codes) * SAMPLES_PER_FRAME :]).max() < TOLERANCE
+
+
+def test_a_request_the_model_refuses_fails_alone(engines: dict[ModelKind, Served]) -> None:
+    """An unknown speaker fails that request with the model's reason; the engine serves on."""
+    served = engines[ModelKind.CUSTOM_VOICE]
+    engine = served.engine
+    bad, good = _serve(served, Segment(TEXT, "english", 6, seed=1, speaker="nobody"),
+                       Segment(TEXT, "english", 6, 6, seed=1, speaker="ryan"))
+    assert bad.error is not None and "nobody" in str(bad.error) and not bad.chunks
+    assert good.error is None and good.frames == 6
+
+
+def test_the_engine_is_offered_only_where_onnx_runtime_loads(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``--engine onnx`` without ONNX Runtime (or its exporter) falls back to what ``auto``
+    picks on the CPU, saying why in one line."""
+    from wyoming_qwen3tts.engine.cpu import ggml, pipeline_load
+
+    monkeypatch.setattr(pipeline_load, "pipeline_support", lambda: (False, "ONNX Runtime does not load: test"))
+    monkeypatch.setattr(ggml, "native_support", lambda: (False, "no wheel here"))
+    loader._onnx_engine.cache_clear()
+    loader._auto_engine.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="wyoming_qwen3tts.engine.loader"):
+            assert loader.pick_engine("onnx", "cpu") == "reference"
+            assert loader.pick_engine("onnx", "cpu") == "reference"
+        lines = [r.getMessage() for r in caplog.records if "--engine onnx" in r.getMessage()]
+        assert lines == ["--engine onnx cannot run here (ONNX Runtime does not load: test): the CPU falls back to the reference engine"]
+        monkeypatch.setattr(pipeline_load, "pipeline_support", lambda: (True, "ONNX Runtime test loads"))
+        loader._onnx_engine.cache_clear()
+        assert loader.pick_engine("onnx", "cuda") == "onnx"  # the CPU's, whatever the device
+    finally:
+        loader._onnx_engine.cache_clear()
+        loader._auto_engine.cache_clear()
+
+
+# --- over the server's doors ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def onnx_server(checkpoints: Path, voices_dir: Path, onnx_data_dir: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The server with ``--engine onnx`` on the tiny checkpoints (Base and CustomVoice), the
+    session's data folder holding the exported codec step already."""
+    folder = tmp_path_factory.mktemp("server-onnx")
+    srv = start_server(
+        checkpoints, voices_dir, folder / "server.log", engine="onnx",
+        extra=["--no-zeroconf", "--anchors", "off", "--design-model", "none", "--voice", "clone",
+               "--data-dir", str(onnx_data_dir)],
+    )
+    yield srv
+    stop_server(srv)
+
+
+def test_both_doors_speak_a_seed_replays_and_a_client_may_leave(onnx_server: Server) -> None:
+    import openai
+    from wyoming.audio import AudioChunk, AudioStop
+    from wyoming.client import AsyncTcpClient
+    from wyoming.tts import Synthesize, SynthesizeVoice
+
+    start = onnx_server.output()[: onnx_server.output().index("Ready: Wyoming")]
+    assert "Engine on the CPU: onnx" in start
+    assert re.search(r"CPU pipeline engine, custom_voice model: \d threads? generating, \d decoding audio \(\d+ cores?", start)
+    assert "Exporting" not in start  # the session's export, found in the data folder
+    assert [noise for noise in NOISE if noise in start] == [], start[:3000]
+
+    async def wyoming(voice: str) -> list[int]:
+        sizes: list[int] = []
+        async with AsyncTcpClient("127.0.0.1", onnx_server.port) as client:
+            await client.write_event(Synthesize(text=TEXT, voice=SynthesizeVoice(name=voice)).event())
+            while True:
+                event = await asyncio.wait_for(client.read_event(), timeout=120)
+                assert event is not None
+                if AudioChunk.is_type(event.type):
+                    sizes.append(len(AudioChunk.from_event(event).audio))
+                if AudioStop.is_type(event.type):
+                    return sizes
+
+    for voice in ("ryan", "clone", "xvec"):
+        sizes = asyncio.run(wyoming(voice))
+        assert len(sizes) >= 2 and sum(sizes) > 0, voice
+    client = openai.OpenAI(base_url=f"{onnx_server.http_url}/v1", api_key="unused")
+
+    def speak(seed: int) -> bytes:
+        return client.audio.speech.create(
+            model="tts-1", voice="ryan", input=TEXT, response_format="pcm", extra_body={"seed": seed}
+        ).read()
+
+    assert speak(5) == speak(5) != speak(6)
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="ryan", input=TEXT * 6, response_format="pcm"
+    ) as response:
+        next(response.iter_bytes(4096))
+    deadline = time.monotonic() + 60
+    while "request cancelled" not in onnx_server.output() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "request cancelled" in onnx_server.output()
+    assert len(speak(5)) > 0 and onnx_server.alive()
+
+
+def test_two_clients_of_one_model_are_heard_at_once(onnx_server: Server) -> None:
+    """A Wyoming client and an OpenAI client ask the same model for one long sentence each,
+    at once: each hears its first audio before the other's reply ends."""
+    import openai
+    from wyoming.audio import AudioChunk, AudioStop
+    from wyoming.client import AsyncTcpClient
+    from wyoming.tts import Synthesize, SynthesizeVoice
+
+    text = "Welcome home, the door is locked and the lights are off for the night"
+    times: dict[str, list[float]] = {}
+
+    def openai_client() -> None:
+        client = openai.OpenAI(base_url=f"{onnx_server.http_url}/v1", api_key="unused")
+        with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="ryan", input=text, response_format="pcm", extra_body={"seed": 2}
+        ) as response:
+            for data in response.iter_bytes(2048):
+                if data:
+                    times.setdefault("openai", []).append(time.monotonic())
+
+    async def wyoming_client() -> None:
+        async with AsyncTcpClient("127.0.0.1", onnx_server.port) as client:
+            await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name="ryan")).event())
+            while True:
+                event = await asyncio.wait_for(client.read_event(), timeout=120)
+                assert event is not None
+                if AudioChunk.is_type(event.type):
+                    times.setdefault("wyoming", []).append(time.monotonic())
+                if AudioStop.is_type(event.type):
+                    return
+
+    other = threading.Thread(target=openai_client)
+    other.start()
+    asyncio.run(wyoming_client())
+    other.join(120)
+    w, o = times["wyoming"], times["openai"]
+    assert len(w) >= 2 and len(o) >= 2
+    assert w[0] < o[-1] and o[0] < w[-1], (w[0], w[-1], o[0], o[-1])
