@@ -6,11 +6,22 @@ checkpoints."""
 from __future__ import annotations
 
 import ctypes.util
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
+from wyoming_qwen3tts.engine import Sampling, Segment
 from wyoming_qwen3tts.engine.cpu.native import api
+from wyoming_qwen3tts.engine.cpu.native.generator import GgmlFrameSource
+from wyoming_qwen3tts.voices import ModelKind, Reference
+
+from .conftest import CHECKPOINTS, CLONE_TRANSCRIPT
 
 
 def _wheel_or_skip() -> api.Ggml:
@@ -55,3 +66,139 @@ def test_another_ggml_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_a_missing_library_is_refused(tmp_path: Path) -> None:
     with pytest.raises(api.GgmlApiError, match="does not load"):
         api.load_from(tmp_path / "libggml-base.so.0", tmp_path / "libggml-cpu.so.0")
+
+
+# --- generation against the float32 lean modules ----------------------------------------------
+
+GGML_CHECKPOINTS = Path(os.environ.get("QWEN3TTS_TEST_GGML_CHECKPOINTS", CHECKPOINTS.parent / "ggml"))
+TEXT = "Hello there, this is a test of the CPU engine."
+#: Frames compared a case (each a talker step and the predictor's 15 passes).
+FRAMES = 10
+_T = np.arange(2 * 16000) / 16000
+ICL_CLIP = Reference.from_audio((0.2 * np.sin(2 * np.pi * 180 * _T)).astype(np.float32), 16000, CLONE_TRANSCRIPT)
+XVEC_CLIP = Reference.from_audio((0.2 * np.sin(2 * np.pi * 130 * _T)).astype(np.float32), 16000, None)
+
+
+def _greedy(**kw: Any) -> Segment:
+    """A greedy segment of ``FRAMES`` frames, EOS held back throughout (as the lean loop)."""
+    return Segment(**{"text": TEXT, "language": "english", "max_new_tokens": FRAMES, "min_new_tokens": FRAMES,
+                      "seed": 1, "sampling": Sampling.greedy(), **kw})
+
+
+#: Every voice kind: (case id, model kind, segment).
+CASES: list[tuple[str, ModelKind, Segment]] = [
+    ("speaker", ModelKind.CUSTOM_VOICE, _greedy(speaker="ryan")),
+    ("speaker-instruct", ModelKind.CUSTOM_VOICE, _greedy(speaker="Ryan", instruct="Speak slowly.")),
+    ("speaker-auto", ModelKind.CUSTOM_VOICE, _greedy(speaker="ryan", language="auto")),
+    ("dialect-chinese", ModelKind.CUSTOM_VOICE, _greedy(speaker="eric", language="chinese", text="你好，今天天气很好。")),
+    ("design", ModelKind.VOICE_DESIGN, _greedy(instruct="A calm, low voice.")),
+    ("design-no-instruct", ModelKind.VOICE_DESIGN, _greedy()),
+    ("clone-icl", ModelKind.BASE, _greedy(reference=ICL_CLIP)),
+    ("clone-xvector", ModelKind.BASE, _greedy(reference=XVEC_CLIP)),
+]
+CASE_IDS = [c[0] for c in CASES]
+
+
+@dataclass
+class Expected:
+    """qwen_tts's talker inputs of a case and the lean modules' greedy codes from them."""
+
+    embeds: np.ndarray  # float32 [P, hidden]
+    pad: np.ndarray  # float32 [hidden]
+    codes: np.ndarray  # int64 [FRAMES, 16]
+
+
+@pytest.fixture(scope="module")
+def gguf_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[ModelKind, str], Path]:
+    """GGUF folders of the ``--size ggml`` checkpoints, F32 and Q8_0 of each kind, written by
+    our converter: its talker file, and one codec file (the Base checkpoint's, Q8_0) linked
+    into every folder (only a Base clone's extraction reads it; writing it six times would
+    cost most of this module's time)."""
+    from wyoming_qwen3tts.gguf import _write_codec, _write_talker, output_names
+    from wyoming_qwen3tts.testing.checkpoint import build_all
+
+    _wheel_or_skip()
+    build_all(GGML_CHECKPOINTS, "ggml")
+    out = tmp_path_factory.mktemp("gguf")
+    codec = out / "qwen-tokenizer-12hz-Q8_0.gguf"
+    _write_codec(GGML_CHECKPOINTS / "base" / "speech_tokenizer", codec, "Q8_0")
+    folders = {}
+    for kind in ModelKind:
+        config = json.loads((GGML_CHECKPOINTS / kind.value / "config.json").read_text())
+        for quant in ("F32", "Q8_0"):
+            folder = folders[kind, quant] = out / f"{kind.value}-{quant}"
+            folder.mkdir()
+            _write_talker(GGML_CHECKPOINTS / kind.value, folder / output_names(config, quant)[0], quant)
+            os.link(codec, folder / codec.name)
+    return folders
+
+
+@pytest.fixture(scope="module")
+def sources(gguf_folders: dict[tuple[ModelKind, str], Path]) -> Iterator[dict[tuple[ModelKind, str], GgmlFrameSource]]:
+    """A frame source a (kind, format), one thread; Base ones clone in context."""
+    loaded = {key: GgmlFrameSource(folder, 1, icl=True) for key, folder in gguf_folders.items()}
+    yield loaded
+    for source in loaded.values():
+        source.close()
+
+
+@pytest.fixture(scope="module")
+def expected(sources: dict[tuple[ModelKind, str], GgmlFrameSource]) -> dict[str, Expected]:
+    """Each case through qwen_tts (float32; its ``generate_*`` stopped at the talker, whose
+    inputs are kept) and the lean modules (greedy codes from those inputs). Clones get the
+    x-vector and codes the wheel extracts (what our source uses), as a qwen_tts prompt item."""
+    import torch
+    from qwen_tts import Qwen3TTSModel
+    from qwen_tts.inference.qwen3_tts_model import VoiceClonePromptItem
+
+    from wyoming_qwen3tts.testing.lean import lean_codes, talker_inputs
+
+    out: dict[str, Expected] = {}
+    common = dict(max_new_tokens=FRAMES + 1, do_sample=False, subtalker_dosample=False, repetition_penalty=1.0,
+                  non_streaming_mode=True)
+    for kind in ModelKind:
+        qwen = Qwen3TTSModel.from_pretrained(str(GGML_CHECKPOINTS / kind.value), device_map="cpu", dtype=torch.float32)
+        for case, case_kind, s in CASES:
+            if case_kind is not kind:
+                continue
+            call: Callable[[], Any]
+            if kind is ModelKind.CUSTOM_VOICE:
+                call = lambda s=s: qwen.generate_custom_voice(text=s.text, speaker=s.speaker, language=s.language,
+                                                              instruct=s.instruct, **common)
+            elif kind is ModelKind.VOICE_DESIGN:
+                call = lambda s=s: qwen.generate_voice_design(text=s.text, instruct=s.instruct or "",
+                                                              language=s.language, **common)
+            else:
+                assert s.reference is not None
+                voice = sources[kind, "F32"].clone_voice(s.reference)
+                item = VoiceClonePromptItem(
+                    ref_code=None if voice.codes is None else torch.from_numpy(voice.codes),
+                    ref_spk_embedding=torch.from_numpy(voice.speaker), x_vector_only_mode=voice.codes is None,
+                    icl_mode=voice.codes is not None, ref_text=voice.transcript)
+                call = lambda s=s, item=item: qwen.generate_voice_clone(text=s.text, language=s.language,
+                                                                        voice_clone_prompt=[item], **common)
+            inputs = talker_inputs(qwen, call)
+            out[case] = Expected(inputs["inputs_embeds"][0].numpy(), inputs["tts_pad_embed"][0, 0].numpy(),
+                                 lean_codes(qwen, inputs, FRAMES))
+        del qwen
+    return out
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_the_prompt_equals_qwen_tts(sources: dict, expected: dict[str, Expected], case: str) -> None:
+    """The prompt built from the GGUF file (text rows, ggml text projection, codec rows) is
+    qwen_tts's, to float32 rounding, for every voice kind."""
+    _, kind, segment = next(c for c in CASES if c[0] == case)
+    prompt = sources[kind, "F32"].prompt(segment)
+    assert prompt.embeds.shape == expected[case].embeds.shape
+    np.testing.assert_allclose(prompt.embeds, expected[case].embeds, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(prompt.pad, expected[case].pad, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_greedy_float32_codes_equal_the_lean_modules(sources: dict, expected: dict[str, Expected], case: str) -> None:
+    """F32 weights: every code of every frame equals the float32 lean modules'."""
+    _, kind, segment = next(c for c in CASES if c[0] == case)
+    codes = np.array(list(sources[kind, "F32"].frames(segment)))
+    assert codes.shape == (FRAMES, 16) and codes.dtype == np.int64
+    np.testing.assert_array_equal(codes, expected[case].codes)
