@@ -19,6 +19,7 @@ import numpy as np
 
 from ....voices import ModelKind, Reference
 from ..gguf_files import find_pair
+from ..ggml import release_file_pages
 from ...segment import Segment
 from . import api
 from .graphs import Predictor, Talker, TextProjection
@@ -72,6 +73,7 @@ class GgmlFrameSource:
         self.backend = Backend(self.ggml, threads)
         self.weights = Weights(self.ggml, self.backend.handle, self.file)
         self.weight_bytes = self.weights.nbytes
+        release_file_pages((talker_path,))  # the copy's pages of the mapping: the weights once, not twice
         self.talker = Talker(self.backend, self.weights, self.file)
         self.predictor = Predictor(self.backend, self.weights, self.file)
         text_hidden = int(self.file.tensor("talker.text_proj.fc1.weight").shape[0])

@@ -6,11 +6,12 @@ clones; the same clip handling is used here (resampling to 24 kHz, and for an in
 clone the 0.5 s of silence the other engines append). A wheel context holds all of its
 model's weights, so by default one is made for an extraction and freed right after it (a
 clip is extracted once: results are cached by its digest); ``keep_context`` keeps it.
+Its loader prints its lines to the console, as the wheel engine's do while serving
+(``quiet.native_output`` redirects the process's descriptors, which is safe at start only).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -18,13 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ....quiet import native_output
 from ....voices import Reference
 from ...prompts import PROMPT_CACHE_SIZE, REFERENCE_TAIL_SECONDS
 from ..ggml import NATIVE_RATE, _at_native_rate, _route_native_log
 from .prompt import CloneVoice
-
-_LOGGER = logging.getLogger(__name__)
 
 
 class WheelVoiceRefs:
@@ -73,8 +71,7 @@ class WheelVoiceRefs:
             audio = np.concatenate([audio, np.zeros(int(REFERENCE_TAIL_SECONDS * NATIVE_RATE), np.float32)])
         context = self._open()
         try:
-            with native_output(_LOGGER):
-                ref = context.extract_voice_ref(audio)
+            ref = context.extract_voice_ref(audio)
         finally:
             if not self.keep_context:
                 self.close()
@@ -87,8 +84,7 @@ class WheelVoiceRefs:
 
             _route_native_log()
             talker, codec = self.files
-            with native_output(_LOGGER):
-                self._context = qwentts_cpp_cpu.QwenTTS(talker, codec, cpu_threads=self.threads)
+            self._context = qwentts_cpp_cpu.QwenTTS(talker, codec, cpu_threads=self.threads)
         return self._context
 
     def close(self) -> None:
