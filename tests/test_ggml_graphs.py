@@ -110,7 +110,8 @@ class Expected:
 
 @pytest.fixture(scope="module")
 def gguf_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[ModelKind, str], Path]:
-    """GGUF folders of the ``--size ggml`` checkpoints, F32 and Q8_0 of each kind, written by
+    """GGUF folders of the ``--size ggml`` checkpoints, F32 and Q8_0 of each kind (and Q4_0
+    of CustomVoice), written by
     our converter: its talker file, and one codec file (the Base checkpoint's, Q8_0) linked
     into every folder (only a Base clone's extraction reads it; writing it six times would
     cost most of this module's time)."""
@@ -125,7 +126,7 @@ def gguf_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[ModelKi
     folders = {}
     for kind in ModelKind:
         config = json.loads((GGML_CHECKPOINTS / kind.value / "config.json").read_text())
-        for quant in ("F32", "Q8_0"):
+        for quant in ("F32", "Q8_0", "Q4_0") if kind is ModelKind.CUSTOM_VOICE else ("F32", "Q8_0"):
             folder = folders[kind, quant] = out / f"{kind.value}-{quant}"
             folder.mkdir()
             _write_talker(GGML_CHECKPOINTS / kind.value, folder / output_names(config, quant)[0], quant)
@@ -228,6 +229,18 @@ def test_8_bit_weights_keep_a_share_of_the_codes(sources: dict, expected: dict[s
         shares[case] = float((codes == expected[case].codes).mean())
     print("Q8_0 share of codes equal to the float32 lean modules':", shares)
     assert min(shares.values()) > 0.02 and np.mean(list(shares.values())) > 0.3, shares
+
+
+def test_4_bit_layer_matrices_are_repacked_and_generate(sources: dict, expected: dict[str, Expected]) -> None:
+    """Q4_0 (the converter's 4-bit layer matrices): on AVX2 they go to ggml's CPU_REPACK
+    buffer (as qwentts.cpp places them) and generate; the share of codes equal to float32 is
+    printed (4 bits on random weights: a floor, see the 8-bit test)."""
+    source = sources[ModelKind.CUSTOM_VOICE, "Q4_0"]
+    if source.ggml.ggml_cpu_has_avx2():
+        assert source.backend.repack_type is not None and source.weights.repacked >= 7 * source.file.talker.layers
+    codes = np.array(list(source.frames(CASES[0][2])))
+    assert codes.shape == (FRAMES, 16) and ((codes >= 0) & (codes < 3072)).all()
+    print("Q4_0 share of codes equal to float32 (speaker):", float((codes == expected["speaker"].codes).mean()))
 
 
 # --- the frame loop: sampling, stopping, errors ------------------------------------------------

@@ -117,7 +117,11 @@ BASE: dict[str, tuple[Any, list[Any]]] = {
     "ggml_threadpool_params_init": (None, [POINTER(ThreadpoolParams), c_int]),
     # backend: buffers, tensor data, graph allocation and compute
     "ggml_backend_cpu_buffer_type": (_P, []),
+    "ggml_backend_buft_name": (c_char_p, [_P]),
+    "ggml_backend_reg_dev_get": (_P, [_P, c_size_t]),
+    "ggml_backend_reg_get_proc_address": (_P, [_P, c_char_p]),
     "ggml_backend_alloc_ctx_tensors": (_P, [_P, _P]),
+    "ggml_backend_alloc_ctx_tensors_from_buft": (_P, [_P, _P]),
     "ggml_backend_buffer_get_base": (_P, [_P]),
     "ggml_backend_buffer_get_size": (c_size_t, [_P]),
     "ggml_backend_buffer_clear": (None, [_P, c_uint8]),
@@ -133,12 +137,22 @@ BASE: dict[str, tuple[Any, list[Any]]] = {
 
 #: Functions of libggml-cpu (the CPU backend and its thread pool).
 CPU: dict[str, tuple[Any, list[Any]]] = {
+    "ggml_cpu_has_avx2": (c_int, []),
+    "ggml_backend_cpu_reg": (_P, []),
     "ggml_backend_cpu_init": (_P, []),
     "ggml_backend_cpu_set_n_threads": (None, [_P, c_int]),
     "ggml_backend_cpu_set_threadpool": (None, [_P, _P]),
     "ggml_threadpool_new": (_P, [POINTER(ThreadpoolParams)]),
     "ggml_threadpool_free": (None, [_P]),
 }
+
+
+#: ``ggml_backend_dev_get_extra_bufts_t`` (ggml-backend.h), a function the CPU backend's
+#: registry hands out by name: the device's extra buffer types, a NULL-terminated array.
+DEV_GET_EXTRA_BUFTS = ctypes.CFUNCTYPE(POINTER(c_void_p), c_void_p)
+#: The CPU backend's buffer type that repacks weights for its tiled kernels (ggml-cpu
+#: ``repack.cpp``: on AVX2, Q4_0 matrices whose row count is a multiple of 8).
+REPACK_BUFFER_TYPE = "CPU_REPACK"
 
 
 class Ggml:

@@ -71,7 +71,7 @@ class GgmlFrameSource:
         self.kind = ModelKind(self.file.model_type)
         self.icl = icl
         self.backend = Backend(self.ggml, threads)
-        self.weights = Weights(self.ggml, self.backend.handle, self.file)
+        self.weights = Weights(self.ggml, self.backend, self.file)
         self.weight_bytes = self.weights.nbytes
         release_file_pages((talker_path,))  # the copy's pages of the mapping: the weights once, not twice
         self.talker = Talker(self.backend, self.weights, self.file)
@@ -84,8 +84,8 @@ class GgmlFrameSource:
         if self._own_refs:
             self.voice_refs = WheelVoiceRefs(talker_path, codec_path, threads)
         self._busy = False
-        _LOGGER.debug("ggml %s (%s): %s weights %.0f MB, %d threads", self.ggml.version, self.ggml.commit,
-                      talker_path.name, self.weight_bytes / 1e6, threads)
+        _LOGGER.debug("ggml %s (%s): %s weights %.0f MB (%d matrices repacked), %d threads", self.ggml.version,
+                      self.ggml.commit, talker_path.name, self.weight_bytes / 1e6, self.weights.repacked, threads)
 
     @property
     def threads(self) -> int:

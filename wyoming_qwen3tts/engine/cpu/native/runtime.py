@@ -12,7 +12,7 @@ import ctypes
 
 import numpy as np
 
-from .api import F32, STATUS_SUCCESS, Ggml, InitParams, ThreadpoolParams
+from .api import DEV_GET_EXTRA_BUFTS, F32, REPACK_BUFFER_TYPE, STATUS_SUCCESS, Ggml, InitParams, ThreadpoolParams
 
 #: Nodes a graph may hold: the talker's 28 layers take about 30 each.
 GRAPH_NODES = 4096
@@ -36,9 +36,27 @@ class Backend:
         if not self.handle:
             raise GraphError("ggml_backend_cpu_init failed")
         self.buffer_type = ggml.ggml_backend_cpu_buffer_type()
+        self.repack_type = self._repack_buffer_type()
         self._pool = 0
         self.threads = 0
         self.set_threads(threads)
+
+    def _repack_buffer_type(self) -> int | None:
+        """The CPU backend's ``CPU_REPACK`` buffer type (weights placed there are repacked
+        for its tiled matrix kernels), found among its device's extra buffer types, as
+        qwentts.cpp places its weights; None where the backend has none."""
+        ggml = self.ggml
+        reg = ggml.ggml_backend_cpu_reg()
+        address = ggml.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts") if reg else None
+        if not address:
+            return None
+        types = DEV_GET_EXTRA_BUFTS(address)(ggml.ggml_backend_reg_dev_get(reg, 0))
+        i = 0
+        while types and types[i]:
+            if ggml.ggml_backend_buft_name(types[i]) == REPACK_BUFFER_TYPE.encode():
+                return int(types[i])
+            i += 1
+        return None
 
     def set_threads(self, threads: int) -> None:
         """Run graphs on ``threads`` threads (a new pool of that size replaces the old one).

@@ -1,9 +1,10 @@
 """A talker GGUF file (our converter's, or the published ones): its hyperparameters and special
-ids, and its generation weights copied into a ggml CPU backend buffer.
+ids, and its generation weights copied into ggml CPU backend buffers.
 
 The names and metadata keys are those ``wyoming_qwen3tts.gguf`` writes (see ``gguf.names``).
 Every tensor keeps the file's type (F32, F16, BF16, Q8_0, Q4_0): the graphs multiply by them
-as they are stored, as qwentts.cpp does. Left out of the buffer: the speaker encoder (clones
+as they are stored, as qwentts.cpp does (4-bit layer matrices repacked for the tiled
+kernels, as there). Left out of the buffers: the speaker encoder (clones
 get their x-vector from the wheel, see ``voice_refs``) and the text embedding table (151,936
 rows, of which a prompt needs a few dozen: ``prompt`` reads those rows from the file's mapping).
 """
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .api import Ggml, InitParams
+from .runtime import Backend
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -183,42 +185,72 @@ class TalkerFile:
 
 
 class Weights:
-    """The generation tensors of a ``TalkerFile`` in one ggml CPU backend buffer.
+    """The generation tensors of a ``TalkerFile`` in ggml CPU backend buffers.
 
-    ``tensor(name)`` gives the ggml tensor (a pointer) by its GGUF name. The buffer is
-    advised to use transparent huge pages before the weights are copied in (Linux).
+    ``tensor(name)`` gives the ggml tensor (a pointer) by its GGUF name. The layer matrices
+    the CPU backend repacks for its tiled kernels (on AVX2: Q4_0 with a row count that is a
+    multiple of 8, ggml-cpu ``repack.cpp``) go into its ``CPU_REPACK`` buffer, the rest into a
+    plain one: how qwentts.cpp places them. Both buffers are advised to use transparent huge
+    pages before the weights are copied in (Linux).
+
+    Args:
+        repack: False keeps every tensor in the plain buffer.
 
     Raises:
-        WeightsError: a tensor of a type or rank the graphs do not take.
-        MemoryError: the buffer could not be allocated.
+        WeightsError: a tensor of a rank or size the graphs do not take.
+        MemoryError: a buffer could not be allocated.
     """
 
-    def __init__(self, ggml: Ggml, backend: int, file: TalkerFile) -> None:
+    def __init__(self, ggml: Ggml, backend: Backend, file: TalkerFile, repack: bool = True) -> None:
         self._ggml = ggml
         names = [n for n in file.tensors if not n.startswith(_NOT_LOADED)]
-        params = InitParams(ggml.ggml_tensor_overhead() * (len(names) + 8), None, True)
-        self._ctx = ggml.ggml_init(params)
+        repacked = set()
+        if repack and backend.repack_type is not None and ggml.ggml_cpu_has_avx2():
+            repacked = {n for n in names if _repackable(file.tensors[n])}
         self._tensors: dict[str, int] = {}
+        self._parts: list[tuple[int, int]] = []  # (context, buffer)
+        self.nbytes = 0
+        self.repacked = len(repacked)
+        try:
+            for part, buffer_type in (([n for n in names if n not in repacked], backend.buffer_type),
+                                      (sorted(repacked), backend.repack_type)):
+                if part:
+                    self._load(file, part, buffer_type)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, file: TalkerFile, names: list[str], buffer_type: int | None) -> None:
+        """Make ``names`` in a context of their own, allocate them in one buffer of
+        ``buffer_type``, and copy the file's data in."""
+        ggml = self._ggml
+        ctx = ggml.ggml_init(InitParams(ggml.ggml_tensor_overhead() * (len(names) + 8), None, True))
+        tensors = {}
         for name in names:
             t = file.tensors[name]
             ne = [int(x) for x in t.shape]
             new = {1: ggml.ggml_new_tensor_1d, 2: ggml.ggml_new_tensor_2d, 3: ggml.ggml_new_tensor_3d}.get(len(ne))
             if new is None:
+                ggml.ggml_free(ctx)
                 raise WeightsError(f"{file.path}: tensor {name} has {len(ne)} dimensions")
-            tensor = new(self._ctx, int(t.tensor_type), *ne)
+            tensor = new(ctx, int(t.tensor_type), *ne)
             ggml.ggml_set_name(tensor, name.encode()[:63])
             if ggml.ggml_nbytes(tensor) != int(t.n_bytes):
+                ggml.ggml_free(ctx)
                 raise WeightsError(f"{file.path}: tensor {name} holds {t.n_bytes} bytes, ggml expects {ggml.ggml_nbytes(tensor)}")
-            self._tensors[name] = tensor
-        self.buffer = ggml.ggml_backend_alloc_ctx_tensors(self._ctx, backend)
-        if not self.buffer:
-            ggml.ggml_free(self._ctx)
+            tensors[name] = tensor
+        buffer = ggml.ggml_backend_alloc_ctx_tensors_from_buft(ctx, buffer_type)
+        if not buffer:
+            ggml.ggml_free(ctx)
             raise MemoryError(f"no memory for the weights of {file.path.name}")
-        self.nbytes = int(ggml.ggml_backend_buffer_get_size(self.buffer))
-        advise_huge_pages(int(ggml.ggml_backend_buffer_get_base(self.buffer)), self.nbytes)
-        for name, tensor in self._tensors.items():
+        self._parts.append((ctx, buffer))
+        size = int(ggml.ggml_backend_buffer_get_size(buffer))
+        self.nbytes += size
+        advise_huge_pages(int(ggml.ggml_backend_buffer_get_base(buffer)), size)
+        for name, tensor in tensors.items():
             data = np.ascontiguousarray(file.tensors[name].data)
             ggml.ggml_backend_tensor_set(tensor, data.ctypes.data, 0, data.nbytes)
+        self._tensors.update(tensors)
 
     def tensor(self, name: str) -> int:
         """The ggml tensor ``name``.
@@ -232,11 +264,25 @@ class Weights:
         return name in self._tensors
 
     def close(self) -> None:
-        """Free the buffer and the tensors' context (the tensors are invalid afterwards)."""
-        if self.buffer:
-            self._ggml.ggml_backend_buffer_free(self.buffer)
-            self._ggml.ggml_free(self._ctx)
-            self.buffer = 0
+        """Free the buffers and the tensors' contexts (the tensors are invalid afterwards)."""
+        for ctx, buffer in self._parts:
+            self._ggml.ggml_backend_buffer_free(buffer)
+            self._ggml.ggml_free(ctx)
+        self._parts = []
+        self._tensors = {}
+
+
+def _repackable(tensor: Any) -> bool:
+    """A layer matrix that ggml-cpu repacks on AVX2 (``ggml_repack_get_optimal_repack_type``:
+    Q4_0 with ``ne[1] % 8 == 0``); only the layers' matrices, which feed products only."""
+    from gguf import GGMLQuantizationType
+
+    return (
+        tensor.tensor_type == GGMLQuantizationType.Q4_0
+        and len(tensor.shape) == 2
+        and int(tensor.shape[1]) % 8 == 0
+        and ".blk." in tensor.name
+    )
 
 
 def advise_huge_pages(address: int, size: int) -> bool:
