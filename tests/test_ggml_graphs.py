@@ -359,3 +359,23 @@ def test_an_in_context_clone_hands_out_its_reference_codes(sources: dict) -> Non
     codes = base.reference_codes(ICL_CLIP)
     assert codes is not None and codes.dtype == np.int64 and codes.shape[1] == 16 and len(codes) >= 25
     assert base.reference_codes(XVEC_CLIP) is None
+
+
+def test_files_that_are_not_talker_ggufs_are_refused_not_crashed(gguf_folders: dict, tmp_path: Path) -> None:
+    """ggml's own GGUF reader aborts the process on a value of an unexpected type: every
+    key's type is checked first, and other files are refused with the reason."""
+    from wyoming_qwen3tts.engine.cpu.native.weights import TalkerFile, WeightsError
+
+    ggml = _wheel_or_skip()
+    folder = gguf_folders[ModelKind.CUSTOM_VOICE, "F32"]
+    with pytest.raises(WeightsError, match="'qwen3-tts-tokenizer' GGUF, not a qwen3-tts talker"):
+        TalkerFile(ggml, next(folder.glob("*tokenizer*.gguf")))
+    bad = tmp_path / "qwen-talker-bad.gguf"
+    bad.write_bytes(b"GGUF but not really")
+    with pytest.raises(WeightsError, match="not a GGUF file ggml reads"):
+        TalkerFile(ggml, bad)
+    cut = tmp_path / "qwen-talker-cut.gguf"
+    talker = next(folder.glob("*talker*.gguf"))
+    cut.write_bytes(talker.read_bytes()[: talker.stat().st_size // 2])
+    with pytest.raises(WeightsError):
+        TalkerFile(ggml, cut)

@@ -19,7 +19,7 @@ import ctypes
 import importlib.util
 import sys
 import threading
-from ctypes import POINTER, c_bool, c_char_p, c_float, c_int, c_int64, c_size_t, c_uint8, c_uint32, c_void_p
+from ctypes import POINTER, c_bool, c_char_p, c_float, c_int, c_int32, c_int64, c_size_t, c_uint8, c_uint32, c_void_p
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,16 @@ class ThreadpoolParams(ctypes.Structure):
     ]
 
 
+class GgufInitParams(ctypes.Structure):
+    """``struct gguf_init_params`` (passed by value to ``gguf_init_from_file``)."""
+
+    _fields_ = [("no_alloc", c_bool), ("ctx", c_void_p)]
+
+
+# gguf_type values (gguf.h ``enum gguf_type``)
+GGUF_UINT32, GGUF_INT32, GGUF_FLOAT32, GGUF_BOOL, GGUF_STRING, GGUF_ARRAY = 4, 5, 6, 7, 8, 9
+
+
 class TensorHead(ctypes.Structure):
     """The first fields of ``struct ggml_tensor`` (type, buffer, ne, nb), read for shapes only."""
 
@@ -82,7 +92,6 @@ BASE: dict[str, tuple[Any, list[Any]]] = {
     "ggml_free": (None, [_P]),
     "ggml_tensor_overhead": (c_size_t, []),
     "ggml_graph_overhead_custom": (c_size_t, [c_size_t, c_bool]),
-    "ggml_row_size": (c_size_t, [c_int, _I64]),
     "ggml_nbytes": (c_size_t, [_P]),
     "ggml_new_tensor_1d": (_P, [_P, c_int, _I64]),
     "ggml_new_tensor_2d": (_P, [_P, c_int, _I64, _I64]),
@@ -93,7 +102,6 @@ BASE: dict[str, tuple[Any, list[Any]]] = {
     # ops: the context first
     "ggml_add": (_P, [_P, _P, _P]),
     "ggml_mul": (_P, [_P, _P, _P]),
-    "ggml_scale": (_P, [_P, _P, c_float]),
     "ggml_rms_norm": (_P, [_P, _P, c_float]),
     "ggml_mul_mat": (_P, [_P, _P, _P]),
     "ggml_silu": (_P, [_P, _P]),
@@ -115,6 +123,28 @@ BASE: dict[str, tuple[Any, list[Any]]] = {
     "ggml_new_graph_custom": (_P, [_P, c_size_t, c_bool]),
     "ggml_build_forward_expand": (None, [_P, _P]),
     "ggml_threadpool_params_init": (None, [POINTER(ThreadpoolParams), c_int]),
+    # GGUF files (gguf.h): metadata and tensor table; the getters abort on a wrong type, so
+    # callers check ``gguf_get_kv_type`` / ``gguf_get_arr_type`` first
+    "gguf_init_from_file": (_P, [c_char_p, GgufInitParams]),
+    "gguf_free": (None, [_P]),
+    "gguf_find_key": (_I64, [_P, c_char_p]),
+    "gguf_get_kv_type": (c_int, [_P, _I64]),
+    "gguf_get_arr_type": (c_int, [_P, _I64]),
+    "gguf_get_val_u32": (c_uint32, [_P, _I64]),
+    "gguf_get_val_i32": (c_int32, [_P, _I64]),
+    "gguf_get_val_f32": (c_float, [_P, _I64]),
+    "gguf_get_val_bool": (c_bool, [_P, _I64]),
+    "gguf_get_val_str": (c_char_p, [_P, _I64]),
+    "gguf_get_arr_n": (c_size_t, [_P, _I64]),
+    "gguf_get_arr_data": (_P, [_P, _I64]),
+    "gguf_get_arr_str": (c_char_p, [_P, _I64, c_size_t]),
+    "gguf_get_data_offset": (c_size_t, [_P]),
+    "gguf_get_n_tensors": (_I64, [_P]),
+    "gguf_get_tensor_name": (c_char_p, [_P, _I64]),
+    "gguf_get_tensor_type": (c_int, [_P, _I64]),
+    "gguf_get_tensor_ne": (POINTER(c_int64), [_P, _I64]),
+    "gguf_get_tensor_offset": (c_size_t, [_P, _I64]),
+    "gguf_get_tensor_size": (c_size_t, [_P, _I64]),
     # backend: buffers, tensor data, graph allocation and compute
     "ggml_backend_cpu_buffer_type": (_P, []),
     "ggml_backend_buft_name": (c_char_p, [_P]),

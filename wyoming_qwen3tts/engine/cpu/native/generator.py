@@ -67,7 +67,7 @@ class GgmlFrameSource:
             raise FileNotFoundError(f"{folder} holds no GGUF files")
         talker_path, codec_path = pair
         self.ggml = api.load()
-        self.file = TalkerFile(talker_path)
+        self.file = TalkerFile(self.ggml, talker_path)
         self.kind = ModelKind(self.file.model_type)
         self.icl = icl
         self.backend = Backend(self.ggml, threads)
@@ -76,7 +76,7 @@ class GgmlFrameSource:
         release_file_pages((talker_path,))  # the copy's pages of the mapping: the weights once, not twice
         self.talker = Talker(self.backend, self.weights, self.file)
         self.predictor = Predictor(self.backend, self.weights, self.file)
-        text_hidden = int(self.file.tensor("talker.text_proj.fc1.weight").shape[0])
+        text_hidden = self.file.tensor("talker.text_proj.fc1.weight").ne[0]
         self.projection = TextProjection(self.backend, self.weights, text_hidden, self.file.talker.hidden)
         self.prompts = PromptEmbedder(self.file, self.projection)
         self._own_refs = voice_refs is None and self.kind is ModelKind.BASE
@@ -188,5 +188,6 @@ class GgmlFrameSource:
         self.projection.close()
         self.weights.close()
         self.backend.close()
+        self.file.close()
         if self._own_refs and isinstance(self.voice_refs, WheelVoiceRefs):
             self.voice_refs.close()

@@ -72,7 +72,7 @@ class PromptEmbedder:
         self.file = file
         self.kind = ModelKind(file.model_type)
         self._project_rows = project
-        self.tokenizer = TextTokenizer(file.tokens, file.merges)
+        self.tokenizer = TextTokenizer(file.tokens(), file.merges())
         sp = file.specials
         self.tts_bos, self.tts_eos, self.tts_pad = self._project([sp.tts_bos, sp.tts_eos, sp.tts_pad])
         self.codec_pad, self.codec_bos = self._codec([sp.codec_pad, sp.codec_bos])

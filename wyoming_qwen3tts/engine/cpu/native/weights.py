@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .api import Ggml, InitParams
+from .api import GGUF_ARRAY, GGUF_FLOAT32, GGUF_INT32, GGUF_STRING, GGUF_UINT32, Q4_0, Ggml, GgufInitParams, InitParams
 from .runtime import Backend
 
 _LOGGER = logging.getLogger(__name__)
@@ -75,81 +75,143 @@ class Specials:
     tts_eos: int
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of the file.
+
+    Attributes:
+        name: its GGUF name; type: its ggml type (``api.F32``, ``api.Q8_0``...); ne: its ggml
+        shape, innermost first, without trailing ones (a Linear ``[out, in]`` is ``(in, out)``);
+        data: its bytes, uint8 [nbytes], a read-only view of the file's mapping.
+    """
+
+    name: str
+    type: int
+    ne: tuple[int, ...]
+    data: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
 class TalkerFile:
-    """A talker GGUF's metadata and tensor table (the file stays mapped, read-only).
+    """A talker GGUF's metadata and tensor table, read with ggml's own GGUF reader (its
+    151,936-token vocabulary stays in the C library's strings until ``tokens()`` is asked for;
+    the gguf Python package's reader makes a numpy object per token, about 200 MB). The
+    file stays mapped read-only for the tensors' data.
 
     Attributes:
         path: the file; model_type: "base", "custom_voice" or "voice_design"; model_size:
         the checkpoint's ``tts_model_size`` ("0b6", "1b7"); talker, predictor: ``Stack``s;
         groups: codebooks a frame (16); specials: ``Specials``; languages: name -> codec id;
-        speakers: name -> (codec id, dialect or ""); tokens, merges: the text tokenizer's
-        vocabulary by id and BPE merges.
+        speakers: name -> (codec id, dialect or ""); tensors: name -> ``TensorInfo``.
 
     Raises:
-        WeightsError: unreadable, another architecture, or a key or tensor missing.
+        WeightsError: unreadable, another architecture, or a key or tensor missing or of
+            another type.
     """
 
-    def __init__(self, path: Path) -> None:
-        from gguf import GGUFReader
-
+    def __init__(self, ggml: Ggml, path: Path) -> None:
         self.path = path
+        self._ggml = ggml
+        self._ctx = ggml.gguf_init_from_file(str(path).encode(), GgufInitParams(True, None))
+        if not self._ctx:
+            raise WeightsError(f"{path} is not a GGUF file ggml reads")
         try:
-            self.reader = GGUFReader(str(path))
-            if self._text("general.architecture") != ARCH:
-                raise WeightsError(f"{path} is not a {ARCH} talker GGUF")
-            self.model_type = self._text(f"{ARCH}.model_type")
-            self.model_size = self._text(f"{ARCH}.model_size")
-            self.talker = self._stack("talker")
-            self.predictor = self._stack("code_pred")
-            self.groups = self._int(f"{ARCH}.num_code_groups")
-            c, t = f"{ARCH}.codec.", f"{ARCH}.text."
-            self.specials = Specials(
-                self._int(c + "pad_id"), self._int(c + "bos_id"), self._int(c + "eos_id"), self._int(c + "think_id"),
-                self._int(c + "nothink_id"), self._int(c + "think_bos_id"), self._int(c + "think_eos_id"),
-                self._int(t + "tts_pad_id"), self._int(t + "tts_bos_id"), self._int(t + "tts_eos_id"),
-            )
-            self.languages = dict(zip(self._texts(c + "language_names"), self._ints(c + "language_ids")))
-            self.speakers: dict[str, tuple[int, str]] = {}
-            if c + "speaker_names" in self.reader.fields:
-                names = self._texts(c + "speaker_names")
-                dialects = self._texts(c + "speaker_dialects") if c + "speaker_dialects" in self.reader.fields else []
-                for i, (name, sid) in enumerate(zip(names, self._ints(c + "speaker_ids"))):
-                    self.speakers[name.lower()] = (sid, dialects[i] if i < len(dialects) else "")
-            self.tokens = self._texts("tokenizer.ggml.tokens")
-            self.merges = self._texts("tokenizer.ggml.merges")
-            self.tensors = {t.name: t for t in self.reader.tensors}
-        except WeightsError:
+            self._read()
+        except BaseException:
+            self.close()
             raise
-        except Exception as err:  # noqa: BLE001 - the reader raises many types on a bad file
-            raise WeightsError(f"{path} is not a Qwen3-TTS talker GGUF this engine reads: {err!r}") from err
+
+    def _read(self) -> None:
+        arch = self._text("general.architecture")
+        if arch != ARCH:
+            raise WeightsError(f"{self.path} is a {arch!r} GGUF, not a {ARCH} talker")
+        self.model_type = self._text(f"{ARCH}.model_type")
+        self.model_size = self._text(f"{ARCH}.model_size")
+        self.talker = self._stack("talker")
+        self.predictor = self._stack("code_pred")
+        self.groups = self._int(f"{ARCH}.num_code_groups")
+        c, t = f"{ARCH}.codec.", f"{ARCH}.text."
+        self.specials = Specials(
+            self._int(c + "pad_id"), self._int(c + "bos_id"), self._int(c + "eos_id"), self._int(c + "think_id"),
+            self._int(c + "nothink_id"), self._int(c + "think_bos_id"), self._int(c + "think_eos_id"),
+            self._int(t + "tts_pad_id"), self._int(t + "tts_bos_id"), self._int(t + "tts_eos_id"),
+        )
+        self.languages = dict(zip(self._texts(c + "language_names"), self._ints(c + "language_ids")))
+        self.speakers: dict[str, tuple[int, str]] = {}
+        if self._has(c + "speaker_names"):
+            names = self._texts(c + "speaker_names")
+            dialects = self._texts(c + "speaker_dialects") if self._has(c + "speaker_dialects") else []
+            for i, (name, sid) in enumerate(zip(names, self._ints(c + "speaker_ids"))):
+                self.speakers[name.lower()] = (sid, dialects[i] if i < len(dialects) else "")
+        self._check_key("tokenizer.ggml.tokens", GGUF_ARRAY, GGUF_STRING)
+        self._check_key("tokenizer.ggml.merges", GGUF_ARRAY, GGUF_STRING)
+        g, ctx = self._ggml, self._ctx
+        mapping = np.memmap(self.path, dtype=np.uint8, mode="r")
+        base = int(g.gguf_get_data_offset(ctx))
+        self.tensors: dict[str, TensorInfo] = {}
+        for i in range(int(g.gguf_get_n_tensors(ctx))):
+            name = g.gguf_get_tensor_name(ctx, i).decode()
+            ne = list(g.gguf_get_tensor_ne(ctx, i)[:4])
+            while len(ne) > 1 and ne[-1] == 1:
+                ne.pop()
+            start = base + int(g.gguf_get_tensor_offset(ctx, i))
+            size = int(g.gguf_get_tensor_size(ctx, i))
+            if start + size > len(mapping):
+                raise WeightsError(f"{self.path}: tensor {name} lies past the end of the file (cut off?)")
+            self.tensors[name] = TensorInfo(name, int(g.gguf_get_tensor_type(ctx, i)), tuple(int(x) for x in ne),
+                                            mapping[start : start + size])
 
     # --- metadata ------------------------------------------------------------------------
 
-    def _field(self, key: str) -> Any:
-        try:
-            return self.reader.fields[key]
-        except KeyError:
-            raise WeightsError(f"{self.path} lacks the metadata key {key!r}") from None
+    def _has(self, key: str) -> bool:
+        return int(self._ggml.gguf_find_key(self._ctx, key.encode())) >= 0
+
+    def _check_key(self, key: str, kind: int, item: int | None = None) -> int:
+        """The key's id, after checking its type (ggml's getters abort on another type).
+
+        Raises:
+            WeightsError: missing, or of another type.
+        """
+        g = self._ggml
+        kid = int(g.gguf_find_key(self._ctx, key.encode()))
+        if kid < 0:
+            raise WeightsError(f"{self.path} lacks the metadata key {key!r}")
+        if int(g.gguf_get_kv_type(self._ctx, kid)) != kind or (item is not None and int(g.gguf_get_arr_type(self._ctx, kid)) != item):
+            raise WeightsError(f"{self.path}: metadata key {key!r} is not of the type this engine reads")
+        return kid
 
     def _text(self, key: str) -> str:
-        f = self._field(key)
-        return bytes(f.parts[f.data[0]]).decode()
+        return bytes(self._ggml.gguf_get_val_str(self._ctx, self._check_key(key, GGUF_STRING))).decode()
 
     def _texts(self, key: str) -> list[str]:
-        f = self._field(key)
-        return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
+        g, ctx = self._ggml, self._ctx
+        kid = self._check_key(key, GGUF_ARRAY, GGUF_STRING)
+        return [bytes(g.gguf_get_arr_str(ctx, kid, i)).decode("utf-8", errors="replace") for i in range(int(g.gguf_get_arr_n(ctx, kid)))]
 
     def _int(self, key: str) -> int:
-        f = self._field(key)
-        return int(f.parts[f.data[0]][0])
+        g = self._ggml
+        kid = int(g.gguf_find_key(self._ctx, key.encode()))
+        kind = int(g.gguf_get_kv_type(self._ctx, kid)) if kid >= 0 else None
+        if kind == GGUF_UINT32:
+            return int(g.gguf_get_val_u32(self._ctx, kid))
+        if kind == GGUF_INT32:
+            return int(g.gguf_get_val_i32(self._ctx, kid))
+        return self._check_key(key, GGUF_UINT32)  # raises: missing, or not a 32-bit integer
 
     def _ints(self, key: str) -> list[int]:
-        f = self._field(key)
-        return [int(f.parts[i][0]) for i in f.data]
+        g, ctx = self._ggml, self._ctx
+        kid = self._check_key(key, GGUF_ARRAY)
+        item = {GGUF_INT32: ctypes.c_int32, GGUF_UINT32: ctypes.c_uint32}.get(int(g.gguf_get_arr_type(ctx, kid)))
+        if item is None:
+            raise WeightsError(f"{self.path}: metadata key {key!r} is not an array of 32-bit integers")
+        n = int(g.gguf_get_arr_n(ctx, kid))
+        return [int(x) for x in (item * n).from_address(g.gguf_get_arr_data(ctx, kid))] if n else []
 
     def _float(self, key: str) -> float:
-        f = self._field(key)
-        return float(f.parts[f.data[0]][0])
+        return float(self._ggml.gguf_get_val_f32(self._ctx, self._check_key(key, GGUF_FLOAT32)))
 
     def _stack(self, prefix: str) -> Stack:
         p = f"{ARCH}.{prefix}."
@@ -161,10 +223,18 @@ class TalkerFile:
             eps=self._float(p + "attention.layer_norm_rms_epsilon"),
         )
 
+    def tokens(self) -> list[str]:
+        """The text vocabulary by id (``tokenizer.ggml.tokens``)."""
+        return self._texts("tokenizer.ggml.tokens")
+
+    def merges(self) -> list[str]:
+        """The text tokenizer's BPE merges, "left right" each (``tokenizer.ggml.merges``)."""
+        return self._texts("tokenizer.ggml.merges")
+
     # --- tensors -------------------------------------------------------------------------
 
-    def tensor(self, name: str) -> Any:
-        """The reader's tensor ``name`` (``.data``: a read-only view of the mapped file).
+    def tensor(self, name: str) -> TensorInfo:
+        """The tensor ``name``.
 
         Raises:
             WeightsError: the file has no such tensor.
@@ -176,12 +246,20 @@ class TalkerFile:
 
     def rows(self, name: str, ids: list[int] | np.ndarray) -> np.ndarray:
         """Rows ``ids`` of a matrix tensor (an embedding table), dequantized: float32
-        [len(ids), width]. Reads only those rows' pages of the file."""
+        [len(ids), ne[0]]. Reads only those rows' pages of the file."""
+        from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
         t = self.tensor(name)
-        picked = np.asarray(t.data[np.asarray(ids, dtype=np.int64)])
-        return np.asarray(dequantize(picked, t.tensor_type), dtype=np.float32).reshape(len(picked), -1)
+        table = t.data.reshape(t.ne[1], -1)
+        picked = np.asarray(table[np.asarray(ids, dtype=np.int64)])
+        return np.asarray(dequantize(picked, GGMLQuantizationType(t.type)), dtype=np.float32).reshape(len(picked), t.ne[0])
+
+    def close(self) -> None:
+        """Free ggml's copy of the metadata (the tensors' views of the mapping stay valid)."""
+        if self._ctx:
+            self._ggml.gguf_free(self._ctx)
+            self._ctx = None
 
 
 class Weights:
@@ -228,16 +306,16 @@ class Weights:
         tensors = {}
         for name in names:
             t = file.tensors[name]
-            ne = [int(x) for x in t.shape]
+            ne = list(t.ne)
             new = {1: ggml.ggml_new_tensor_1d, 2: ggml.ggml_new_tensor_2d, 3: ggml.ggml_new_tensor_3d}.get(len(ne))
             if new is None:
                 ggml.ggml_free(ctx)
                 raise WeightsError(f"{file.path}: tensor {name} has {len(ne)} dimensions")
-            tensor = new(ctx, int(t.tensor_type), *ne)
+            tensor = new(ctx, t.type, *ne)
             ggml.ggml_set_name(tensor, name.encode()[:63])
-            if ggml.ggml_nbytes(tensor) != int(t.n_bytes):
+            if ggml.ggml_nbytes(tensor) != t.nbytes:
                 ggml.ggml_free(ctx)
-                raise WeightsError(f"{file.path}: tensor {name} holds {t.n_bytes} bytes, ggml expects {ggml.ggml_nbytes(tensor)}")
+                raise WeightsError(f"{file.path}: tensor {name} holds {t.nbytes} bytes, ggml expects {ggml.ggml_nbytes(tensor)}")
             tensors[name] = tensor
         buffer = ggml.ggml_backend_alloc_ctx_tensors_from_buft(ctx, buffer_type)
         if not buffer:
@@ -248,7 +326,7 @@ class Weights:
         self.nbytes += size
         advise_huge_pages(int(ggml.ggml_backend_buffer_get_base(buffer)), size)
         for name, tensor in tensors.items():
-            data = np.ascontiguousarray(file.tensors[name].data)
+            data = file.tensors[name].data
             ggml.ggml_backend_tensor_set(tensor, data.ctypes.data, 0, data.nbytes)
         self._tensors.update(tensors)
 
@@ -272,17 +350,10 @@ class Weights:
         self._tensors = {}
 
 
-def _repackable(tensor: Any) -> bool:
+def _repackable(tensor: TensorInfo) -> bool:
     """A layer matrix that ggml-cpu repacks on AVX2 (``ggml_repack_get_optimal_repack_type``:
     Q4_0 with ``ne[1] % 8 == 0``); only the layers' matrices, which feed products only."""
-    from gguf import GGMLQuantizationType
-
-    return (
-        tensor.tensor_type == GGMLQuantizationType.Q4_0
-        and len(tensor.shape) == 2
-        and int(tensor.shape[1]) % 8 == 0
-        and ".blk." in tensor.name
-    )
+    return tensor.type == Q4_0 and len(tensor.ne) == 2 and tensor.ne[1] % 8 == 0 and ".blk." in tensor.name
 
 
 def advise_huge_pages(address: int, size: int) -> bool:
