@@ -337,6 +337,7 @@ def test_more_threads_give_the_same_codes(sources: dict, expected: dict[str, Exp
 
 def test_bad_segments_fail_clearly_and_one_generation_runs_at_a_time(sources: dict) -> None:
     custom, base = sources[ModelKind.CUSTOM_VOICE, "F32"], sources[ModelKind.BASE, "F32"]
+    assert "ryan" in custom.speakers and "eric" in custom.speakers and base.speakers == []
     with pytest.raises(ValueError, match="unknown speaker 'nobody'.*ryan"):
         list(custom.frames(_greedy(speaker="nobody")))
     with pytest.raises(ValueError, match="unsupported language 'klingon'"):

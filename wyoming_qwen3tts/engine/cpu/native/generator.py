@@ -58,7 +58,12 @@ class GgmlFrameSource:
     Attributes:
         kind: the model kind (the file's ``model_type``).
         file: the talker file's metadata (``weights.TalkerFile``).
-        weight_bytes: bytes of the weight buffer.
+        weight_bytes: bytes of the weight buffers (the memory the weights hold; the text
+            embedding table stays in the file, read a few rows a prompt).
+
+    Memory besides the weights: the talker's float32 key/value cache for the prompt and
+    ``max_new_tokens`` frames of the longest segment so far (229 KB a position at 0.6B and
+    1.7B: 28 layers, 8 key/value heads of 128), and the graphs' intermediate buffers.
     """
 
     def __init__(self, folder: Path, threads: int, icl: bool = False, voice_refs: VoiceRefs | None = None) -> None:
@@ -89,7 +94,13 @@ class GgmlFrameSource:
 
     @property
     def threads(self) -> int:
+        """Threads the graphs run on."""
         return self.backend.threads
+
+    @property
+    def speakers(self) -> list[str]:
+        """A CustomVoice model's speaker names (lower case, the file's order); [] otherwise."""
+        return list(self.file.speakers) if self.kind is ModelKind.CUSTOM_VOICE else []
 
     def set_threads(self, threads: int) -> None:
         """Run the graphs on ``threads`` threads from the next graph on (not during a frame
