@@ -325,6 +325,33 @@ def test_frames_stop_at_the_cap_at_eos_and_when_cancelled(sources: dict, monkeyp
     assert len(codes) == 4 and allowed == [False, False, False, True, True]
 
 
+def test_the_talkers_cache_grows_during_a_segment_without_changing_its_codes(
+    sources: dict, expected: dict[str, Expected], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache starts at the prompt plus ``CACHE_STEP`` positions and grows by copying:
+    with a step of 1 it grows within the segment, and the codes stay the float32 ones."""
+    from wyoming_qwen3tts.engine.cpu.native import graphs
+
+    source = sources[ModelKind.CUSTOM_VOICE, "F32"]
+    talker = source.talker
+    assert talker.cache is not None
+    talker.cache.close()
+    talker.cache = None
+    monkeypatch.setattr(graphs, "CACHE_STEP", 1)
+    sizes: list[int] = []
+    real = graphs.KvCache.__init__
+
+    def made(self: graphs.KvCache, backend: Any, layers: int, width: int, capacity: int) -> None:
+        sizes.append(capacity)
+        real(self, backend, layers, width, capacity)
+
+    monkeypatch.setattr(graphs.KvCache, "__init__", made)
+    codes = np.array(list(source.frames(CASES[0][2])))
+    prompt = len(expected["speaker"].embeds)
+    assert sizes == [prompt + 1, prompt + FRAMES]  # the prompt's, then grown once to the cap
+    np.testing.assert_array_equal(codes, expected["speaker"].codes)
+
+
 def test_more_threads_give_the_same_codes(sources: dict, expected: dict[str, Expected]) -> None:
     source = sources[ModelKind.VOICE_DESIGN, "F32"]
     source.set_threads(2)

@@ -61,9 +61,10 @@ class GgmlFrameSource:
         weight_bytes: bytes of the weight buffers (the memory the weights hold; the text
             embedding table stays in the file, read a few rows a prompt).
 
-    Memory besides the weights: the talker's float32 key/value cache for the prompt and
-    ``max_new_tokens`` frames of the longest segment so far (229 KB a position at 0.6B and
-    1.7B: 28 layers, 8 key/value heads of 128), and the graphs' intermediate buffers.
+    Memory besides the weights: the talker's float32 key/value cache, grown as positions come
+    and kept for the next segment (the most positions a segment used so far, prompt and
+    frames: 229 KB a position at 0.6B and 1.7B, 28 layers of 8 key/value heads of 128), and
+    the graphs' intermediate buffers.
     """
 
     def __init__(self, folder: Path, threads: int, icl: bool = False, voice_refs: VoiceRefs | None = None) -> None:

@@ -32,6 +32,10 @@ from .runtime import Allocator, Backend, Graph, KvCache
 from .weights import TalkerFile, Weights
 
 
+#: Positions the talker's cache grows by beyond what a call needs (or it doubles, if more).
+CACHE_STEP = 128
+
+
 class Talker:
     """The talker stack on its key/value cache: ``start``, ``prefill``, then ``step`` a frame.
 
@@ -48,24 +52,60 @@ class Talker:
         ]
         self.allocator = Allocator(backend)
         self.cache: KvCache | None = None
-        #: Positions in the cache (prompt and frames so far).
+        #: Positions in the cache (prompt and frames so far), and the most this generation may use.
         self.length = 0
+        self.limit = 0
 
-    def start(self, capacity: int) -> None:
-        """Begin a generation of at most ``capacity`` positions (prompt + frames): the cache
-        is kept if large enough, else replaced."""
-        if self.cache is None or self.cache.capacity < capacity:
-            if self.cache is not None:
-                self.cache.close()
-            self.cache = KvCache(self.backend, self.stack.layers, self.stack.kv_heads * self.stack.head_dim, capacity)
-        self.length = 0
+    def start(self, limit: int) -> None:
+        """Begin a generation of at most ``limit`` positions (prompt + frames). The cache is
+        kept from the last generation and grows as positions come (``_room``), never past
+        the limit: a segment that ends early does not hold memory for its whole cap."""
+        self.length, self.limit = 0, limit
+
+    def _room(self, n: int) -> KvCache:
+        """A cache with room for ``n`` positions: the current one, or a larger one (at least
+        ``CACHE_STEP`` more positions, or twice as many) with the current positions copied in.
+
+        Raises:
+            ValueError: ``n`` exceeds the generation's limit.
+        """
+        if n > self.limit:
+            raise ValueError(f"{n} positions exceed this generation's {self.limit}")
+        old = self.cache
+        if old is not None and old.capacity >= n:
+            return old
+        capacity = min(self.limit, max(n + CACHE_STEP, 2 * (old.capacity if old is not None else 0)))
+        new = KvCache(self.backend, self.stack.layers, self.stack.kv_heads * self.stack.head_dim, capacity)
+        if old is not None:
+            if self.length:
+                self._copy(old, new, self.length)
+            old.close()
+        self.cache = new
+        return new
+
+    def _copy(self, old: KvCache, new: KvCache, n: int) -> None:
+        """Copy positions 0 .. n - 1 of every layer from ``old`` into ``new`` (one graph)."""
+        ggml, width = self.ggml, old.width
+        g = Graph(ggml, nodes=8 * self.stack.layers)
+        allocator = Allocator(self.backend)
+        try:
+            for i in range(self.stack.layers):
+                g.expand(ggml.ggml_cpy(g.ctx, ggml.ggml_view_1d(g.ctx, old.keys[i], width * n, 0),
+                                       ggml.ggml_view_1d(g.ctx, new.keys[i], width * n, 0)))
+                g.expand(ggml.ggml_cpy(g.ctx, ggml.ggml_view_2d(g.ctx, old.values[i], n, width, old.capacity * 4, 0),
+                                       ggml.ggml_view_2d(g.ctx, new.values[i], n, width, new.capacity * 4, 0)))
+            g.allocate(allocator)
+            self.backend.compute(g.graph)
+        finally:
+            g.close()
+            allocator.close()
 
     def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Run the prompt: ``embeds`` float32 [P, hidden]. Returns (past hidden float32
         [hidden], codec logits float32 [vocab]) of its last position.
 
         Raises:
-            ValueError: the prompt does not fit the cache ``start`` made.
+            ValueError: the prompt exceeds the limit ``start`` set.
         """
         p = len(embeds)
         g = Graph(self.ggml)
@@ -80,7 +120,7 @@ class Talker:
         step's text embedding). Returns (past hidden [hidden], codec logits [vocab]).
 
         Raises:
-            ValueError: the cache is full.
+            ValueError: the generation's position limit is reached.
         """
         g = Graph(self.ggml)
         try:
@@ -97,11 +137,9 @@ class Talker:
     def _run(self, g: Graph, x: int, inputs: list[tuple[int, np.ndarray]], t: int) -> tuple[np.ndarray, np.ndarray]:
         """Build the layers, norm and head over ``x`` [hidden, t] in ``g``, then set
         ``inputs`` (tensor, values), run, and move the cache on by ``t`` positions."""
-        assert self.cache is not None, "start() first"
-        if self.length + t > self.cache.capacity:
-            raise ValueError(f"{self.length + t} positions exceed the cache's {self.cache.capacity}")
+        cache = self._room(self.length + t)
         positions = g.input(I32, t)
-        y = self.blocks.forward(g, x, positions, self.cache, self.length, t)
+        y = self.blocks.forward(g, x, positions, cache, self.length, t)
         hidden = g.output(self.blocks.last_normed(g, y, t))
         logits = g.output(self.blocks.linear(g, self.head, hidden))
         g.allocate(self.allocator)
