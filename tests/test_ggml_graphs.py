@@ -63,6 +63,15 @@ def test_another_ggml_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> Non
         api.load_from(*api.library_paths(api.wheel_folder()))
 
 
+def test_a_cpu_the_wheel_cannot_run_is_refused_before_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    from wyoming_qwen3tts.engine.cpu import ggml
+
+    monkeypatch.setattr(api, "_LOADED", None)
+    monkeypatch.setattr(ggml, "native_support", lambda: (False, "the CPU lacks AVX2"))
+    with pytest.raises(api.GgmlApiError, match="^the CPU lacks AVX2$"):
+        api.load()
+
+
 def test_a_missing_library_is_refused(tmp_path: Path) -> None:
     with pytest.raises(api.GgmlApiError, match="does not load"):
         api.load_from(tmp_path / "libggml-base.so.0", tmp_path / "libggml-cpu.so.0")

@@ -276,13 +276,20 @@ _LOCK = threading.Lock()
 
 
 def load() -> Ggml:
-    """The wheel's ggml, loaded and checked once per process.
+    """The wheel's ggml, loaded and checked once per process, on a CPU that can run it.
 
     Raises:
-        GgmlApiError: see ``load_from``; or the wheel is not installed.
+        GgmlApiError: see ``load_from``; or the wheel is not installed, or the CPU lacks the
+            instructions it is built for (``engine.cpu.ggml.native_support``: its AVX2 code
+            would crash the process, so this is checked before the library is loaded).
     """
     global _LOADED
     with _LOCK:
         if _LOADED is None:
+            from ..ggml import native_support
+
+            supported, why = native_support()
+            if not supported:
+                raise GgmlApiError(why)
             _LOADED = load_from(*library_paths(wheel_folder()))
         return _LOADED
