@@ -40,8 +40,9 @@ class GgmlFrameSource:
 
     Args:
         folder: the model's GGUF folder: one ``*talker*.gguf`` and one ``*tokenizer*.gguf``
-            (our converter's output, ``python -m wyoming_qwen3tts.gguf``, or the published
-            files). Any of its formats (F32, BF16, Q8_0, Q4_0) runs.
+            (our converter's output, ``python -m wyoming_qwen3tts.gguf``; the published files
+            carry the same keys, those qwentts.cpp reads). Any of its formats (F32, BF16, Q8_0,
+            Q4_0) runs.
         threads: CPU threads of the graphs (``set_threads`` changes it).
         icl: a Base clone whose clip has a transcript is cloned in context (its codes and
             transcript in the prompt); False: every clone by its x-vector (as the wheel engine's
@@ -50,8 +51,10 @@ class GgmlFrameSource:
             extraction (``WheelVoiceRefs``; it loads a wheel context for an extraction).
 
     Raises:
-        api.GgmlApiError: the wheel's ggml is missing or not the declared version (one line).
+        api.GgmlApiError: the wheel's ggml is missing or not the declared version, or the CPU
+            cannot run it (one line).
         weights.WeightsError: not a talker GGUF this engine reads.
+        ValueError: a ``model_type`` other than the three kinds.
         FileNotFoundError: the folder holds no talker/codec pair.
         MemoryError: no memory for the weights.
 
@@ -74,21 +77,32 @@ class GgmlFrameSource:
         talker_path, codec_path = pair
         self.ggml = api.load()
         self.file = TalkerFile(self.ggml, talker_path)
-        self.kind = ModelKind(self.file.model_type)
-        self.icl = icl
-        self.backend = Backend(self.ggml, threads)
-        self.weights = Weights(self.ggml, self.backend, self.file)
-        self.weight_bytes = self.weights.nbytes
-        release_file_pages((talker_path,))  # the copy's pages of the mapping: the weights once, not twice
-        self.talker = Talker(self.backend, self.weights, self.file)
-        self.predictor = Predictor(self.backend, self.weights, self.file)
-        text_hidden = self.file.tensor("talker.text_proj.fc1.weight").ne[0]
-        self.projection = TextProjection(self.backend, self.weights, text_hidden, self.file.talker.hidden)
-        self.prompts = PromptEmbedder(self.file, self.projection)
-        self._own_refs = voice_refs is None and self.kind is ModelKind.BASE
+        self._closers: list[Callable[[], None]] = [self.file.close]
+        try:
+            self.kind = ModelKind(self.file.model_type)
+            self.icl = icl
+            self.backend = Backend(self.ggml, threads)
+            self._closers.insert(0, self.backend.close)
+            self.weights = Weights(self.ggml, self.backend, self.file)
+            self._closers.insert(0, self.weights.close)
+            self.weight_bytes = self.weights.nbytes
+            release_file_pages((talker_path,))  # the copy's pages of the mapping: the weights once, not twice
+            self.talker = Talker(self.backend, self.weights, self.file)
+            self._closers.insert(0, self.talker.close)
+            self.predictor = Predictor(self.backend, self.weights, self.file)
+            self._closers.insert(0, self.predictor.close)
+            text_hidden = self.file.tensor("talker.text_proj.fc1.weight").ne[0]
+            self.projection = TextProjection(self.backend, self.weights, text_hidden, self.file.talker.hidden)
+            self._closers.insert(0, self.projection.close)
+            self.prompts = PromptEmbedder(self.file, self.projection)
+        except BaseException:
+            self.close()
+            raise
         self.voice_refs: VoiceRefs | None = voice_refs
-        if self._own_refs:
-            self.voice_refs = WheelVoiceRefs(talker_path, codec_path, threads)
+        if voice_refs is None and self.kind is ModelKind.BASE:
+            own = WheelVoiceRefs(talker_path, codec_path, threads)
+            self.voice_refs = own
+            self._closers.insert(0, own.close)
         self._busy = False
         _LOGGER.debug("ggml %s (%s): %s weights %.0f MB (%d matrices repacked), %d threads", self.ggml.version,
                       self.ggml.commit, talker_path.name, self.weight_bytes / 1e6, self.weights.repacked, threads)
@@ -194,12 +208,8 @@ class GgmlFrameSource:
                 hidden, logits = self.talker.step(codes, prompt.pad)
 
     def close(self) -> None:
-        """Free the graphs, caches, weights and backend (and a wheel context kept for clones)."""
-        self.predictor.close()
-        self.talker.close()
-        self.projection.close()
-        self.weights.close()
-        self.backend.close()
-        self.file.close()
-        if self._own_refs and isinstance(self.voice_refs, WheelVoiceRefs):
-            self.voice_refs.close()
+        """Free the graphs, caches, weights and backend (and a wheel context kept for clones);
+        the source is unusable afterwards. Idempotent."""
+        closers, self._closers = self._closers, []
+        for close in closers:
+            close()

@@ -151,7 +151,9 @@ class PromptEmbedder:
                 if speaker not in self.file.speakers:
                     raise ValueError(f"unknown speaker {segment.speaker!r}; this model has {', '.join(self.file.speakers)}")
                 speaker_embed = self._codec([self.file.speakers[speaker][0]])[0]
-                if self.file.model_size in "0b6":  # the 0.6B CustomVoice takes no instruct (qwen_tts)
+                # the 0.6B CustomVoice takes no instruct (qwen_tts: ``tts_model_size in "0b6"``;
+                # "0.6b" in case a file spells the size so)
+                if self.file.model_size in "0b6" or self.file.model_size.lower() == "0.6b":
                     instruct = None
         language_id = self._language_id(segment.language, speaker)
         ids = self.tokenizer.ids(f"<|im_start|>assistant\n{segment.text}<|im_end|>\n<|im_start|>assistant\n")
