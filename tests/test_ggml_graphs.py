@@ -320,6 +320,11 @@ def test_frames_stop_at_the_cap_at_eos_and_when_cancelled(sources: dict, monkeyp
     for frame in frames:
         made.append(frame)
     assert len(made) == 2
+    # cancelled during the prefill: ggml asks between the graph's nodes and stops there
+    asked = []
+    stop = lambda: asked.append(1) or len(asked) >= 5  # noqa: E731
+    assert list(source.frames(_greedy(speaker="ryan"), cancelled=stop)) == [] and len(asked) == 5
+    assert len(list(source.frames(_greedy(speaker="ryan", max_new_tokens=2)))) == 2  # and serves on
     # EOS drawn at frame 4 ends the segment there, without a frame for it; min_new_tokens
     # reaches the sampler as the frames EOS is held back for
     real = FrameSampler.first

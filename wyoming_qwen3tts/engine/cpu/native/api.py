@@ -81,6 +81,11 @@ class TensorHead(ctypes.Structure):
     _fields_ = [("type", c_int), ("buffer", c_void_p), ("ne", c_int64 * 4), ("nb", c_size_t * 4)]
 
 
+#: ``ggml_abort_callback`` (ggml.h): asked between a graph's nodes; true stops the graph.
+ABORT_CALLBACK = ctypes.CFUNCTYPE(c_bool, c_void_p)
+#: ``enum ggml_status`` of a graph stopped by its abort callback.
+STATUS_ABORTED = 1
+
 _P = c_void_p  # every ggml object (context, tensor, graph, backend, buffer, allocator) by pointer
 _I64 = c_int64
 
@@ -172,6 +177,7 @@ CPU: dict[str, tuple[Any, list[Any]]] = {
     "ggml_backend_cpu_init": (_P, []),
     "ggml_backend_cpu_set_n_threads": (None, [_P, c_int]),
     "ggml_backend_cpu_set_threadpool": (None, [_P, _P]),
+    "ggml_backend_cpu_set_abort_callback": (None, [_P, ABORT_CALLBACK, c_void_p]),
     "ggml_threadpool_new": (_P, [POINTER(ThreadpoolParams)]),
     "ggml_threadpool_free": (None, [_P]),
 }

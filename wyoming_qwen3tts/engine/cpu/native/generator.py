@@ -161,8 +161,9 @@ class GgmlFrameSource:
         one frame is 80 ms of audio, 1920 samples at 24 kHz), as soon as it is made.
 
         Stops after EOS (not yielded), after ``segment.max_new_tokens`` frames, or within one
-        frame of ``cancelled()`` turning true (checked before each frame's work); closing the
-        iterator stops it too. EOS is held back for the first ``segment.min_new_tokens``
+        frame of ``cancelled()`` turning true (checked before each frame's work, and between
+        the prefill graph's nodes: a long prompt's prefill takes a second or more on a CPU
+        core); closing the iterator stops it too. EOS is held back for the first ``segment.min_new_tokens``
         frames. Sampling follows ``segment.sampling`` with ``segment.seed`` (None: a random
         seed): the same seed gives the same frames.
 
@@ -191,7 +192,10 @@ class GgmlFrameSource:
         seed = segment.seed if segment.seed is not None else secrets.randbits(63)
         sampler = FrameSampler(segment.sampling, seed, stack.vocab, eos)
         self.talker.start(len(prompt.embeds) + limit)
-        hidden, logits = self.talker.prefill(prompt.embeds)
+        first = self.talker.prefill(prompt.embeds, stop=cancelled)
+        if first is None:  # cancelled during the prefill
+            return
+        hidden, logits = first
         codes = np.zeros(self.file.groups, dtype=np.int64)
         for frame in range(limit):
             if cancelled():

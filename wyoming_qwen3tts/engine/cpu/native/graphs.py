@@ -24,6 +24,8 @@ for each step (about 30 nodes a layer).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .api import F32, I32
@@ -100,9 +102,11 @@ class Talker:
             g.close()
             allocator.close()
 
-    def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def prefill(self, embeds: np.ndarray, stop: Callable[[], bool] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """Run the prompt: ``embeds`` float32 [P, hidden]. Returns (past hidden float32
-        [hidden], codec logits float32 [vocab]) of its last position.
+        [hidden], codec logits float32 [vocab]) of its last position, or None when ``stop()``
+        turned true meanwhile (asked between the graph's nodes: a prefill of a long prompt
+        takes a second or more on a CPU core).
 
         Raises:
             ValueError: the prompt exceeds the limit ``start`` set.
@@ -111,7 +115,7 @@ class Talker:
         g = Graph(self.ggml)
         try:
             x = g.input(F32, self.stack.hidden, p)
-            return self._run(g, x, [(x, embeds.astype(np.float32, copy=False))], p)
+            return self._run(g, x, [(x, embeds.astype(np.float32, copy=False))], p, stop)
         finally:
             g.close()
 
@@ -130,13 +134,17 @@ class Talker:
             x = txt
             for i, table in enumerate(self.tables):
                 x = ggml.ggml_add(ctx, x, ggml.ggml_get_rows(ctx, table, ggml.ggml_view_1d(ctx, ids, 1, 4 * i)))
-            return self._run(g, x, [(ids, np.asarray(codes, dtype=np.int32)), (txt, text)], 1)
+            out = self._run(g, x, [(ids, np.asarray(codes, dtype=np.int32)), (txt, text)], 1)
+            assert out is not None
+            return out
         finally:
             g.close()
 
-    def _run(self, g: Graph, x: int, inputs: list[tuple[int, np.ndarray]], t: int) -> tuple[np.ndarray, np.ndarray]:
+    def _run(self, g: Graph, x: int, inputs: list[tuple[int, np.ndarray]], t: int,
+             stop: Callable[[], bool] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """Build the layers, norm and head over ``x`` [hidden, t] in ``g``, then set
-        ``inputs`` (tensor, values), run, and move the cache on by ``t`` positions."""
+        ``inputs`` (tensor, values), run, and move the cache on by ``t`` positions (None,
+        and the cache not moved on, if ``stop`` ended the graph)."""
         cache = self._room(self.length + t)
         positions = g.input(I32, t)
         y = self.blocks.forward(g, x, positions, cache, self.length, t)
@@ -146,7 +154,8 @@ class Talker:
         for tensor, data in inputs:
             g.set(tensor, data)
         g.set(positions, np.arange(self.length, self.length + t, dtype=np.int32))
-        self.backend.compute(g.graph)
+        if not self.backend.compute(g.graph, stop):
+            return None
         self.length += t
         return g.get(hidden, (self.stack.hidden,)), g.get(logits, (self.stack.vocab,))
 

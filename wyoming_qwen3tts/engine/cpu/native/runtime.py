@@ -9,10 +9,21 @@ graphs, so a frame's 16 graphs start no threads), a ``Graph`` is one step's comp
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import numpy as np
 
-from .api import DEV_GET_EXTRA_BUFTS, F32, REPACK_BUFFER_TYPE, STATUS_SUCCESS, Ggml, InitParams, ThreadpoolParams
+from .api import (
+    ABORT_CALLBACK,
+    DEV_GET_EXTRA_BUFTS,
+    F32,
+    REPACK_BUFFER_TYPE,
+    STATUS_ABORTED,
+    STATUS_SUCCESS,
+    Ggml,
+    InitParams,
+    ThreadpoolParams,
+)
 
 #: Nodes a graph may hold: the talker's 28 layers take about 30 each.
 GRAPH_NODES = 4096
@@ -79,15 +90,30 @@ class Backend:
             self.ggml.ggml_threadpool_free(self._pool)
         self._pool, self.threads = pool, threads
 
-    def compute(self, graph: int) -> None:
-        """Run an allocated graph.
+    def compute(self, graph: int, stop: Callable[[], bool] | None = None) -> bool:
+        """Run an allocated graph. With ``stop``, ggml asks it between the graph's nodes (on
+        the calling thread) and ends the graph early once it is true (for a long prefill).
+
+        Returns:
+            False if ``stop`` ended it (its outputs are then undefined), else True.
 
         Raises:
             GraphError: ggml reported a failure.
         """
-        status = self.ggml.ggml_backend_graph_compute(self.handle, graph)
+        callback = None
+        if stop is not None:
+            callback = ABORT_CALLBACK(lambda _data: bool(stop()))
+            self.ggml.ggml_backend_cpu_set_abort_callback(self.handle, callback, None)
+        try:
+            status = self.ggml.ggml_backend_graph_compute(self.handle, graph)
+        finally:
+            if callback is not None:
+                self.ggml.ggml_backend_cpu_set_abort_callback(self.handle, ABORT_CALLBACK(), None)
+        if status == STATUS_ABORTED and stop is not None:
+            return False
         if status != STATUS_SUCCESS:
             raise GraphError(f"ggml_backend_graph_compute returned status {status}")
+        return True
 
     def close(self) -> None:
         if self.handle:
