@@ -421,3 +421,22 @@ def test_files_that_are_not_talker_ggufs_are_refused_not_crashed(gguf_folders: d
     cut.write_bytes(talker.read_bytes()[: talker.stat().st_size // 2])
     with pytest.raises(WeightsError):
         TalkerFile(ggml, cut)
+
+
+def test_generation_holds_no_torch(gguf_folders: dict) -> None:
+    """The frame source (prompt, graphs, sampling) imports none of PyTorch, transformers or
+    qwen_tts: a fresh interpreter generates frames and lists what it loaded."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from wyoming_qwen3tts.engine import Segment\n"
+        "from wyoming_qwen3tts.engine.cpu.native.generator import GgmlFrameSource\n"
+        f"source = GgmlFrameSource(Path({str(gguf_folders[ModelKind.CUSTOM_VOICE, 'Q8_0'])!r}), 1)\n"
+        "frames = list(source.frames(Segment('Hello.', 'english', 3, seed=1, speaker='ryan')))\n"
+        "print(len(frames), [m for m in ('torch', 'transformers', 'qwen_tts', 'faster_qwen3_tts') if m in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "3 []"
