@@ -246,7 +246,7 @@ def test_4_bit_layer_matrices_are_repacked_and_generate(sources: dict, expected:
     printed (4 bits on random weights: a floor, see the 8-bit test)."""
     source = sources[ModelKind.CUSTOM_VOICE, "Q4_0"]
     if source.ggml.ggml_cpu_has_avx2():
-        assert source.backend.repack_type is not None and source.weights.repacked >= 7 * source.file.talker.layers
+        assert source.runtime.repack_type is not None and source.weights.repacked >= 7 * source.file.talker.layers
     codes = np.array(list(source.frames(CASES[0][2])))
     assert codes.shape == (FRAMES, 16) and ((codes >= 0) & (codes < 3072)).all()
     print("Q4_0 share of codes equal to float32 (speaker):", float((codes == expected["speaker"].codes).mean()))
@@ -378,7 +378,7 @@ def test_more_threads_give_the_same_codes(sources: dict, expected: dict[str, Exp
 
 def test_bad_segments_fail_clearly_and_one_generation_runs_at_a_time(sources: dict) -> None:
     custom, base = sources[ModelKind.CUSTOM_VOICE, "F32"], sources[ModelKind.BASE, "F32"]
-    assert "ryan" in custom.speakers and "eric" in custom.speakers and base.speakers == []
+    assert "ryan" in custom.speakers() and "eric" in custom.speakers() and base.speakers() == []
     with pytest.raises(ValueError, match="unknown speaker 'nobody'.*ryan"):
         list(custom.frames(_greedy(speaker="nobody")))
     with pytest.raises(ValueError, match="unsupported language 'klingon'"):

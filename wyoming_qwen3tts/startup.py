@@ -70,14 +70,17 @@ def _device(choice: str, engine: str) -> str:
         engine = pick_engine(engine, choice)
     except ValueError as err:
         raise SystemExit(f"--engine: {err}") from None
-    if engine == "onnx" and choice != "cpu":  # the pipeline engine runs on the CPU whatever the device
-        choice, why = "cpu", "--engine onnx"
-    if choice == "cpu" and engine != "ggml":  # GGML: said once the models are loaded (``cpu_engines_line``)
+    if engine == "pipeline" and choice != "cpu":  # the pipeline engine runs on the CPU whatever the device
+        choice, why = "cpu", "--engine pipeline"
+    if choice == "cpu" and engine == "pipeline":
+        _LOGGER.warning(
+            "%s: running on the CPU (our ggml graphs generating on one thread, the codec on ONNX Runtime on "
+            "another). A GPU is much faster; see docs/cpu.md for what a few cores give.", why,
+        )
+    elif choice == "cpu" and engine != "ggml":  # GGML: said once the models are loaded (``cpu_engines_line``)
         how = (
             "the batched engine runs eagerly, frame by frame"
             if engine == "batched"
-            else "qwen_tts's modules generating on one thread, the codec on ONNX Runtime on another"
-            if engine == "onnx"
             else "the qwen_tts reference model, one request at a time"
         )
         _LOGGER.warning(
@@ -155,7 +158,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
             names the options that make it fit when memory was the reason).
     """
     device = _device(args.device, args.engine)
-    if args.engine == "onnx" and pick_engine("onnx", device) != "onnx":
+    if args.engine == "pipeline" and pick_engine("pipeline", device) != "pipeline":
         args.engine = "auto"  # not offered here (logged): the CPU's fallbacks, as under auto
     models_dir = Path(args.data_dir) / "models"
     sources = {
@@ -225,6 +228,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
                 prefill_graph_rows=TURNS_GRAPH_ROWS if lease is not None else None,
                 data_dir=Path(args.data_dir), generation_threads=getattr(args, "generation_threads", 0),
                 codec_threads=getattr(args, "codec_threads", 0),
+                quant=getattr(args, "gguf_quant", ""), ggml_icl=getattr(args, "ggml_icl", False),
             )
 
         engine: Engine

@@ -22,7 +22,7 @@ _LOGGER = logging.getLogger(__name__)
 #: ``max_seq_len``; ``vocabulary.MAX_SEGMENT_SECONDS`` keeps every segment inside it).
 MAX_SEQ_LEN = 2048
 #: Engines ``load_engine`` can build.
-ENGINES = ("auto", "batched", "single", "reference", "ggml", "onnx")
+ENGINES = ("auto", "batched", "single", "reference", "ggml", "pipeline")
 #: Weight dtypes ``load_engine`` accepts ("auto": bfloat16 on CUDA, float32 on the CPU).
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -61,20 +61,21 @@ _ggml_why: str | None = None
 
 
 def pick_engine(engine: str, device: str) -> str:
-    """The engine ``auto`` means on ``device``: batched on CUDA; on the CPU the GGML engine
-    (qwentts.cpp) when its wheel loads and the CPU has its instructions, else the reference
-    model (the log says which and why; for the GGML engine once one has loaded, see
-    ``_ggml_why``). ``ggml`` and ``onnx`` run on the CPU whatever ``device`` is; ``onnx`` (the
-    pipeline engine) where it cannot run falls back to what ``auto`` picks on the CPU, the
-    log saying why once (``_onnx_engine``).
+    """The engine ``auto`` means on ``device``: batched on CUDA; on the CPU the pipeline engine
+    (our ggml graphs generating, the codec on ONNX Runtime) where it can run
+    (``cpu.pipeline_load.pipeline_support``), else the GGML engine (qwentts.cpp) when its
+    wheel loads and the CPU has its instructions, else the reference model (each fallback
+    logged once with why; the GGML engine's line once one has loaded, see ``_ggml_why``).
+    ``ggml`` and ``pipeline`` run on the CPU whatever ``device`` is; ``pipeline`` where it
+    cannot run falls back to the wheel, then the reference, the log saying why once.
 
     Raises:
         ValueError: an engine that cannot run on ``device``.
     """
     if engine == "auto":
         return _auto_engine(device)
-    if engine == "onnx":
-        return _onnx_engine()
+    if engine == "pipeline":
+        return _pipeline_engine()
     if engine == "ggml":
         from .cpu.ggml import native_support
 
@@ -91,12 +92,34 @@ def pick_engine(engine: str, device: str) -> str:
 
 @functools.lru_cache(maxsize=4)
 def _auto_engine(device: str) -> str:
-    """What ``auto`` picks on ``device``; logs the choice and why, once per device (the GGML
-    engine's line waits for its first model to load: ``_ggml_why``)."""
-    global _ggml_why
+    """What ``auto`` picks on ``device``; logs the choice and why, once per device."""
     if device == "cuda":
         _LOGGER.info("Engine: batched (CUDA graphs), because a CUDA GPU is available")
         return "batched"
+    return _pipeline_engine()
+
+
+@functools.lru_cache(maxsize=1)
+def _pipeline_engine() -> str:
+    """``pipeline`` where the pipeline engine can run (``cpu.pipeline_load.pipeline_support``),
+    else the CPU's fallback (``_wheel_or_reference``), saying why in one line."""
+    from .cpu.pipeline_load import pipeline_support
+
+    ok, why = pipeline_support()
+    if ok:
+        _LOGGER.info("Engine on the CPU: pipeline (our ggml graphs generating, the codec on ONNX Runtime on "
+                     "its own threads), because %s", why)
+        return "pipeline"
+    fallback = _wheel_or_reference()
+    _LOGGER.warning("The pipeline engine cannot run here (%s): the CPU falls back to the %s engine", why, fallback)
+    return fallback
+
+
+@functools.lru_cache(maxsize=1)
+def _wheel_or_reference() -> str:
+    """The GGML engine (qwentts.cpp's wheel) where it loads, else the reference; the GGML
+    engine's line waits for its first model to load (``_ggml_why``)."""
+    global _ggml_why
     from .cpu.ggml import native_support
 
     ok, why = native_support()
@@ -106,21 +129,6 @@ def _auto_engine(device: str) -> str:
         return "ggml"
     _LOGGER.warning("Engine on the CPU: reference (qwen_tts, slow), because %s", why)
     return "reference"
-
-
-@functools.lru_cache(maxsize=1)
-def _onnx_engine() -> str:
-    """``onnx`` where the pipeline engine can run (``cpu.pipeline_load.pipeline_support``),
-    else the CPU's fallback (the GGML engine, then the reference), saying why in one line."""
-    from .cpu.pipeline_load import pipeline_support
-
-    ok, why = pipeline_support()
-    if ok:
-        _LOGGER.info("Engine on the CPU: onnx (generation and the codec on their own threads), because %s", why)
-        return "onnx"
-    fallback = _auto_engine("cpu")
-    _LOGGER.warning("--engine onnx cannot run here (%s): the CPU falls back to the %s engine", why, fallback)
-    return fallback
 
 
 def _say_ggml_chosen() -> None:
@@ -169,9 +177,9 @@ def load_engine(
         engine: "batched" (the slot pool; CUDA graphs on CUDA, eager elsewhere), "single"
             (faster-qwen3-tts's own single-stream generator, CUDA only), "reference"
             (qwen_tts's own generator, streamed by hooks; the CPU fallback), "ggml" (qwentts.cpp
-            on GGML, quantized GGUF weights; the CPU default where its wheel runs), "onnx"
-            (the pipeline engine: generation on one thread, the codec on ONNX Runtime on
-            another; ``cpu.pipeline``) or "auto" (see ``pick_engine``).
+            on GGML, quantized GGUF weights; the CPU's fallback where its wheel runs), "pipeline"
+            (our ggml graphs generating on one thread, the codec on ONNX Runtime on another,
+            ``cpu.pipeline``; the CPU default) or "auto" (see ``pick_engine``).
         max_streams: slots of the batched engine; None sizes them from the GPU memory left
             after the weights (``sizing.plan_streams``; 8 off CUDA).
         on_join: the batched engine's join-stall observer (seconds).
@@ -186,11 +194,12 @@ def load_engine(
         gguf: the GGML engine's (talker, codec) files (``cpu.gguf_files.resolve_gguf``); without
             them ``checkpoint`` must be a folder holding both.
         contexts: the GGML engine's native contexts (streams at once); 0: chosen from the machine (``cpu.machine.plan``).
-        quant: the GGUF files' quantization, for the GGML engine's description.
+        quant: the GGUF files' quantization: the GGML engine's description; the pipeline
+            engine converts a checkpoint to it ("": ``gguf_files.DEFAULT_QUANT``).
         on_eager_prefill: the batched engine's observer of rows prefilled eagerly (no graph).
         chunk_growth: the batched engine's chunks grow 1, 2, 4... up to ``chunk_frames``.
         ggml_threads: the GGML engine's CPU threads per context; 0: chosen from the machine (``cpu.machine.plan``).
-        ggml_icl: the GGML engine clones in context where a voice has a transcript
+        ggml_icl: the GGML and pipeline engines clone in context where a voice has a transcript
             (``GgmlEngine``'s ``icl``); else by x-vector.
         weight_quant: "int8": the batched engine's talker and code predictor hold int8
             weights (``batched.quant``; loaded on the CPU, quantized onto ``device``);
@@ -222,12 +231,13 @@ def load_engine(
         )
         _say_ggml_chosen()
         return loaded
-    if engine == "onnx":
+    if engine == "pipeline":
         from .cpu.pipeline_load import load_pipeline
 
         if data_dir is None:
-            raise ValueError("the onnx engine needs a data folder for its exported codec")
-        return load_pipeline(kind, checkpoint, chunk_frames, data_dir, generation_threads, codec_threads)
+            raise ValueError("the pipeline engine needs a data folder for its GGUF files and exported codec")
+        return load_pipeline(kind, checkpoint, chunk_frames, data_dir, generation_threads, codec_threads,
+                             quant=quant or "Q8_0", icl=ggml_icl)
     from ..common.quiet import import_models
 
     import_models()  # qwen_tts, transformers and torch: imported here, never on the GGML engine

@@ -1,6 +1,6 @@
 """The CPU engines: qwentts.cpp through GGML (``ggml``, its GGUF files in ``gguf_files``),
 qwen_tts's reference model (``reference``), the pipeline engine (``pipeline``: codec frames
-from a ``FrameSource`` such as ``torch_frames``, decoded by ONNX Runtime's streaming step,
+from a ``FrameSource``, ``native.GgmlFrameSource``, decoded by ONNX Runtime's streaming step,
 ``onnx_codec`` / ``onnx_export``, on their own threads; built by ``pipeline_load``), the
 settings each takes from the machine (``machine``), and what the server loads by default on
 a machine without CUDA (``defaults``). ``native``: generation graphs of our own on the ggml

@@ -28,7 +28,7 @@ What the choices rest on (``benchmarks/results/cpu-2core/limits.md``):
   hands over audio only (codes come out only in a debugging dump after the whole request),
   so another codec cannot serve its streams.
 
-The pipeline engine (``--engine onnx``, ``pipeline``) generates on one thread and decodes on
+The pipeline engine (``--engine pipeline``, ``pipeline``) generates on one thread and decodes on
 another (ONNX Runtime); ``pipeline_threads`` chooses each side's threads:
 
 * **Half the cores each, generation taking the odd one, at most 4 a side**: 1 + 1 on 2 cores,

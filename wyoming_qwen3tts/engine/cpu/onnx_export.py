@@ -331,3 +331,51 @@ def exported_codec(checkpoint: Path, data_dir: Path, load_decoder: Callable[[], 
         _LOGGER.info("Exported the codec's streaming step in %.1f s (%.0f MB)", time.monotonic() - started,
                      target.stat().st_size / 2**20)
         return target
+
+
+def exported_codec_in_child(checkpoint: Path, data_dir: Path) -> Path:
+    """``exported_codec`` for a server that loads no PyTorch model: the file exported before
+    for the same decoder weights, else a new export made in a child process
+    (``python -m wyoming_qwen3tts.engine.cpu.onnx_export``), so that torch, qwen_tts and the
+    decoder's weights (0.5 GB and more resident) never enter the serving process.
+
+    Raises:
+        FileNotFoundError: no speech tokenizer weights in ``checkpoint``.
+        RuntimeError: the child's export failed (its last error line).
+    """
+    import subprocess
+    import sys
+
+    folder = data_dir / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"codec-step-v{EXPORT_VERSION}-{_remembered(tokenizer_file(checkpoint), folder)}.onnx"
+    if target.exists() and usable(target) is None:
+        _LOGGER.debug("Codec streaming step: reusing %s", target)
+        return target
+    _LOGGER.info("Exporting the codec's streaming step to ONNX in a child process (once per codec): %s", target)
+    result = subprocess.run([sys.executable, "-m", __name__, str(checkpoint), str(data_dir)],
+                            capture_output=True, text=True, check=False)
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines or not Path(lines[-1]).is_file():
+        errors = (result.stderr or result.stdout).strip().splitlines()
+        raise RuntimeError(f"exporting the codec of {checkpoint} failed: "
+                           f"{errors[-1] if errors else f'exit {result.returncode}'}")
+    return Path(lines[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m wyoming_qwen3tts.engine.cpu.onnx_export CHECKPOINT DATA_DIR``: export (or
+    find) the codec's streaming step and print its path on the last line of stdout."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Export a Qwen3-TTS codec's streaming step to ONNX")
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("data_dir", type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    print(exported_codec(args.checkpoint, args.data_dir, lambda: checkpoint_decoder(args.checkpoint)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -49,6 +49,10 @@ class GgmlFrameSource:
             default).
         voice_refs: where clone clips' x-vectors and codes come from; None: the wheel's own
             extraction (``WheelVoiceRefs``; it loads a wheel context for an extraction).
+        streams: generations open at once (the pipeline engine's ``FrameSource.streams``):
+            each has its own talker key/value cache and graph allocator over the one copy of
+            the weights; the code predictor (a frame's 15 passes run within one ``next``, its
+            16-position cache rewritten every frame) and the text projection are shared.
 
     Raises:
         api.GgmlApiError: the wheel's ggml is missing or not the declared version, or the CPU
@@ -60,20 +64,27 @@ class GgmlFrameSource:
 
     Attributes:
         kind: the model kind (the file's ``model_type``).
+        streams: as given.
+        backend: one line naming the source (the pipeline engine's description).
+        runtime: the ggml CPU backend and its thread pool (``runtime.Backend``).
         file: the talker file's metadata (``weights.TalkerFile``).
         weight_bytes: bytes of the weight buffers (the memory the weights hold; the text
             embedding table stays in the file, read a few rows a prompt).
 
     Memory besides the weights: the talker's float32 key/value cache, grown as positions come
     and kept for the next segment (the most positions a segment used so far, prompt and
-    frames: 229 KB a position at 0.6B and 1.7B, 28 layers of 8 key/value heads of 128), and
-    the graphs' intermediate buffers.
+    frames: 229 KB a position at 0.6B and 1.7B, 28 layers of 8 key/value heads of 128), one
+    a stream, and the graphs' intermediate buffers.
     """
 
-    def __init__(self, folder: Path, threads: int, icl: bool = False, voice_refs: VoiceRefs | None = None) -> None:
+    def __init__(self, folder: Path, threads: int, icl: bool = False, voice_refs: VoiceRefs | None = None,
+                 streams: int = 1) -> None:
         pair = find_pair(folder)
         if pair is None:
             raise FileNotFoundError(f"{folder} holds no GGUF files")
+        if streams < 1:
+            raise ValueError(f"streams must be at least 1, not {streams}")
+        self.streams = streams
         talker_path, codec_path = pair
         self.ggml = api.load()
         self.file = TalkerFile(self.ggml, talker_path)
@@ -81,18 +92,19 @@ class GgmlFrameSource:
         try:
             self.kind = ModelKind(self.file.model_type)
             self.icl = icl
-            self.backend = Backend(self.ggml, threads)
-            self._closers.insert(0, self.backend.close)
-            self.weights = Weights(self.ggml, self.backend, self.file)
+            self.runtime = Backend(self.ggml, threads)
+            self._closers.insert(0, self.runtime.close)
+            self.weights = Weights(self.ggml, self.runtime, self.file)
             self._closers.insert(0, self.weights.close)
             self.weight_bytes = self.weights.nbytes
             release_file_pages((talker_path,))  # the copy's pages of the mapping: the weights once, not twice
-            self.talker = Talker(self.backend, self.weights, self.file)
-            self._closers.insert(0, self.talker.close)
-            self.predictor = Predictor(self.backend, self.weights, self.file)
+            self.talkers = [Talker(self.runtime, self.weights, self.file) for _ in range(streams)]
+            self._closers[:0] = [talker.close for talker in self.talkers]
+            self.talker = self.talkers[0]  # the first stream's (the only one with ``streams=1``)
+            self.predictor = Predictor(self.runtime, self.weights, self.file)
             self._closers.insert(0, self.predictor.close)
             text_hidden = self.file.tensor("talker.text_proj.fc1.weight").ne[0]
-            self.projection = TextProjection(self.backend, self.weights, text_hidden, self.file.talker.hidden)
+            self.projection = TextProjection(self.runtime, self.weights, text_hidden, self.file.talker.hidden)
             self._closers.insert(0, self.projection.close)
             self.prompts = PromptEmbedder(self.file, self.projection)
         except BaseException:
@@ -103,16 +115,17 @@ class GgmlFrameSource:
             own = WheelVoiceRefs(talker_path, codec_path, threads)
             self.voice_refs = own
             self._closers.insert(0, own.close)
-        self._busy = False
+        self._free = list(self.talkers)  # the streams' talkers not generating now
+        self.backend = (f"our ggml graphs on the qwentts.cpp wheel's ggml {self.ggml.version} ({talker_path.name}, "
+                        f"{threads} thread(s), {streams} stream(s) over one copy of the weights)")
         _LOGGER.debug("ggml %s (%s): %s weights %.0f MB (%d matrices repacked), %d threads", self.ggml.version,
                       self.ggml.commit, talker_path.name, self.weight_bytes / 1e6, self.weights.repacked, threads)
 
     @property
     def threads(self) -> int:
         """Threads the graphs run on."""
-        return self.backend.threads
+        return self.runtime.threads
 
-    @property
     def speakers(self) -> list[str]:
         """A CustomVoice model's speaker names (lower case, the file's order); [] otherwise."""
         return list(self.file.speakers) if self.kind is ModelKind.CUSTOM_VOICE else []
@@ -124,7 +137,7 @@ class GgmlFrameSource:
         Raises:
             ValueError: fewer than 1.
         """
-        self.backend.set_threads(threads)
+        self.runtime.set_threads(threads)
 
     def clone_voice(self, reference: Reference) -> CloneVoice:
         """A Base clone clip's voice as the prompt takes it (extracted once, then cached).
@@ -142,6 +155,23 @@ class GgmlFrameSource:
         context before the generated frames, as qwen_tts decodes them), or None when the
         clip is cloned by its x-vector alone."""
         return self.clone_voice(reference).codes
+
+    def prime(self, reference: Reference) -> bool:
+        """Extract a Base clone clip's voice now (x-vector, and codes for an in-context clone;
+        cached), so that its first request does not wait for it; False for other kinds.
+
+        Raises:
+            qwentts_cpp_cpu.QwenTTSError: the wheel refused the clip.
+        """
+        if self.kind is not ModelKind.BASE:
+            return False
+        self.clone_voice(reference)
+        return True
+
+    def decoder_context(self, reference: Reference) -> np.ndarray | None:
+        """The codec codes to decode before a segment's frames: an in-context clone's
+        reference codes int64 [T, 16]; None for an x-vector clone or another kind."""
+        return self.reference_codes(reference) if self.kind is ModelKind.BASE else None
 
     def prompt(self, segment: Segment) -> Prompt:
         """The segment's talker input embeddings (``prompt.PromptEmbedder.build``).
@@ -167,23 +197,24 @@ class GgmlFrameSource:
         frames. Sampling follows ``segment.sampling`` with ``segment.seed`` (None: a random
         seed): the same seed gives the same frames.
 
-        One generation at a time per source.
+        Up to ``streams`` generations at once, each on its own talker cache, advanced in turn
+        from one thread (never two ``next`` calls of this source at the same time).
 
         Raises:
             ValueError: an unknown language or speaker, a Base segment without a reference
                 (raised at the first ``next``).
-            RuntimeError: another generation of this source is unfinished.
+            RuntimeError: ``streams`` generations of this source are unfinished.
             qwentts_cpp_cpu.QwenTTSError: the wheel refused a clone clip.
         """
-        if self._busy:
-            raise RuntimeError("this frame source is generating another segment")
-        self._busy = True
+        if not self._free:
+            raise RuntimeError(f"this frame source is generating another segment ({self.streams} at most at once)")
+        talker = self._free.pop(0)
         try:
-            yield from self._frames(segment, cancelled)
+            yield from self._frames(talker, segment, cancelled)
         finally:
-            self._busy = False
+            self._free.append(talker)
 
-    def _frames(self, segment: Segment, cancelled: Callable[[], bool]) -> Iterator[np.ndarray]:
+    def _frames(self, talker: Talker, segment: Segment, cancelled: Callable[[], bool]) -> Iterator[np.ndarray]:
         prompt = self.prompt(segment)
         limit = segment.max_new_tokens
         if limit <= 0 or cancelled():
@@ -191,8 +222,8 @@ class GgmlFrameSource:
         stack, eos = self.file.talker, self.file.specials.codec_eos
         seed = segment.seed if segment.seed is not None else secrets.randbits(63)
         sampler = FrameSampler(segment.sampling, seed, stack.vocab, eos)
-        self.talker.start(len(prompt.embeds) + limit)
-        first = self.talker.prefill(prompt.embeds, stop=cancelled)
+        talker.start(len(prompt.embeds) + limit)
+        first = talker.prefill(prompt.embeds, stop=cancelled)
         if first is None:  # cancelled during the prefill
             return
         hidden, logits = first
@@ -209,7 +240,7 @@ class GgmlFrameSource:
                 codes[s + 1] = code
             yield codes.copy()
             if frame + 1 < limit and not cancelled():
-                hidden, logits = self.talker.step(codes, prompt.pad)
+                hidden, logits = talker.step(codes, prompt.pad)
 
     def close(self) -> None:
         """Free the graphs, caches, weights and backend (and a wheel context kept for clones);
