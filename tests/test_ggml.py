@@ -230,7 +230,7 @@ def test_greedy_float32_frames_equal_qwen_tts(ggml_checkpoints: Path, gguf: dict
 @pytest.mark.parametrize(
     "support, device, expected, line",
     [
-        ((True, "ok"), "cpu", "ggml", "Engine on the CPU: ggml"),
+        ((True, "ok"), "cpu", "ggml", "Engine on the CPU: ggml"),  # the pipeline engine refused (below)
         ((False, "the CPU lacks AVX2"), "cpu", "reference", "because the CPU lacks AVX2"),
         ((False, "the qwentts.cpp wheel (realtimetts-qwen-native-cpu) does not load: No module"), "cpu", "reference", "does not load"),
         ((True, "ok"), "cuda", "batched", "because a CUDA GPU is available"),
@@ -240,17 +240,20 @@ def test_greedy_float32_frames_equal_qwen_tts(ggml_checkpoints: Path, gguf: dict
 def test_auto_picks_the_engine_and_says_why(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, support, device, expected, line
 ) -> None:
-    from wyoming_qwen3tts.engine.cpu import ggml
+    """The wheel's and the reference's turn: the pipeline engine cannot run (its own pick:
+    ``test_pipeline_engine.test_auto_picks_the_pipeline_engine_and_falls_back_saying_why``)."""
+    from wyoming_qwen3tts.engine.cpu import ggml, pipeline_load
 
     monkeypatch.setattr(ggml, "native_support", lambda: support)
+    monkeypatch.setattr(pipeline_load, "pipeline_support", lambda: (False, "test: no pipeline"))
     monkeypatch.setattr(loader, "_ggml_why", None)
-    loader._auto_engine.cache_clear()
+    _clear_picks()
     with caplog.at_level(logging.INFO, logger="wyoming_qwen3tts.engine.loader"):
         assert loader.pick_engine("auto", device) == expected
         if expected == "ggml":  # said once a GGML engine has loaded (a model may fall back before)
             assert line not in caplog.text
             loader._say_ggml_chosen()
-    loader._auto_engine.cache_clear()
+    _clear_picks()
     assert line in caplog.text
     if not support[0]:
         with pytest.raises(ValueError, match="GGML engine cannot run here"):
@@ -265,8 +268,9 @@ def test_the_ggml_line_waits_for_a_ggml_engine_to_load(
     reference engine: "Engine on the CPU: ggml" is logged by the first GGML engine that
     loads, once, and never by one that failed. (A real start-up whose only model falls back:
     ``test_named_models_on_the_cpu_get_nothing_added_and_narrow_ones_are_not_converted``.)"""
-    from wyoming_qwen3tts.engine.cpu import ggml
+    from wyoming_qwen3tts.engine.cpu import ggml, pipeline_load
 
+    monkeypatch.setattr(pipeline_load, "pipeline_support", lambda: (False, "test: no pipeline"))
     made: list[ModelKind] = []
 
     def fake_engine(kind: ModelKind, talker: Path, *args: object, **kwargs: object) -> object:
@@ -278,7 +282,7 @@ def test_the_ggml_line_waits_for_a_ggml_engine_to_load(
     monkeypatch.setattr(ggml, "native_support", lambda: (True, "qwentts.cpp test loads"))
     monkeypatch.setattr(ggml, "GgmlEngine", fake_engine)
     monkeypatch.setattr(loader, "_ggml_why", None)
-    loader._auto_engine.cache_clear()
+    _clear_picks()
     narrow, wide = (tmp_path / "narrow.gguf", tmp_path / "codec.gguf"), (tmp_path / "talker.gguf", tmp_path / "codec.gguf")
     line = "Engine on the CPU: ggml (qwentts.cpp), because qwentts.cpp test loads"
     try:
@@ -291,10 +295,16 @@ def test_the_ggml_line_waits_for_a_ggml_engine_to_load(
             loader.load_engine(ModelKind.CUSTOM_VOICE, tmp_path, "cpu", 1, "ggml", gguf=wide)
             loader.load_engine(ModelKind.VOICE_DESIGN, tmp_path, "cpu", 1, "ggml", gguf=wide)
     finally:
-        loader._auto_engine.cache_clear()
+        _clear_picks()
     assert made == [ModelKind.CUSTOM_VOICE, ModelKind.VOICE_DESIGN]
-    infos = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    infos = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO and "pipeline" not in r.getMessage()]
     assert infos == [line], infos  # once, after the first GGML engine loaded
+
+
+def _clear_picks() -> None:
+    """Forget the engine picks ``loader`` caches (each logged once a process)."""
+    for cached in (loader._auto_engine, loader._pipeline_engine, loader._wheel_or_reference):
+        cached.cache_clear()
 
 
 def test_native_support_reads_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
-"""The pipeline engine (``--engine onnx``, ``engine.cpu.pipeline``): codec frames generated on
-one thread by the checkpoint's own modules (``torch_frames``), decoded on another by ONNX
-Runtime. Loaded through the real loader on the tiny checkpoints; in process, then over the
-server's doors. The codec step is the session's export (``conftest.onnx_data_dir``)."""
+"""The pipeline engine (``--engine pipeline``, ``engine.cpu.pipeline``): codec frames generated
+on one thread by our ggml graphs (``native.GgmlFrameSource``, Q8_0 GGUF converted from the
+checkpoint), decoded on another by ONNX Runtime. Loaded through the real loader on the
+``--size ggml`` checkpoints; in process, then over the server's doors (every voice kind). One
+data folder a module holds the conversions and the codec's export (``pipeline_data_dir``)."""
 
 from __future__ import annotations
 
@@ -52,12 +53,30 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def engines(checkpoints: Path, onnx_data_dir: Path) -> Iterator[dict[ModelKind, Served]]:
+def pipeline_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module's data folder: GGUF conversions and the exported codec, made at the first load."""
+    return tmp_path_factory.mktemp("pipeline-data")
+
+
+@pytest.fixture(scope="module")
+def checkpoints() -> Path:
+    """The ``--size ggml`` checkpoints (the released codec's widths: the wheel extracts clone clips)."""
+    from wyoming_qwen3tts.testing.checkpoint import build_all
+
+    from .test_ggml import GGML_CHECKPOINTS
+
+    build_all(GGML_CHECKPOINTS, "ggml")
+    return GGML_CHECKPOINTS
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoints: Path, pipeline_data_dir: Path) -> Iterator[dict[ModelKind, Served]]:
     """A served pipeline engine per model kind, 2 frames a chunk, warmed up."""
     torch.set_num_threads(1)
     served: dict[ModelKind, Served] = {}
     for kind in (ModelKind.CUSTOM_VOICE, ModelKind.BASE):
-        engine = load_engine(kind, checkpoints / kind.value, "cpu", 2, engine="onnx", data_dir=onnx_data_dir)
+        engine = load_engine(kind, checkpoints / kind.value, "cpu", 2, engine="pipeline", data_dir=pipeline_data_dir,
+                             ggml_icl=True)
         assert isinstance(engine, PipelineEngine)
         engine.warm(Segment("Warm.", "english", 2, seed=0, speaker="ryan" if kind is ModelKind.CUSTOM_VOICE else None,
                             reference=_clone(None) if kind is ModelKind.BASE else None))
@@ -207,44 +226,64 @@ def test_a_request_the_model_refuses_fails_alone(engines: dict[ModelKind, Served
     assert good.error is None and good.frames == 6
 
 
-def test_the_engine_is_offered_only_where_onnx_runtime_loads(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def _clear_picks() -> None:
+    for cached in (loader._auto_engine, loader._pipeline_engine, loader._wheel_or_reference):
+        cached.cache_clear()
+
+
+@pytest.mark.parametrize("wheel, fallback", [(True, "ggml"), (False, "reference")])
+def test_auto_picks_the_pipeline_engine_and_falls_back_saying_why(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, wheel: bool, fallback: str
 ) -> None:
-    """``--engine onnx`` without ONNX Runtime (or its exporter) falls back to what ``auto``
-    picks on the CPU, saying why in one line."""
+    """``auto`` on the CPU (and ``--engine pipeline``) is the pipeline engine where the real
+    check passes here; where it fails (the native api refused), the wheel's engine, else the
+    reference, with one line saying why."""
     from wyoming_qwen3tts.engine.cpu import ggml, pipeline_load
 
-    monkeypatch.setattr(pipeline_load, "pipeline_support", lambda: (False, "ONNX Runtime does not load: test"))
-    monkeypatch.setattr(ggml, "native_support", lambda: (False, "no wheel here"))
-    loader._onnx_engine.cache_clear()
-    loader._auto_engine.cache_clear()
+    _clear_picks()
     try:
+        assert pipeline_load.pipeline_support()[0]  # the real check: the wheel's ggml and ONNX Runtime here
+        assert loader.pick_engine("auto", "cpu") == "pipeline"
+        assert loader.pick_engine("pipeline", "cuda") == "pipeline"  # the CPU's, whatever the device
+        _clear_picks()
+        monkeypatch.setattr(pipeline_load, "pipeline_support", lambda: (False, "our ggml generation graphs cannot run: test"))
+        monkeypatch.setattr(ggml, "native_support", lambda: (wheel, "qwentts.cpp test" if wheel else "no wheel here"))
         with caplog.at_level(logging.INFO, logger="wyoming_qwen3tts.engine.loader"):
-            assert loader.pick_engine("onnx", "cpu") == "reference"
-            assert loader.pick_engine("onnx", "cpu") == "reference"
-        lines = [r.getMessage() for r in caplog.records if "--engine onnx" in r.getMessage()]
-        assert lines == ["--engine onnx cannot run here (ONNX Runtime does not load: test): the CPU falls back to the reference engine"]
-        monkeypatch.setattr(pipeline_load, "pipeline_support", lambda: (True, "ONNX Runtime test loads"))
-        loader._onnx_engine.cache_clear()
-        assert loader.pick_engine("onnx", "cuda") == "onnx"  # the CPU's, whatever the device
+            assert loader.pick_engine("pipeline", "cpu") == fallback
+            assert loader.pick_engine("auto", "cpu") == fallback
+        lines = [r.getMessage() for r in caplog.records if "pipeline engine cannot run" in r.getMessage()]
+        assert lines == [f"The pipeline engine cannot run here (our ggml generation graphs cannot run: test): the CPU "
+                         f"falls back to the {fallback} engine"]
     finally:
-        loader._onnx_engine.cache_clear()
-        loader._auto_engine.cache_clear()
+        _clear_picks()
+
+
+def test_the_native_check_refusing_gives_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pipeline_support`` says why the wheel's ggml was refused (``native.api.GgmlApiError``)."""
+    from wyoming_qwen3tts.engine.cpu import pipeline_load
+    from wyoming_qwen3tts.engine.cpu.native import api
+
+    def refuse() -> api.Ggml:
+        raise api.GgmlApiError("libggml-base.so.0 lacks ggml_rope_multi")
+
+    monkeypatch.setattr(api, "load", refuse)
+    assert pipeline_load.pipeline_support() == (False, "our ggml generation graphs cannot run: libggml-base.so.0 lacks ggml_rope_multi")
 
 
 # --- over the server's doors ------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def onnx_server(checkpoints: Path, voices_dir: Path, onnx_data_dir: Path,
+def onnx_server(checkpoints: Path, voices_dir: Path, pipeline_data_dir: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The server with ``--engine onnx`` on the tiny checkpoints (Base and CustomVoice), the
-    session's data folder holding the exported codec step already."""
-    folder = tmp_path_factory.mktemp("server-onnx")
+    """The server with ``--engine auto`` (the pipeline engine here) on the ``--size ggml``
+    checkpoints (every kind), clones in context, the module's data folder holding the GGUF
+    conversions and the exported codec already (the in-process engines made them)."""
+    folder = tmp_path_factory.mktemp("server-pipeline")
     srv = start_server(
-        checkpoints, voices_dir, folder / "server.log", engine="onnx",
-        extra=["--no-zeroconf", "--anchors", "off", "--design-model", "none", "--voice", "clone",
-               "--data-dir", str(onnx_data_dir)],
+        checkpoints, voices_dir, folder / "server.log", engine="auto",
+        extra=["--no-zeroconf", "--anchors", "off", "--voice", "clone", "--ggml-icl",
+               "--data-dir", str(pipeline_data_dir)],
     )
     yield srv
     stop_server(srv)
@@ -257,9 +296,10 @@ def test_both_doors_speak_a_seed_replays_and_a_client_may_leave(onnx_server: Ser
     from wyoming.tts import Synthesize, SynthesizeVoice
 
     start = onnx_server.output()[: onnx_server.output().index("Ready: Wyoming")]
-    assert "Engine on the CPU: onnx" in start
+    assert "Engine on the CPU: pipeline" in start
     assert re.search(r"CPU pipeline engine, custom_voice model: \d threads? generating, \d decoding audio \(\d+ cores?", start)
-    assert "Exporting" not in start  # the session's export, found in the data folder
+    assert "Exporting" not in start and "Converting" not in start  # the module's, found in the data folder
+    assert "import torch" not in start
     assert [noise for noise in NOISE if noise in start] == [], start[:3000]
 
     async def wyoming(voice: str) -> list[int]:
