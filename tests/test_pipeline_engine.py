@@ -274,7 +274,7 @@ def test_the_native_check_refusing_gives_its_reason(monkeypatch: pytest.MonkeyPa
 
 
 @pytest.fixture(scope="module")
-def onnx_server(checkpoints: Path, voices_dir: Path, pipeline_data_dir: Path,
+def onnx_server(checkpoints: Path, voices_dir: Path, pipeline_data_dir: Path, engines: dict[ModelKind, Served],
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The server with ``--engine auto`` (the pipeline engine here) on the ``--size ggml``
     checkpoints (every kind), clones in context, the module's data folder holding the GGUF
