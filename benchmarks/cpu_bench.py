@@ -1,4 +1,4 @@
-"""CPU benchmark: the GGML engine against the PyTorch reference engine, same run, same machine.
+"""CPU benchmark: the pipeline, GGML (qwentts.cpp wheel) and PyTorch reference engines, same run, same machine.
 
 For each model size (full-size random 0.6B and 1.7B CustomVoice checkpoints, built by
 ``wyoming_qwen3tts.testing.checkpoint``; the GGML engine gets them converted to GGUF by our
@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/cpu-bench"), help="checkpoints and data folder")
     parser.add_argument("--frames", type=int, default=25, help="codec frames per request (80 ms each)")
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--engines", nargs="+", default=["ggml", "reference"], choices=["ggml", "reference", "onnx"])
+    parser.add_argument("--engines", nargs="+", default=["pipeline", "ggml", "reference"], choices=["pipeline", "ggml", "reference"])
     parser.add_argument("--quant", default="Q8_0")
     parser.add_argument("--text", default=TEXT, help="the sentence asked for")
     parser.add_argument("--clients", type=int, nargs="+", default=[1], help="rows with this many clients at once (e.g. 1 2)")
@@ -169,9 +169,9 @@ def main() -> None:
         for engine in args.engines:
             print(f"{engine} {SIZES[size]} ...", flush=True)
             weights = {"ggml": f"GGUF {args.quant} (qwentts.cpp)",
-                       "onnx": "float32 generation (qwen_tts's modules), codec on ONNX Runtime"}.get(engine, "float32 (qwen_tts on the CPU)")
+                       "pipeline": f"GGUF {args.quant} (our ggml graphs), codec on ONNX Runtime (float32)"}.get(engine, "float32 (qwen_tts on the CPU)")
             for clients in args.clients if engine != "reference" else [1]:  # the reference engine: one client (its figure beside)
-                row = {"engine": engine, "model": SIZES[size], "quant": args.quant if engine == "ggml" else "float32", "weights": weights}
+                row = {"engine": engine, "model": SIZES[size], "quant": args.quant if engine in ("ggml", "pipeline") else "float32", "weights": weights}
                 extra = args.ggml_args.split() if engine == "ggml" else []
                 source = args.gguf_dir / args.quant if engine == "ggml" and args.gguf_dir else checkpoint
                 row.update(run_row(engine, source, args.work / "data", args.frames, args.quant, args.text, clients, extra))
