@@ -86,6 +86,7 @@ async def describe(client: AsyncTcpClient) -> Info:
     return Info.from_event(events[-1])
 
 
+@pytest.mark.full
 async def test_describe_lists_every_voice(server: Server) -> None:
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
         info = await describe(client)
@@ -136,6 +137,7 @@ def test_the_program_description_names_each_engine_once(backends: dict[str, str]
     assert describe_backends({ModelKind(kind): backend for kind, backend in backends.items()}) == said
 
 
+@pytest.mark.full
 def test_each_start_up_fact_is_said_once(server: Server) -> None:
     """The start-up log says each fact once: the anchors' state, the clone library (as an
     absolute path), each model's ready line with its streams."""
@@ -147,6 +149,7 @@ def test_each_start_up_fact_is_said_once(server: Server) -> None:
         assert start.count(f"{kind} model ready (") == 1 and re.search(rf"{kind} model ready \(.*stream", start)
 
 
+@pytest.mark.full
 async def test_synthesize_streams_pcm_for_every_frame(server: Server) -> None:
     text = "Hello there. How are you?"
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
@@ -155,6 +158,7 @@ async def test_synthesize_streams_pcm_for_every_frame(server: Server) -> None:
     check_audio_events(events, expected_frames(text))
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("voice", ["clone", "xvec", "james"])
 async def test_each_voice_source_speaks(server: Server, voice: str) -> None:
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
@@ -163,6 +167,7 @@ async def test_each_voice_source_speaks(server: Server, voice: str) -> None:
     check_audio_events(events, expected_frames("Good morning."))
 
 
+@pytest.mark.full
 async def test_custom_voice_speaker_and_language(server: Server) -> None:
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
         speakers = [v.name for v in (await describe(client)).tts[0].voices if "CustomVoice" in v.attribution.name]
@@ -172,6 +177,7 @@ async def test_custom_voice_speaker_and_language(server: Server) -> None:
     check_audio_events(events, expected_frames("Guten Tag."))
 
 
+@pytest.mark.full
 async def test_a_language_without_a_voice_picks_a_native_voice(server: Server) -> None:
     """No voice name but a language (other clients than Home Assistant send this): the
     language's own preset speaks, not the English default voice speaking Korean."""
@@ -186,6 +192,7 @@ async def test_a_language_without_a_voice_picks_a_native_voice(server: Server) -
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.full
 async def test_a_language_without_a_voice_picks_a_native_speaker_when_the_default_is_one(
     checkpoints: Path, voices_dir: Path, tmp_path: Path
 ) -> None:
@@ -207,6 +214,7 @@ async def test_a_language_without_a_voice_picks_a_native_speaker_when_the_defaul
         stop_server(server)
 
 
+@pytest.mark.full
 async def test_streamed_text_split_inside_words_is_spoken_once(server: Server) -> None:
     deltas = ["Hel", "lo the", "re. It is 22", ".5 degr", "ees out", "side! Have a ni", "ce day"]
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
@@ -222,6 +230,7 @@ async def test_streamed_text_split_inside_words_is_spoken_once(server: Server) -
     check_audio_events(events, expected_frames(*deltas))  # 3 sentences, "22.5" not split
 
 
+@pytest.mark.full
 async def test_stream_without_voice_uses_default_and_empty_stream_stops(server: Server) -> None:
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
         await client.write_event(SynthesizeStart().event())
@@ -235,6 +244,7 @@ async def test_stream_without_voice_uses_default_and_empty_stream_stops(server: 
     check_audio_events(events, expected_frames("Okay."))
 
 
+@pytest.mark.full
 async def test_two_clients_at_once_each_get_their_own_audio(server: Server) -> None:
     texts = ["First client speaking now.", "Second one. With two sentences."]
 
@@ -248,6 +258,7 @@ async def test_two_clients_at_once_each_get_their_own_audio(server: Server) -> N
         check_audio_events(events, expected_frames(text))
 
 
+@pytest.mark.full
 async def test_describe_answers_while_a_long_generation_runs(server: Server) -> None:
     async with AsyncTcpClient("127.0.0.1", server.port) as busy, AsyncTcpClient("127.0.0.1", server.port) as other:
         await busy.write_event(Synthesize(text="A longer sentence that keeps the model busy for a while.").event())
@@ -266,6 +277,7 @@ def wyoming_metric(server: Server, name: str, outcome: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+@pytest.mark.full
 async def test_disconnect_mid_stream_cancels_and_server_serves_on(server: Server) -> None:
     cancelled = wyoming_metric(server, "tts_requests_total", "cancelled")
     client = AsyncTcpClient("127.0.0.1", server.port)
@@ -300,6 +312,7 @@ async def _half_closed(server: Server, *sent: Eventable) -> list[Event]:
         writer.close()
 
 
+@pytest.mark.full
 async def test_a_client_that_ends_its_side_still_gets_its_audio(server: Server) -> None:
     """A client that sends its requests and then ends its side of the connection
     (``shutdown(SHUT_WR)``, ``nc -N``) still gets every reply it is owed, then EOF, as
@@ -340,6 +353,7 @@ async def test_a_client_that_ends_its_side_still_gets_its_audio(server: Server) 
     assert [e.type for e in events] == ["error", "synthesize-stopped"], events
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     ("owed", "sent", "said"),
     [
@@ -383,6 +397,7 @@ async def _expect_error(client: AsyncTcpClient, event: Event | Eventable, code: 
     return error
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     ("event", "code"),
     [
@@ -417,6 +432,7 @@ async def test_bad_request_gets_error_and_connection_stays_usable(server: Server
     assert server.alive()
 
 
+@pytest.mark.full
 async def test_a_refused_synthesize_ends_a_client_that_reads_up_to_audio_stop(server: Server) -> None:
     """Home Assistant's ``synthesize`` loop: read events until ``audio-stop`` or the end of
     the connection, skip anything else (``error`` included). A refused request (unknown
@@ -447,6 +463,7 @@ async def test_a_refused_synthesize_ends_a_client_that_reads_up_to_audio_stop(se
     assert "the connection stays open; a `synthesize-start`" not in said, said
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     "event",
     [
@@ -480,6 +497,7 @@ async def test_a_malformed_synthesize_gets_its_error_then_eof(server: Server, ev
         assert (await describe(other)).tts
 
 
+@pytest.mark.full
 async def test_malformed_lines_and_unknown_events(server: Server) -> None:
     logged = server.output().count("INFO wyoming_qwen3tts.handler: Refused request: Malformed")
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -508,6 +526,7 @@ async def test_malformed_lines_and_unknown_events(server: Server) -> None:
         writer.close()
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("text", ["...", "🎉🎉", "?! -- **", "", "   \n\t "])
 async def test_nothing_speakable_gets_empty_audio_on_both_paths(server: Server, text: str) -> None:
     """Text with nothing to speak gets audio-start and audio-stop with no audio between, as
@@ -530,6 +549,7 @@ async def test_nothing_speakable_gets_empty_audio_on_both_paths(server: Server, 
     assert log.count("wyoming request ok (nothing speakable: no audio): voice aria") == 2, log
 
 
+@pytest.mark.full
 async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) -> None:
     """Past --max-chars the streamed text is refused as a one-shot ``synthesize`` of the same
     text is: the same code and the same words, but for the size, which counts only what came
@@ -597,6 +617,7 @@ async def test_a_stream_refused_after_its_generation_failed_still_gets_its_error
             assert Error.from_event(events[0]).code == "text-too-long"
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     "chunk",
     [
@@ -651,6 +672,7 @@ async def test_a_malformed_chunk_refuses_its_stream_and_still_stops(server: Serv
     assert log.count("wyoming request refused (malformed-event: Malformed") == 2, log  # each refused stream once
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     "start",
     [
@@ -683,6 +705,7 @@ async def test_a_refused_stream_start_still_ends_with_synthesize_stopped(server:
     assert "without synthesize-start" not in server.output()[mark:]
 
 
+@pytest.mark.full
 async def test_first_audio_chunk_arrives_while_generation_goes_on(server: Server) -> None:
     """On the batched engine audio streams: the first chunk reaches the client long before
     the last. (The CPU engine streams too, in chunks that grow from 2 to 16 frames;
@@ -710,6 +733,7 @@ async def test_first_audio_chunk_arrives_while_generation_goes_on(server: Server
     print(f"first audio-chunk {arrivals[0] * 1000:.0f} ms, audio-stop {done * 1000:.0f} ms")
 
 
+@pytest.mark.full
 async def test_oversized_events_are_refused_and_the_connection_closed(server: Server) -> None:
     """A client cannot make the server buffer unbounded data: huge lengths or header lines."""
     for header in (
@@ -736,6 +760,7 @@ async def test_oversized_events_are_refused_and_the_connection_closed(server: Se
         assert (await describe(client)).tts
 
 
+@pytest.mark.full
 async def test_cancelled_long_sentence_frees_the_cpu_worker_at_once(server: Server) -> None:
     """CPU cancellation, shown by cause: a client leaves after the first chunk of a very long
     sentence; by the time the next client's first audio arrives, the engine has logged that
