@@ -98,8 +98,9 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    """Under the fast set's selection, say how many slow tests it left out and how to run them."""
-    if _SLOW_LEFT_OUT and config.option.markexpr == FAST:
+    """Under the fast set's selection (no ``-k``), say how many slow tests it left out and
+    how to run them."""
+    if _SLOW_LEFT_OUT and config.option.markexpr == FAST and not config.option.keyword:
         terminalreporter.write_line(
             f"{len(_SLOW_LEFT_OUT)} slow tests (marked full) left out: `python -m pytest --full` runs the whole suite"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import json
+import logging
 import re
 import urllib.request
 from pathlib import Path
@@ -497,33 +498,45 @@ async def test_a_malformed_synthesize_gets_its_error_then_eof(server: Server, ev
         assert (await describe(other)).tts
 
 
-@pytest.mark.full
-async def test_malformed_lines_and_unknown_events(server: Server) -> None:
-    logged = server.output().count("INFO wyoming_qwen3tts.handler: Refused request: Malformed")
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    try:
-        writer.write(b"this is not json\n")
-        writer.write(b"[" * 32000 + b"]" * 32000 + b"\n")  # valid JSON, deeper than the parser goes
-        writer.write(json.dumps({"no_type": 1}).encode() + b"\n")
-        writer.write(json.dumps({"type": "select-program", "data": {"name": "x"}}).encode() + b"\n")
-        writer.write(json.dumps({"type": "totally-unknown"}).encode() + b"\n")
-        writer.write(json.dumps({"type": "describe"}).encode() + b"\n")
-        await writer.drain()
-        types, texts = [], []
-        while "info" not in types:
-            header = json.loads(await asyncio.wait_for(reader.readline(), _GUARD_S))
-            types.append(header["type"])
-            data = json.loads(await reader.readexactly(header["data_length"])) if header.get("data_length") else {}
-            texts.append(data.get("text", ""))
-            if header.get("payload_length"):
-                await reader.readexactly(header["payload_length"])
-        assert types == ["error", "error", "error", "info"]  # unknown types ignored, bad lines answered
-        # (A Python whose parser does go that deep sees an array, which is no event either.)
-        assert "nested too deeply" in texts[1] or "not a JSON object" in texts[1], texts[1]
-        # Junk is answered every time but logged at INFO once per connection.
-        assert server.output().count("INFO wyoming_qwen3tts.handler: Refused request: Malformed") == logged + 1
-    finally:
-        writer.close()
+async def test_malformed_lines_and_unknown_events(caplog: pytest.LogCaptureFixture) -> None:
+    """Junk lines are answered with an error each, unknown event types are ignored, and the
+    connection serves on. (The Wyoming door in process, on a scripted service: its parsing
+    needs no model.)"""
+    from .test_http import scripted_service, wyoming_door
+
+    def logged() -> int:
+        return sum(
+            1 for r in caplog.records
+            if r.name == "wyoming_qwen3tts.handler" and r.levelno == logging.INFO
+            and r.getMessage().startswith("Refused request: Malformed")
+        )
+
+    caplog.set_level(logging.INFO, logger="wyoming_qwen3tts")
+    async with scripted_service() as service, wyoming_door(service) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(b"this is not json\n")
+            writer.write(b"[" * 32000 + b"]" * 32000 + b"\n")  # valid JSON, deeper than the parser goes
+            writer.write(json.dumps({"no_type": 1}).encode() + b"\n")
+            writer.write(json.dumps({"type": "select-program", "data": {"name": "x"}}).encode() + b"\n")
+            writer.write(json.dumps({"type": "totally-unknown"}).encode() + b"\n")
+            writer.write(json.dumps({"type": "describe"}).encode() + b"\n")
+            await writer.drain()
+            types, texts = [], []
+            while "info" not in types:
+                header = json.loads(await asyncio.wait_for(reader.readline(), _GUARD_S))
+                types.append(header["type"])
+                data = json.loads(await reader.readexactly(header["data_length"])) if header.get("data_length") else {}
+                texts.append(data.get("text", ""))
+                if header.get("payload_length"):
+                    await reader.readexactly(header["payload_length"])
+            assert types == ["error", "error", "error", "info"]  # unknown types ignored, bad lines answered
+            # (A Python whose parser does go that deep sees an array, which is no event either.)
+            assert "nested too deeply" in texts[1] or "not a JSON object" in texts[1], texts[1]
+            # Junk is answered every time but logged at INFO once per connection.
+            assert logged() == 1, caplog.text
+        finally:
+            writer.close()
 
 
 @pytest.mark.full
@@ -733,31 +746,34 @@ async def test_first_audio_chunk_arrives_while_generation_goes_on(server: Server
     print(f"first audio-chunk {arrivals[0] * 1000:.0f} ms, audio-stop {done * 1000:.0f} ms")
 
 
-@pytest.mark.full
-async def test_oversized_events_are_refused_and_the_connection_closed(server: Server) -> None:
-    """A client cannot make the server buffer unbounded data: huge lengths or header lines."""
-    for header in (
-        json.dumps({"type": "audio-chunk", "data": {}, "payload_length": 2_000_000_000}).encode() + b"\n",
-        json.dumps({"type": "synthesize", "data_length": 50_000_000}).encode() + b"\n",
-        b'{"type": "synthesize", "data": {"text": "' + b"a" * 200_000 + b'"}}\n',
-    ):
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        try:
-            writer.write(header)
-            await writer.drain()
-            reply = json.loads(await asyncio.wait_for(reader.readline(), _GUARD_S))
-            assert reply["type"] == "error"
-            body = json.loads(await reader.readexactly(reply["data_length"]))
-            assert body["code"] == "malformed-event" and "closing" in body["text"]
-            assert await asyncio.wait_for(reader.read(), _GUARD_S) == b""  # closed by the server
-        except ConnectionResetError:
-            # Closing with the client's unread bytes still queued resets the connection
-            # (TCP), which can beat the error reply for the over-long line; closed either way.
-            assert header.startswith(b'{"type": "synthesize", "data": {')
-        finally:
-            writer.close()
-    async with AsyncTcpClient("127.0.0.1", server.port) as client:
-        assert (await describe(client)).tts
+async def test_oversized_events_are_refused_and_the_connection_closed() -> None:
+    """A client cannot make the server buffer unbounded data: huge lengths or header lines.
+    (The Wyoming door in process, on a scripted service: its limits need no model.)"""
+    from .test_http import scripted_service, wyoming_door
+
+    async with scripted_service() as service, wyoming_door(service) as port:
+        for header in (
+            json.dumps({"type": "audio-chunk", "data": {}, "payload_length": 2_000_000_000}).encode() + b"\n",
+            json.dumps({"type": "synthesize", "data_length": 50_000_000}).encode() + b"\n",
+            b'{"type": "synthesize", "data": {"text": "' + b"a" * 200_000 + b'"}}\n',
+        ):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                writer.write(header)
+                await writer.drain()
+                reply = json.loads(await asyncio.wait_for(reader.readline(), _GUARD_S))
+                assert reply["type"] == "error"
+                body = json.loads(await reader.readexactly(reply["data_length"]))
+                assert body["code"] == "malformed-event" and "closing" in body["text"]
+                assert await asyncio.wait_for(reader.read(), _GUARD_S) == b""  # closed by the server
+            except ConnectionResetError:
+                # Closing with the client's unread bytes still queued resets the connection
+                # (TCP), which can beat the error reply for the over-long line; closed either way.
+                assert header.startswith(b'{"type": "synthesize", "data": {')
+            finally:
+                writer.close()
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            assert (await describe(client)).tts
 
 
 @pytest.mark.full
