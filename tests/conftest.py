@@ -82,9 +82,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """``--full`` widens the default selection (pyproject.toml's ``-m``) to every test but
-    the GPU's; an ``-m`` given on the command line is left as it is."""
-    if config.getoption("full") and config.option.markexpr == FAST:
+    the GPU's; an ``-m`` given on the command line (or in ``PYTEST_ADDOPTS``) is left as it is.
+
+    Raises:
+        pytest.UsageError: ``--full`` with no ``-m`` given, and pyproject.toml's is not ``FAST``
+            (the two were changed apart: ``--full`` would run the fast set alone).
+    """
+    if not config.getoption("full"):
+        return
+    if config.option.markexpr == FAST:
         config.option.markexpr = FULL
+        return
+    args = [*config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split()]
+    if not any(arg == "-m" or (arg.startswith("-m") and not arg.startswith("--")) for arg in args):
+        raise pytest.UsageError(
+            f"--full widens pyproject.toml's -m {FAST!r} (tests/conftest.py's FAST), but the -m in force "
+            f"is {config.option.markexpr!r}: make the two the same"
+        )
 
 
 #: Slow tests the selection left out that ``--full`` would run (not the GPU's), by test id.
