@@ -3,6 +3,22 @@
 Every test that uses ``server`` runs on three servers: the CPU reference engine (the CPU
 default), the batched engine run eagerly on the CPU (``--engine batched``), and the batched
 CUDA-graph engine (marked ``gpu``; ``pytest -m gpu`` on an NVIDIA machine).
+
+Speed classes, each test's own marker (pyproject.toml registers them):
+
+* unmarked: the fast set, what ``python -m pytest`` runs (its ``-m 'not gpu and not full'``
+  in pyproject.toml's ``addopts``): every in-process test and a few real-process smoke tests,
+  one for each door (Wyoming, HTTP, WebSocket) and each CPU engine (reference, GGML).
+* ``full``: slow (a real server process loading models, GGML checkpoints, Chromium, soak,
+  fuzzing, HAProxy, network namespaces, kernel builds). ``python -m pytest --full`` runs them
+  too: the whole suite but the GPU's (``-m 'not gpu'``).
+* ``gpu``: ``pytest -m gpu``, on an NVIDIA machine.
+
+.ci/run runs the fast set, then ``-m 'full and not gpu'`` on pytest-xdist workers, a file at
+a time (``--dist loadfile``). Under xdist the checkpoint folders are built once, under a file
+lock (``build_checkpoints``), and each worker picks its ports from its own residue class
+(``free_ports``), so that two workers never choose the same one; a server whose port another
+process took before it bound it starts again on others (``start_server``).
 """
 
 from __future__ import annotations
@@ -19,11 +35,32 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-import torch
+from filelock import FileLock
+
+
+def _cuda_device() -> bool:
+    """``torch.cuda.is_available()`` without importing PyTorch (seconds of every run's
+    collection): False for a CPU build of torch (its version ends in ``+cpu``), else whether
+    the CUDA driver sees a device (``cuInit``, ``cuDeviceGetCount`` of libcuda, what torch
+    asks through the CUDA runtime; the driver honours ``CUDA_VISIBLE_DEVICES``). False where
+    there is no driver library."""
+    import ctypes
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        if version("torch").endswith("+cpu"):
+            return False
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except (OSError, PackageNotFoundError):
+        return False
+    count = ctypes.c_int(0)
+    return cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+
 
 # Without a CUDA device the Triton kernels' tests run them in Triton's interpreter, which
-# must be chosen before triton is first imported (transformers imports it during collection).
-if not torch.cuda.is_available():
+# must be chosen before triton is first imported (transformers imports it during collection;
+# conftest is imported before any test module). Servers started by tests inherit it.
+if not _cuda_device():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +68,71 @@ ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINTS = Path(os.environ.get("QWEN3TTS_TEST_CHECKPOINTS", ROOT / ".ckpt" / "tiny"))
 #: Transcript of the test clone voice.
 CLONE_TRANSCRIPT = "This is a short reference recording."
+#: pyproject.toml's ``-m``: the fast set. ``--full`` turns it into ``FULL``.
+FAST = "not gpu and not full"
+FULL = "not gpu"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full", action="store_true", default=False,
+        help="the whole suite: the slow tests (marked full) too, every test but the GPU's",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``--full`` widens the default selection (pyproject.toml's ``-m``) to every test but
+    the GPU's; an ``-m`` given on the command line (or in ``PYTEST_ADDOPTS``) is left as it is.
+
+    Raises:
+        pytest.UsageError: ``--full`` with no ``-m`` given, and pyproject.toml's is not ``FAST``
+            (the two were changed apart: ``--full`` would run the fast set alone).
+    """
+    if not config.getoption("full"):
+        return
+    if config.option.markexpr == FAST:
+        config.option.markexpr = FULL
+        return
+    args = [*config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split()]
+    if not any(arg == "-m" or (arg.startswith("-m") and not arg.startswith("--")) for arg in args):
+        raise pytest.UsageError(
+            f"--full widens pyproject.toml's -m {FAST!r} (tests/conftest.py's FAST), but the -m in force "
+            f"is {config.option.markexpr!r}: make the two the same"
+        )
+
+
+#: Slow tests the selection left out that ``--full`` would run (not the GPU's), by test id.
+_SLOW_LEFT_OUT: set[str] = set()
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    _SLOW_LEFT_OUT.update(
+        item.nodeid for item in items if item.get_closest_marker("full") and not item.get_closest_marker("gpu")
+    )
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Under the fast set's selection (no ``-k``), say how many slow tests it left out and
+    how to run them."""
+    if _SLOW_LEFT_OUT and config.option.markexpr == FAST and not config.option.keyword:
+        terminalreporter.write_line(
+            f"{len(_SLOW_LEFT_OUT)} slow tests (marked full) left out: `python -m pytest --full` runs the whole suite"
+        )
+
+
+def build_checkpoints(folder: Path, size: str) -> Path:
+    """``build_all(folder, size)`` under a file lock beside ``folder``: pytest-xdist workers
+    (and test runs in other worktrees sharing the folder) build it once, never at once.
+
+    Returns:
+        ``folder``, holding complete ``base``, ``voice_design`` and ``custom_voice`` folders.
+    """
+    from wyoming_qwen3tts.testing.checkpoint import build_all
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(folder.parent / f".{folder.name}.lock"):
+        build_all(folder, size)
+    return folder
 
 
 def free_port() -> int:
@@ -40,14 +142,23 @@ def free_port() -> int:
 
 def free_ports(n: int) -> list[int]:
     """``n`` distinct unused TCP ports on 127.0.0.1 (all held while choosing, so that the
-    kernel cannot hand the same one out twice)."""
-    socks = [socket.socket() for _ in range(n)]
+    kernel cannot hand the same one out twice). Under pytest-xdist, worker ``gwK`` of ``N``
+    takes only ports ``p`` with ``p % N == K``: workers never choose the same port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    held: list[socket.socket] = []
+    chosen: list[int] = []
     try:
-        for sock in socks:
+        while len(chosen) < n:
+            sock = socket.socket()
+            held.append(sock)
             sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
+            port = int(sock.getsockname()[1])
+            if port % workers == int(worker.removeprefix("gw")):
+                chosen.append(port)
+        return chosen
     finally:
-        for sock in socks:
+        for sock in held:
             sock.close()
 
 
@@ -59,10 +170,7 @@ _PORT_TAKEN = ("Address already in use", "[Errno 98]")
 @pytest.fixture(scope="session")
 def checkpoints() -> Path:
     """Folder with tiny ``base``, ``voice_design`` and ``custom_voice`` checkpoints."""
-    from wyoming_qwen3tts.testing.checkpoint import build_all
-
-    build_all(CHECKPOINTS, "tiny")
-    return CHECKPOINTS
+    return build_checkpoints(CHECKPOINTS, "tiny")
 
 
 @pytest.fixture(scope="session")
@@ -201,7 +309,10 @@ SERVERS = {"cpu": ("cpu", "reference"), "batched": ("cpu", "batched"), "cuda": (
 EXTRA = {"cuda": ["--dtype", "float32"]}
 
 
-@pytest.fixture(scope="session", params=["cpu", "batched", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.fixture(
+    scope="session",
+    params=["cpu", "batched", pytest.param("cuda", marks=pytest.mark.gpu)],
+)
 def server(
     request: pytest.FixtureRequest, checkpoints: Path, voices_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:

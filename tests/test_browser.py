@@ -33,6 +33,9 @@ from wyoming_qwen3tts.doors.http.ws_events import browser_can_offer_key
 from .conftest import CLONE_TRANSCRIPT, Server, free_port, start_server, stop_server
 from .test_studio import encoded, tone, wyoming_voices
 
+#: Slow: Chromium against a real server.
+pytestmark = pytest.mark.full
+
 CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

@@ -145,6 +145,7 @@ def test_a_voices_folder_whose_parent_is_missing_too_is_refused_before_loading(t
     assert " WARNING " not in result.stderr, result.stderr[-2000:]
 
 
+@pytest.mark.full
 async def test_a_new_voices_folder_is_named_in_a_warning_and_several_first_voices_say_which_rule_chose_the_default(
     checkpoints: Path, tmp_path: Path
 ) -> None:
@@ -540,6 +541,7 @@ def test_default_voice_check_and_clip_survey_know_clips_named_with_spaces_or_dec
     assert survey_clips(tmp_path) == (True, ["' .wav' (a blank name)"])
 
 
+@pytest.mark.full
 async def test_a_clone_only_server_starts_with_a_clip_named_with_a_trailing_space(checkpoints: Path, tmp_path: Path) -> None:
     """The new-user trial: with ``"Amy .wav"`` and ``bob.wav`` and the clone model alone, the
     server exited at start (``--voice: Unknown voice 'Amy '``, no ``--voice`` given): the
@@ -644,6 +646,7 @@ async def test_a_cpu_start_whose_every_model_fell_back_says_so(
     assert why_line < next(i for i, m in enumerate(said) if "running on the CPU" in m)  # "said above"
 
 
+@pytest.mark.full
 async def test_a_real_server_reads_notepad_transcripts_and_mp3_clips_and_says_which_file_to_fix(
     checkpoints: Path, voices_dir: Path, tmp_path: Path
 ) -> None:

@@ -383,6 +383,7 @@ def _decode(decoder: StreamingDecoder, codes: torch.Tensor, chunks: list[int]) -
 PCM_ATOL = 1e-4
 
 
+@pytest.mark.full
 def test_fused_decoder_under_the_interpreter_is_the_eager_decoder(checkpoints: Path) -> None:
     """On the CPU, ``fused=True`` (kernels in the interpreter, convolutions as matrix
     products, residual adds folded) gives the eager decoder's PCM across step boundaries,
@@ -465,6 +466,7 @@ def test_auto_folds_the_transposed_convolutions_where_it_folds_the_causal_ones(
         assert {folded for _, folded in seen} == {rows >= FOLDED_MIN_ROWS}, (rows, seen)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(("device", "dtype"), CASES)
 def test_the_transformers_ring_on_the_kernels_is_the_eager_window_past_its_end(
     checkpoints: Path, device: str, dtype: torch.dtype

@@ -106,6 +106,7 @@ def sse_audio(body: bytes) -> bytes:
 # --- the engines' clients, byte for byte ----------------------------------------------------
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("target", sorted(CONTRACTS["targets"]))
 async def test_each_engine_client_gets_the_audio_it_reads(server: Server, target: str) -> None:
     """The target's exact body and headers; the response passes its client's checks (status,
@@ -129,6 +130,7 @@ async def test_each_engine_client_gets_the_audio_it_reads(server: Server, target
     check_speech(audio)
 
 
+@pytest.mark.full
 async def test_stream_true_never_selects_server_sent_events(server: Server) -> None:
     """``stream: true`` with any ``response_format`` is that format's raw bytes; only
     ``stream_format: sse`` is SSE, with the same audio inside; a non-boolean ``stream`` is a
@@ -158,6 +160,7 @@ KIND_VOICES = {
 }
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("kind", list(KIND_VOICES), ids=lambda k: k.value)
 async def test_the_hub_id_and_the_folder_of_each_loaded_model_select_it(
     server: Server, checkpoints: Path, kind: ModelKind
@@ -199,6 +202,7 @@ def test_loaded_model_names(tmp_path: Path) -> None:
 # --- OpenAI's SDK ---------------------------------------------------------------------------
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("fmt", ["pcm", "wav"])
 def test_openai_sdk_stream_format_audio_is_raw(server: Server, fmt: str) -> None:
     with client_for(server).audio.speech.with_streaming_response.create(
@@ -211,6 +215,7 @@ def test_openai_sdk_stream_format_audio_is_raw(server: Server, fmt: str) -> None
     check_speech(pcm16(data) if fmt == "pcm" else streamed_wav(data))
 
 
+@pytest.mark.full
 def test_openai_sdk_stream_format_sse_is_events(server: Server) -> None:
     with client_for(server).audio.speech.with_streaming_response.create(
         model="Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice", voice="Ryan", input=TEXT, response_format="pcm",
@@ -223,6 +228,7 @@ def test_openai_sdk_stream_format_sse_is_events(server: Server) -> None:
     assert done["usage"]["output_tokens"] == len(sse_audio(body)) // 2 // SAMPLES_PER_FRAME
 
 
+@pytest.mark.full
 def test_openai_sdk_as_the_engines_document_it_is_raw(server: Server) -> None:
     """The SDK with the engines' ``stream: true`` in ``extra_body`` (their docs' example):
     raw PCM, not events."""
@@ -252,6 +258,7 @@ def readme_players() -> list[tuple[list[str], list[str]]]:
     return found
 
 
+@pytest.mark.full
 async def test_the_readme_streams_raw_audio_to_its_player(server: Server) -> None:
     """The README's and docs/api.md's ``curl ... | ffplay -f s16le -ar 24000 -ch_layout mono``,
     each's body and headers as written: the bytes are in exactly the format it tells the player."""

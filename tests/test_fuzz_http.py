@@ -232,6 +232,7 @@ def test_known_bad_bodies_are_400(harness: HttpHarness, body: bytes, code: str) 
         assert "a number has more than 4300 digits" in message and "sys." not in message, message
 
 
+@pytest.mark.full
 @pytest.mark.skipif(FUZZ_SECONDS <= 0, reason="QWEN3TTS_FUZZ_SECONDS=0")
 def test_coverage_guided_fuzzing(tmp_path: Path) -> None:
     run_fuzzer("tests.test_fuzz_http", CORPUS, tmp_path, FUZZ_SECONDS)

@@ -19,6 +19,9 @@ from .test_fuzz_http import CORPUS as HTTP_CORPUS
 from .test_fuzz_wyoming import CORPUS as WYOMING_CORPUS
 from .test_wyoming import describe, read_until
 
+#: Slow: the fuzz corpora against a real server process.
+pytestmark = pytest.mark.full
+
 #: Seconds to read a reply before giving up on it (the replay does not wait for audio).
 _READ_S = 10.0
 

@@ -223,6 +223,7 @@ def test_a_lone_surrogate_is_replaced_not_refused(harness: WyomingHarness) -> No
     assert "'\ufffd'" in events[0].data["text"] and len(events) == 1
 
 
+@pytest.mark.full
 @pytest.mark.skipif(FUZZ_SECONDS <= 0, reason="QWEN3TTS_FUZZ_SECONDS=0")
 def test_coverage_guided_fuzzing(tmp_path: Path) -> None:
     """atheris for ``FUZZ_SECONDS`` from the committed corpus: no input breaks a property.

@@ -27,7 +27,7 @@ from wyoming_qwen3tts.engine.cpu.ggml import GgmlEngine, native_support
 from wyoming_qwen3tts.engine import loader
 from wyoming_qwen3tts.common.vocabulary import ModelKind, Reference
 
-from .conftest import CHECKPOINTS, CLONE_TRANSCRIPT, Server, start_server, stop_server
+from .conftest import CHECKPOINTS, CLONE_TRANSCRIPT, Server, build_checkpoints, start_server, stop_server
 
 SUPPORTED, WHY = native_support()
 pytestmark = pytest.mark.skipif(not SUPPORTED, reason=f"GGML engine unavailable: {WHY}")
@@ -39,10 +39,7 @@ TEXT = "Hello there, this is a test of the CPU engine."
 
 @pytest.fixture(scope="session")
 def ggml_checkpoints() -> Path:
-    from wyoming_qwen3tts.testing.checkpoint import build_all
-
-    build_all(GGML_CHECKPOINTS, "ggml")
-    return GGML_CHECKPOINTS
+    return build_checkpoints(GGML_CHECKPOINTS, "ggml")
 
 
 @pytest.fixture(scope="session")
@@ -83,6 +80,7 @@ def _speak(engine: GgmlEngine, segment: Segment) -> list[np.ndarray]:
     return list(engine.stream(segment))
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     "kind, extra",
     [
@@ -105,6 +103,7 @@ def test_each_voice_kind_streams_whole_frames(engines: dict[ModelKind, GgmlEngin
     assert audio.dtype == np.float32 and np.abs(audio).max() <= 1.0 and np.abs(audio).max() > 0.01
 
 
+@pytest.mark.full
 def test_clones_go_by_x_vector_unless_in_context_cloning_is_asked(
     engines: dict[ModelKind, GgmlEngine], gguf: dict[str, tuple[Path, Path]]
 ) -> None:
@@ -145,6 +144,7 @@ def test_clones_go_by_x_vector_unless_in_context_cloning_is_asked(
         default.close()
 
 
+@pytest.mark.full
 def test_a_seed_replays_byte_for_byte(engines: dict[ModelKind, GgmlEngine]) -> None:
     engine = engines[ModelKind.CUSTOM_VOICE]
     first = np.concatenate(_speak(engine, _segment(ModelKind.CUSTOM_VOICE, seed=1234)))
@@ -154,6 +154,7 @@ def test_a_seed_replays_byte_for_byte(engines: dict[ModelKind, GgmlEngine]) -> N
     assert first.tobytes() != other.tobytes()
 
 
+@pytest.mark.full
 def test_the_language_reaches_the_prompt(engines: dict[ModelKind, GgmlEngine]) -> None:
     engine = engines[ModelKind.CUSTOM_VOICE]
     english = np.concatenate(_speak(engine, _segment(ModelKind.CUSTOM_VOICE, language="english")))
@@ -161,6 +162,7 @@ def test_the_language_reaches_the_prompt(engines: dict[ModelKind, GgmlEngine]) -
     assert english.tobytes() != german.tobytes()
 
 
+@pytest.mark.full
 def test_cancel_stops_within_a_chunk_and_the_context_serves_on(engines: dict[ModelKind, GgmlEngine]) -> None:
     engine = engines[ModelKind.VOICE_DESIGN]
     flag = threading.Event()
@@ -175,6 +177,7 @@ def test_cancel_stops_within_a_chunk_and_the_context_serves_on(engines: dict[Mod
     assert _speak(engine, _segment(ModelKind.VOICE_DESIGN))  # the context is free again
 
 
+@pytest.mark.full
 def test_unknown_speaker_and_bad_files_give_clear_errors(
     engines: dict[ModelKind, GgmlEngine], gguf: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:
@@ -189,6 +192,7 @@ def test_unknown_speaker_and_bad_files_give_clear_errors(
 
 
 
+@pytest.mark.full
 def test_checkpoints_narrower_than_the_release_are_refused_not_crashed(checkpoints: Path, tmp_path: Path) -> None:
     """The tiny test checkpoints' codec is narrower than qwentts.cpp's hard-coded widths: the
     engine says so (and ``--engine auto`` falls back to the reference engine for it)."""
@@ -200,6 +204,7 @@ def test_checkpoints_narrower_than_the_release_are_refused_not_crashed(checkpoin
         GgmlEngine(ModelKind.BASE, *pair, chunk_frames=1)
 
 
+@pytest.mark.full
 def test_greedy_float32_frames_equal_qwen_tts(ggml_checkpoints: Path, gguf: dict[str, tuple[Path, Path]]) -> None:
     """Greedy, float32, no repetition penalty: each 80 ms frame of the GGML engine's audio
     matches qwen_tts's (the PyTorch reference) for the same prompt. The codes themselves are
@@ -336,6 +341,7 @@ def ggml_server(ggml_checkpoints: Path, voices_dir: Path, tmp_path_factory: pyte
     stop_server(srv)
 
 
+@pytest.mark.full
 def test_both_doors_speak_and_a_seed_replays(ggml_server: Server) -> None:
     import openai
     from wyoming.audio import AudioChunk, AudioStop
@@ -394,6 +400,7 @@ def test_both_doors_speak_and_a_seed_replays(ggml_server: Server) -> None:
     assert len(speak(5)) > 0 and ggml_server.alive()
 
 
+@pytest.mark.full
 def test_two_clients_of_one_model_are_heard_at_once(ggml_server: Server) -> None:
     """A Wyoming client and an OpenAI client ask the same model for one long sentence each,
     at once: each hears its first audio before the other's reply ends (with one native
@@ -443,6 +450,7 @@ def test_threads_split_between_generation_and_the_codec() -> None:
     assert all(sum(thread_split(n)) == n for n in range(2, 65))
 
 
+@pytest.mark.full
 def test_a_thread_count_per_stream_is_taken_and_checked(gguf: dict[str, tuple[Path, Path]]) -> None:
     """``--ggml-threads``: 3 (2 generating, 1 decoding) speaks; more generating
     threads than CPUs is refused before the library sees them."""
@@ -458,6 +466,8 @@ def test_a_thread_count_per_stream_is_taken_and_checked(gguf: dict[str, tuple[Pa
         GgmlEngine(ModelKind.CUSTOM_VOICE, *gguf["custom_voice"], chunk_frames=1, contexts=1, threads=2 * (os.cpu_count() or 1) + 2)
 
 
+# Fast set: the GGML engine's smoke tests, on a real server process (it converts the checkpoints,
+# warms every context up and serves Wyoming).
 def test_the_wyoming_program_description_names_the_shared_engine_once(ggml_server: Server) -> None:
     """Home Assistant shows the TTS program's description: the Base and CustomVoice models
     share the GGML engine, which it names once, with what is the Base model's own after it
@@ -539,6 +549,7 @@ class _Source:
             return not self._works and all(w.sink.finished.is_set() for w in self._all)
 
 
+@pytest.mark.full
 def test_two_contexts_generate_two_streams_at_once(gguf: dict[str, tuple[Path, Path]]) -> None:
     from wyoming_qwen3tts.engine import Work
 
@@ -578,6 +589,7 @@ def test_cpu_defaults_swap_only_models_not_named() -> None:
     assert cpu_default_voice([], "aria") == "aria"
 
 
+@pytest.mark.full
 def test_named_models_on_the_cpu_get_nothing_added_and_narrow_ones_are_not_converted(
     checkpoints: Path, tmp_path: Path
 ) -> None:
@@ -622,6 +634,7 @@ def test_named_models_on_the_cpu_get_nothing_added_and_narrow_ones_are_not_conve
     assert "GGML, CPU" not in output and not list(data.rglob("*.gguf"))
 
 
+@pytest.mark.full
 def test_4_bit_generation_weights_load_and_stream(ggml_checkpoints: Path, tmp_path: Path) -> None:
     """``Q4_0``: the talker's and code predictor's layer matrices 4-bit, the codec file the
     ``Q8_0`` one (same name, so models of both formats find it); the library loads and streams it."""
@@ -644,6 +657,7 @@ def test_4_bit_generation_weights_load_and_stream(ggml_checkpoints: Path, tmp_pa
         engine.close()
 
 
+@pytest.mark.full
 def test_the_codec_streamed_frame_by_frame_equals_the_reference_decoder(
     ggml_checkpoints: Path, gguf: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:
@@ -703,6 +717,7 @@ class _Queue:
         return self._closed.is_set()
 
 
+@pytest.mark.full
 def test_a_clip_handed_over_while_serving_is_prepared_between_requests_on_every_context(
     gguf: dict[str, tuple[Path, Path]],
 ) -> None:
@@ -794,6 +809,7 @@ def _waiting_in(function: str) -> bool:
     return False
 
 
+@pytest.mark.full
 def test_a_request_racing_the_preparer_on_one_clip_shares_one_extraction(
     gguf: dict[str, tuple[Path, Path]],
 ) -> None:
@@ -840,6 +856,7 @@ def test_a_request_racing_the_preparer_on_one_clip_shares_one_extraction(
         engine.close()
 
 
+@pytest.mark.full
 def test_a_default_voice_chosen_while_serving_is_prepared_before_its_first_request(
     ggml_checkpoints: Path, gguf: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:
@@ -921,6 +938,7 @@ async def _speak_samples(port: int, voice: str | None) -> int:
                 return samples
 
 
+@pytest.mark.full
 def test_a_clip_added_while_serving_is_prepared_before_its_first_request(
     ggml_checkpoints: Path, gguf: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:

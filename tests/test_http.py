@@ -193,6 +193,7 @@ def keyed_server(
 # --- the openai client, every format ----------------------------------------------------
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_openai_create_every_format(server: Server, pcm_samples: int, fmt: str) -> None:
     response = client_for(server).audio.speech.create(
@@ -203,6 +204,7 @@ def test_openai_create_every_format(server: Server, pcm_samples: int, fmt: str) 
     check_decoded(response.read(), fmt, pcm_samples)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_openai_streaming_response_every_format(server: Server, pcm_samples: int, fmt: str) -> None:
     """Every format streams (chunked) but FLAC, a whole file with its Content-Length."""
@@ -220,6 +222,7 @@ def test_openai_streaming_response_every_format(server: Server, pcm_samples: int
     check_decoded(data, fmt, pcm_samples)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     "extra",
     [
@@ -261,6 +264,7 @@ async def test_flac_is_a_complete_file(server: Server, extra: dict[str, Any]) ->
 # --- drop-in for the serving engines' clients (vLLM-Omni, sglang-omni, nari-qwen3-tts) ----
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     ("model", "voice"),
     [
@@ -284,6 +288,7 @@ def test_hub_ids_and_folder_names_are_model_names(server: Server, pcm_samples: i
     assert_frames(len(data) // 2)
 
 
+@pytest.mark.full
 def test_hub_id_of_the_wrong_kind_is_refused(server: Server) -> None:
     with pytest.raises(openai.BadRequestError) as wrong:
         client_for(server).audio.speech.create(
@@ -303,6 +308,7 @@ def test_hub_id_of_the_wrong_kind_is_refused(server: Server) -> None:
     assert client_for(server).models.retrieve("Qwen/Qwen3-TTS-12Hz-1.7B-Base").id == "Qwen/Qwen3-TTS-12Hz-1.7B-Base"
 
 
+@pytest.mark.full
 async def test_serving_engine_fields_are_checked(server: Server) -> None:
     """The serving engines' ``stream`` and ``non_streaming_mode`` must be booleans (400 naming
     the field). What ``stream`` selects (raw audio: never server-sent events) is
@@ -314,6 +320,7 @@ async def test_serving_engine_fields_are_checked(server: Server) -> None:
         assert json.loads(error)["error"]["param"] == field
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("model", ["", "  "], ids=["empty", "spaces"])
 async def test_a_blank_model_is_the_default_model(server: Server, pcm_samples: int, model: str) -> None:
     """``"model": ""`` (clients send the field as the user left it) or only spaces is taken
@@ -327,6 +334,7 @@ async def test_a_blank_model_is_the_default_model(server: Server, pcm_samples: i
     assert status == 200 and headers["X-Voice"] == absent["X-Voice"]
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("fmt", ["pcm", "mp3"])
 def test_sse_events_carry_the_audio(server: Server, pcm_samples: int, fmt: str) -> None:
     with client_for(server).audio.speech.with_streaming_response.create(
@@ -353,6 +361,7 @@ def test_sse_events_carry_the_audio(server: Server, pcm_samples: int, fmt: str) 
     check_decoded(data, fmt, pcm_samples)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("speed", [2.0, 0.5, 4.0])
 def test_speed_changes_duration(server: Server, pcm_samples: int, speed: float) -> None:
     data = (
@@ -371,6 +380,7 @@ def test_speed_changes_duration(server: Server, pcm_samples: int, speed: float) 
 # --- voices, models, extensions ---------------------------------------------------------
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     ("extra", "voice"),
     [
@@ -392,6 +402,7 @@ async def test_voice_selection(
     assert len(data) == 2 * pcm_samples
 
 
+@pytest.mark.full
 async def test_instructions_without_a_voice_are_spoken_by_a_designed_voice(server: Server, pcm_samples: int) -> None:
     """``instructions`` and no ``voice`` design a voice for that request alone: ``X-Voice``
     and the log say ``(designed)`` (they said the default voice, ``aria``, which did not
@@ -415,6 +426,7 @@ async def test_instructions_without_a_voice_are_spoken_by_a_designed_voice(serve
         assert server.output().count("http request ok: voice (designed), ") == before + (voice == "(designed)"), extra
 
 
+@pytest.mark.full
 async def test_catalogue_models_and_probes(server: Server) -> None:
     status, _, body = await get(server, "/v1/audio/voices")
     assert status == 200
@@ -517,6 +529,7 @@ def test_a_model_this_gpu_cannot_hold_is_not_listed(checkpoints: Path, voices_di
 # --- errors -----------------------------------------------------------------------------
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     ("body", "status", "param", "code"),
     [
@@ -578,6 +591,7 @@ async def test_bad_requests_get_openai_errors(
         assert "nothing speakable" in error["message"]
 
 
+@pytest.mark.full
 async def test_errors_are_counted_and_unknown_routes_are_json(server: Server) -> None:
     mark = len(server.output())
     before = metric(await scrape(server), "tts_errors_total", door="http", code="empty-text")
@@ -605,6 +619,7 @@ async def test_errors_are_counted_and_unknown_routes_are_json(server: Server) ->
         assert line in log, log
 
 
+@pytest.mark.full
 def test_openai_client_raises_typed_errors(server: Server) -> None:
     client = client_for(server)
     with pytest.raises(openai.NotFoundError) as err:
@@ -618,6 +633,7 @@ def test_openai_client_raises_typed_errors(server: Server) -> None:
 # --- auth -------------------------------------------------------------------------------
 
 
+@pytest.mark.full
 async def test_api_key_required_when_set(keyed_server: Server) -> None:
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
         status, _, data = await post(keyed_server, {"input": TEXT}, headers)
@@ -646,6 +662,7 @@ async def test_api_key_required_when_set(keyed_server: Server) -> None:
     assert "has no --api-key" not in keyed_server.output()  # loopback + key: no warning
 
 
+@pytest.mark.full
 async def test_no_key_server_ignores_authorization(server: Server) -> None:
     status, _, _ = await get(server, "/v1/models", {"Authorization": "Bearer anything"})
     assert status == 200
@@ -655,6 +672,7 @@ async def test_no_key_server_ignores_authorization(server: Server) -> None:
 # --- streaming behaviour ----------------------------------------------------------------
 
 
+@pytest.mark.full
 async def test_disconnect_mid_stream_cancels_and_server_serves_on(
     server: Server, pcm_samples: int
 ) -> None:
@@ -684,6 +702,7 @@ async def test_disconnect_mid_stream_cancels_and_server_serves_on(
     assert server.alive()
 
 
+@pytest.mark.full
 async def test_wyoming_and_http_at_the_same_time(server: Server, pcm_samples: int) -> None:
     async def wyoming() -> int:
         async with AsyncTcpClient("127.0.0.1", server.port) as client:
@@ -970,6 +989,7 @@ async def test_warns_without_key_on_a_public_address(caplog: pytest.LogCaptureFi
             assert ("has no --api-key" in caplog.text) is warned, (host, key)
 
 
+@pytest.mark.full
 async def test_concurrent_clients_get_exactly_their_own_audio(server: Server) -> None:
     """Same seed, distinct two-sentence texts: each client's audio when four run at once (their
     sentences interleaved on the one model) equals what it gets alone. On the serial engines

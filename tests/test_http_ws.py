@@ -184,6 +184,8 @@ async def wyoming_streamed(server: Server, deltas: list[str], voice: str) -> byt
 # --- the exchange -------------------------------------------------------------------------
 
 
+# Fast set: the smoke test of the WebSocket door (and the Wyoming door's text stream) on a
+# real reference-engine server.
 async def test_whole_exchange_speaks_as_the_wyoming_streamed_text(ws_server: Server) -> None:
     """Word deltas, each acknowledged; the audio is byte for byte what the Wyoming door's
     synthesize-start/chunk/stop gives for the same deltas (same front end, same seed)."""
@@ -200,6 +202,7 @@ async def test_whole_exchange_speaks_as_the_wyoming_streamed_text(ws_server: Ser
     assert session.pcm == await wyoming_streamed(ws_server, deltas, "ryan")
 
 
+@pytest.mark.full
 async def test_first_audio_comes_before_the_last_delta(ws_server: Server) -> None:
     """Speech starts at the first sentence while the text is still open: the client sends
     the second sentence only once audio came."""
@@ -218,6 +221,7 @@ async def test_first_audio_comes_before_the_last_delta(ws_server: Server) -> Non
     assert session.pcm == await wyoming_streamed(ws_server, first + second, "ryan")
 
 
+@pytest.mark.full
 async def test_speed_seed_and_language_work_as_on_the_http_door(ws_server: Server) -> None:
     """``speed`` 2 halves the audio (tempo, as /v1/audio/speech); a ``seed`` changes it; an
     unknown language is refused with the HTTP door's code."""
@@ -239,6 +243,7 @@ async def test_speed_seed_and_language_work_as_on_the_http_door(ws_server: Serve
     assert len(seeded.pcm) == len(normal.pcm) and seeded.pcm != normal.pcm
 
 
+@pytest.mark.full
 async def test_three_sessions_at_once(ws_server: Server) -> None:
     texts = ["One small sentence.", "Another one here.", "And a third, too."]
     async with aiohttp.ClientSession(timeout=_GUARD) as http:
@@ -253,6 +258,7 @@ async def test_three_sessions_at_once(ws_server: Server) -> None:
     assert len(ids) == 3
 
 
+@pytest.mark.full
 async def test_harness_sequence_replayed(ws_server: Server) -> None:
     """The exact messages nari-labs' tts_bench sends (``tests/data/nari_ws_harness.json``,
     recorded from its source), checked as it checks the server's answers."""
@@ -299,6 +305,7 @@ async def test_harness_sequence_replayed(ws_server: Server) -> None:
 # --- limits and bad input -----------------------------------------------------------------
 
 
+@pytest.mark.full
 async def test_bad_input_gets_error_events_and_the_session_goes_on(ws_server: Server) -> None:
     """Every refusal but the ones that end the session leaves it open (docs/api.md): a refused
     ``request.start`` opened no request, its error (in place of ``request.configured``)
@@ -351,6 +358,7 @@ async def test_bad_input_gets_error_events_and_the_session_goes_on(ws_server: Se
     assert "Traceback" not in ws_server.output()
 
 
+@pytest.mark.full
 async def test_a_refused_request_start_is_logged_as_refused_with_its_reason(ws_server: Server) -> None:
     """A refused ``request.start`` is logged at INFO and counted as an error even after an
     ignored event (the new-user trial: junk first hid the refusal from the log, since only a
@@ -375,6 +383,7 @@ async def test_a_refused_request_start_is_logged_as_refused_with_its_reason(ws_s
     assert after == errors + 1  # the refusal; not the ignored event
 
 
+@pytest.mark.full
 async def test_a_request_start_the_protocol_refuses_is_a_refusal_not_an_ignored_event(ws_server: Server) -> None:
     """A ``request.start`` with ``input`` opens no request: it is refused (logged as refused
     at INFO, counted), as one with an unknown voice is, even after an ignored event (the
@@ -395,6 +404,7 @@ async def test_a_request_start_the_protocol_refuses_is_a_refusal_not_an_ignored_
     assert after == errors + 1
 
 
+@pytest.mark.full
 async def test_too_many_errors_in_a_row_end_the_session_with_an_error_saying_so(ws_server: Server) -> None:
     """After ``MAX_ERRORS_IN_A_ROW`` refused events the session ends with ``error``
     ``too-many-errors`` before the close (1008), counted once and logged once (the new-user
@@ -419,6 +429,7 @@ async def test_too_many_errors_in_a_row_end_the_session_with_an_error_saying_so(
 
 
 
+@pytest.mark.full
 async def test_first_audio_counts_from_the_first_text_not_from_request_start(ws_server: Server) -> None:
     """A client that opens its request and sends its first words later (a voice agent
     waiting for its LLM) is not charged that wait: the log line's first audio and the
@@ -446,6 +457,7 @@ def test_overloaded_has_the_http_doors_error_type() -> None:
     assert ev.error(None, "no", "unknown-voice")["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     ("deltas", "code", "close_code"),
     [
@@ -490,6 +502,7 @@ async def test_text_the_request_cannot_take_ends_the_session(
     assert metric(await scrape(ws_server), "tts_requests_total", door="websocket", outcome="cancelled") == cancelled
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("size", [1_500_000, 5_000_000])
 async def test_message_over_the_size_limit_gets_text_too_long(ws_server: Server, size: int) -> None:
     """A message past aiohttp's max_msg_size (1 MiB here) is refused by aiohttp's reader
@@ -514,6 +527,7 @@ async def test_message_over_the_size_limit_gets_text_too_long(ws_server: Server,
     assert log.count(error["error"]["message"]) == 1 and "Traceback" not in log, log
 
 
+@pytest.mark.full
 async def test_idle_session_is_closed_with_an_event(ws_server: Server) -> None:
     mark = len(ws_server.output())
     async with aiohttp.ClientSession(timeout=_GUARD) as http:
@@ -531,6 +545,7 @@ async def test_idle_session_is_closed_with_an_event(ws_server: Server) -> None:
     assert log.count(error["error"]["message"]) == 1, log  # once: by the request's own line
 
 
+@pytest.mark.full
 async def test_disconnect_cancels_within_a_frame_and_the_server_serves_on(ws_server: Server) -> None:
     """A client leaves after the first audio of a very long sentence: its stream is
     cancelled (counted), and the engine's log shows the generation stopped a few frames
@@ -567,6 +582,7 @@ async def test_disconnect_cancels_within_a_frame_and_the_server_serves_on(ws_ser
     assert cap > 300 and delivered <= made < delivered + 20, (delivered, made, cap)
 
 
+@pytest.mark.full
 async def test_response_cancel_ends_the_response_cancelled(ws_server: Server) -> None:
     """``response.cancel`` (what the harness sends when it gives up): the generation stops,
     ``response.done`` says ``cancelled`` and counts what was sent, then the close (1000)."""
@@ -583,6 +599,7 @@ async def test_response_cancel_ends_the_response_cancelled(ws_server: Server) ->
     assert done["audio_chunks"] == session.types().count("<audio>") and close_code == 1000
 
 
+@pytest.mark.full
 async def test_api_key_and_handshake_errors(ws_server: Server) -> None:
     """A handshake without the key gets 401, counted as this door's error (its metrics
     label, ``door="websocket"``), not as the HTTP door's."""
@@ -605,6 +622,7 @@ async def test_api_key_and_handshake_errors(ws_server: Server) -> None:
         assert await session.rest() == 1002
 
 
+@pytest.mark.full
 async def test_a_browser_offers_the_api_key_as_a_subprotocol(ws_server: Server) -> None:
     """Browsers cannot set headers on a WebSocket: ``new WebSocket(url, ["nari.speech.v1",
     "openai-insecure-api-key." + key])``. The right key gets in (the server selects
@@ -637,6 +655,7 @@ async def test_a_browser_offers_the_api_key_as_a_subprotocol(ws_server: Server) 
             assert plain.status == 401
 
 
+@pytest.mark.full
 async def test_sigterm_ends_each_session_with_an_error_event(
     checkpoints: Path, voices_dir: Path, tmp_path: Path
 ) -> None:
@@ -702,6 +721,7 @@ def test_parse_reads_the_harness_events() -> None:
         assert parsed.text == event.get("text", "")
 
 
+@pytest.mark.full
 def test_readme_client_works_as_written(ws_server: Server) -> None:
     """The WebSocket client of the API page (docs/api.md, which the README links to), run as
     written but for the server's address and key."""
@@ -729,6 +749,7 @@ def test_readme_client_works_as_written(ws_server: Server) -> None:
     assert quoted is not None and quoted[1] in ws_server.output()[mark:]
 
 
+@pytest.mark.full
 def test_first_audio_benchmark_runs_both_doors(ws_server: Server, tmp_path: Path) -> None:
     """``benchmarks/ws_first_audio.py`` (the GPU figure's script), a few requests per door
     against the tiny server: every request gets audio and the report has both doors (the
@@ -789,6 +810,7 @@ def _raw_frame(sock: Any, pending: bytearray) -> tuple[int, bytes]:
     return opcode, payload
 
 
+@pytest.mark.full
 def test_the_server_waits_for_the_clients_close_frame(ws_server: Server) -> None:
     """After ``response.done`` the server sends Close 1000 and keeps the connection until the
     client's own Close frame (RFC 6455 5.5.1), so a browser sees ``wasClean``. It used to
@@ -863,6 +885,7 @@ def test_a_key_no_browser_can_offer_is_warned_of_at_start_up(
     assert not warned or "WebSocket" in said[0] and "openssl rand -hex 32" in said[0] and "!#$%&'*" in said[0]
 
 
+@pytest.mark.full
 async def test_a_voice_designed_from_instructions_is_configured_as_designed(ws_server: Server) -> None:
     """``request.start`` with ``instructions`` and no voice designs a one-off voice: the
     session's ``request.configured`` names it ``(designed)``, as the HTTP door's ``X-Voice``

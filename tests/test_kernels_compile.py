@@ -389,6 +389,7 @@ def test_every_kernel_is_recorded() -> None:
     assert recorded == scanned_kernels()
 
 
+@pytest.mark.full
 def test_every_kernel_compiles_for_every_target(tmp_path: Path) -> None:
     """Each distinct launch compiles for sm_90 (and, bfloat16 or one per kernel, every other
     target), with PDL on sm_90+, within each target's shared memory."""

@@ -69,6 +69,7 @@ def test_the_parser_gives_percentiles_of_points_and_phases_of_a_recorded_log(tmp
     assert lone_breakdown.main([str(log), "--door", "websocket", "--out", str(out)]) == 1
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_every_point_is_logged_in_order_for_requests_through_a_real_server(
     checkpoints: Path, voices_dir: Path, tmp_path: Path, device: str

@@ -48,6 +48,7 @@ def described(checkpoints: Path, voices_dir: Path, tmp_path_factory: pytest.Temp
     stop_server(srv)
 
 
+@pytest.mark.full
 def test_document_is_served_without_the_key(described: Server) -> None:
     with urllib.request.urlopen(f"{described.http_url}/openapi.json", timeout=60) as resp:
         assert resp.status == 200
@@ -89,6 +90,7 @@ def test_every_route_is_described() -> None:
     assert served == described
 
 
+@pytest.mark.full
 def test_schemathesis_finds_nothing(described: Server, tmp_path: Path) -> None:
     """The real server against its own description; a failure prints schemathesis's report
     (with a curl line reproducing each case)."""

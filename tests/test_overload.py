@@ -112,6 +112,7 @@ async def http_request(server: Server, text: str, hold: asyncio.Barrier) -> tupl
             return outcome
 
 
+@pytest.mark.full
 async def test_idle_connections_and_requests_past_the_cap(limited: Server) -> None:
     """200 idle Wyoming connections (and 20 HTTP ones), then 7 requests at once with room
     for 3: 4 refused at once with a clear error; the idle connections are closed (the
@@ -163,6 +164,7 @@ async def test_idle_connections_and_requests_past_the_cap(limited: Server) -> No
         check_audio_events(await read_until(client, "audio-stop"), expected_frames("Still serving."))
 
 
+@pytest.mark.full
 async def test_connections_past_the_limit_evict_the_longest_idle(limited: Server) -> None:
     """With --max-connections 32 open and idle (silent past the grace a new connection
     has), a new client is served at once, and the oldest idle connection is the one closed."""
@@ -207,6 +209,7 @@ def warmed(limited: Server) -> Server:
     return limited
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("door", ["wyoming", "http"])
 async def test_client_that_never_reads_is_dropped_and_others_stream(warmed: Server, door: str) -> None:
     """A client that never reads its audio: the server's memory stays within

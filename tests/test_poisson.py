@@ -46,6 +46,7 @@ def test_join_stall_quantile_from_histogram_increase() -> None:
     assert stall_max({}, {0.005: 1.0, math.inf: 2.0}) == math.inf
 
 
+@pytest.mark.full
 def test_a_short_run_against_a_real_server(checkpoints: Path, voices_dir: Path, tmp_path: Path) -> None:
     server = start_server(
         checkpoints, voices_dir, tmp_path / "server.log", engine="batched",

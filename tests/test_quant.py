@@ -102,6 +102,7 @@ def test_startup_logs_the_choice_and_plans_with_int8_weights(
         assert shown in weights[0]
 
 
+@pytest.mark.full
 def test_int8_on_another_engine_is_a_warning(checkpoints: Path, voices_dir: Path, tmp_path: Path) -> None:
     """``--weight-quant int8`` with the CPU reference engine: the server says once that it
     has no effect there (it was silently ignored), and serves."""

@@ -15,6 +15,9 @@ import pytest
 
 from tests.conftest import start_server, stop_server
 
+#: Slow: real server processes started as users start them.
+pytestmark = pytest.mark.full
+
 NOISE = ("flash-attn", "sox: not found", "SoX could not be found", "Loading weights")
 
 

@@ -72,6 +72,8 @@ def test_addon_chunk_size_figures_are_the_committed_benchmark() -> None:
         assert f"| {chunk} | {row[1]} / {row[2]} ms | {row[3]} |" in docs
 
 
+# Fast set: the smoke test of the Wyoming and HTTP doors on a real reference-engine server,
+# started as the README says.
 def test_try_it_commands_work_as_written(checkpoints: Path, tmp_path: Path) -> None:
     build, serve = commands("### Try it without the real weights")
     # The build command is the one tests/test_checkpoint.py runs; conftest built the same here.

@@ -287,6 +287,7 @@ async def voices_of(url: str) -> dict[str, dict[str, str]]:
 # --- tests --------------------------------------------------------------------------------
 
 
+@pytest.mark.full
 async def test_requests_through_the_balancer_succeed_and_land_on_both_servers(cluster: Cluster) -> None:
     servers = list(cluster.servers.values())
     before = {door: [await ok_count(s, door) for s in servers] for door in ("wyoming", "http")}
@@ -300,6 +301,7 @@ async def test_requests_through_the_balancer_succeed_and_land_on_both_servers(cl
         assert sum(landed) == 6 and all(n >= 1 for n in landed), (door, landed)
 
 
+@pytest.mark.full
 async def test_a_voice_changed_through_one_server_is_seen_by_the_other(cluster: Cluster) -> None:
     """Upload through gpu0, speak through gpu1 (both doors) and through the balancer;
     rename through gpu1, then gpu0 speaks the new name and refuses the old; delete through
@@ -337,6 +339,7 @@ async def test_a_voice_changed_through_one_server_is_seen_by_the_other(cluster: 
     assert not list(cluster.home.glob("voices/*enamed*")) and not list(cluster.home.glob("voices/Shared*"))
 
 
+@pytest.mark.full
 async def test_an_anchor_is_rendered_once_across_the_servers(cluster: Cluster) -> None:
     """Both servers start wanting the default voice's anchor (``--anchors used``): one
     claims and renders it, the other waits for the files; both then serve it."""
@@ -357,6 +360,7 @@ async def test_an_anchor_is_rendered_once_across_the_servers(cluster: Cluster) -
         assert "voice aria (anchor)" in srv.output()
 
 
+@pytest.mark.full
 async def test_a_server_stopped_mid_run_is_drained(cluster: Cluster) -> None:
     """SIGTERM to gpu0 while long streams run on both servers: its /ready turns 503 and
     HAProxy marks it down on that check while gpu0 still serves (--drain-seconds); short

@@ -22,6 +22,9 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from .conftest import start_server
 from .test_zeroconf import SERVER_ADDRESS, netns  # noqa: F401 - the fixture
 
+#: Slow: real server processes stopped by signals, a network namespace.
+pytestmark = pytest.mark.full
+
 #: Many short sentences: the one CPU worker takes turns between the streams at sentence
 #: boundaries, so all four get their first audio soon. Far more than can be spoken before
 #: SIGTERM (the one-shot Wyoming stream must still be open then, however the machine shares

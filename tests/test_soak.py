@@ -17,6 +17,9 @@ import pytest
 
 from .conftest import ROOT, start_server, stop_server
 
+#: Slow: a real server under 90 s of load.
+pytestmark = pytest.mark.full
+
 MINUTES = float(os.environ.get("QWEN3TTS_SOAK_MINUTES", "1.5"))
 
 

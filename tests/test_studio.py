@@ -173,6 +173,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 # --- keys and the page ----------------------------------------------------------------------
 
 
+@pytest.mark.full
 async def test_page_is_open_and_the_api_needs_the_key(studio: Server) -> None:
     status, body = await call(studio, "GET", "/", auth=False)
     assert status == 200 and b"Voice studio" in body and b'src="studio/studio.js"' in body
@@ -194,6 +195,7 @@ async def test_page_is_open_and_the_api_needs_the_key(studio: Server) -> None:
 # --- clone voices ---------------------------------------------------------------------------
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("fmt", ["flac", "ogg"])  # ogg: Opus, through PyAV
 async def test_upload_creates_a_voice_spoken_at_once_over_both_doors(studio: Server, folders: tuple[Path, Path], fmt: str) -> None:
     voices_dir = folders[0]
@@ -216,6 +218,7 @@ async def test_upload_creates_a_voice_spoken_at_once_over_both_doors(studio: Ser
     assert status == 200 and rate == SAMPLE_RATE and np.allclose(audio, stored, atol=1 / 16384)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     ("form", "status", "code"),
     [
@@ -254,6 +257,7 @@ async def test_bad_uploads_are_refused_and_change_nothing(
     assert studio.alive()
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     ("content_type", "body"),
     [
@@ -270,6 +274,7 @@ async def test_malformed_forms_are_refused(studio: Server, folders: tuple[Path, 
     assert snapshot(folders[0]) == before and studio.alive()
 
 
+@pytest.mark.full
 async def test_oversized_upload_is_refused_while_streaming(studio: Server, folders: tuple[Path, Path]) -> None:
     before = snapshot(folders[0])
 
@@ -305,6 +310,7 @@ async def test_oversized_upload_is_refused_while_streaming(studio: Server, folde
     assert snapshot(folders[0]) == before and studio.alive()
 
 
+@pytest.mark.full
 async def test_two_uploads_of_one_name_at_once(studio: Server, folders: tuple[Path, Path]) -> None:
     clips = [encoded(tone(4.0, freq=f), "wav") for f in (150.0, 260.0)]
     results = await asyncio.gather(*(call(studio, "POST", "/v1/audio/voices", data=upload("twin", c)) for c in clips))
@@ -319,6 +325,7 @@ async def test_two_uploads_of_one_name_at_once(studio: Server, folders: tuple[Pa
     assert not [p for p in folders[0].iterdir() if p.name.startswith(".") and p.name != LOCK_FILE]  # no temporary files left
 
 
+@pytest.mark.full
 async def test_an_edit_waiting_for_another_servers_lock_holds_up_no_other_request(
     studio: Server, folders: tuple[Path, Path]
 ) -> None:
@@ -348,6 +355,7 @@ async def test_an_edit_waiting_for_another_servers_lock_holds_up_no_other_reques
     assert status == 200 and studio.alive()
 
 
+@pytest.mark.full
 async def test_rename_and_delete(studio: Server, folders: tuple[Path, Path]) -> None:
     status, body = await call(studio, "POST", "/v1/audio/voices", data=upload("tobe", encoded(tone(2.0), "wav"), "Words."))
     assert status == 201, body
@@ -386,6 +394,7 @@ async def test_rename_and_delete(studio: Server, folders: tuple[Path, Path]) -> 
     assert "Renamed Voice" not in await wyoming_voices(studio)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("name", [5, True, ["x"], {"id": "x"}])
 async def test_a_name_that_is_not_a_string_is_invalid_type(studio: Server, folders: tuple[Path, Path], name: Any) -> None:
     """A wrong-typed ``name`` is reported as the speech request's wrong-typed fields are
@@ -398,6 +407,7 @@ async def test_a_name_that_is_not_a_string_is_invalid_type(studio: Server, folde
     assert {n: b for n, b in snapshot(folders[0]).items() if n != LOCK_FILE} == voice_files
 
 
+@pytest.mark.full
 async def test_deleting_a_voice_in_use_lets_the_request_finish(studio: Server) -> None:
     status, body = await call(studio, "POST", "/v1/audio/voices", data=upload("busy", encoded(tone(2.0), "wav"), "Busy."))
     assert status == 201, body
@@ -420,6 +430,7 @@ async def test_deleting_a_voice_in_use_lets_the_request_finish(studio: Server) -
 # --- design ---------------------------------------------------------------------------------
 
 
+@pytest.mark.full
 async def test_design_candidates_keep_one_and_override_a_shipped_preset(studio: Server, folders: tuple[Path, Path]) -> None:
     request = {"description": "A gravelly old sea captain.", "language": "en", "text": "Ahoy there, friends.", "count": 2, "seed": 40}
     status, body = await call(studio, "POST", "/v1/audio/designs", json=request)
@@ -463,6 +474,7 @@ async def test_design_candidates_keep_one_and_override_a_shipped_preset(studio: 
     assert (await voices_of(studio))["james"]["source"] == "shipped"
 
 
+@pytest.mark.full
 async def test_a_clone_under_a_shipped_presets_name_is_told_what_works_for_a_clone(
     studio: Server, folders: tuple[Path, Path]
 ) -> None:
@@ -493,6 +505,7 @@ async def test_a_clone_under_a_shipped_presets_name_is_told_what_works_for_a_clo
     assert (await voices_of(studio))["lena"]["source"] == "shipped"
 
 
+@pytest.mark.full
 async def test_a_presets_rename_onto_a_shipped_name_is_told_what_works_for_a_rename(
     studio: Server, folders: tuple[Path, Path]
 ) -> None:
@@ -525,6 +538,7 @@ async def test_a_presets_rename_onto_a_shipped_name_is_told_what_works_for_a_ren
     assert status == 200 and (await voices_of(studio))["james"]["source"] == "shipped", body
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     ("body", "code"),
     [
@@ -545,6 +559,7 @@ async def test_bad_design_requests(studio: Server, body: dict[str, Any], code: s
     assert status == 400 and json.loads(data)["error"]["code"] == code, data
 
 
+@pytest.mark.full
 async def test_keep_refuses_unknown_candidates_and_bad_names(studio: Server, folders: tuple[Path, Path]) -> None:
     status, body = await call(studio, "POST", "/v1/audio/designs/nope/keep", json={"name": "x"})
     assert status == 404 and json.loads(body)["error"]["code"] == "unknown-candidate"
@@ -560,6 +575,7 @@ async def test_keep_refuses_unknown_candidates_and_bad_names(studio: Server, fol
 # --- anchors --------------------------------------------------------------------------------
 
 
+@pytest.mark.full
 async def test_preset_anchor_is_stable_across_requests_and_restarts(
     studio: Server, folders: tuple[Path, Path], checkpoints: Path
 ) -> None:
@@ -601,6 +617,7 @@ async def test_preset_anchor_is_stable_across_requests_and_restarts(
         stop_server(other)
 
 
+@pytest.mark.full
 async def test_a_new_description_gets_a_new_anchor(studio: Server, folders: tuple[Path, Path]) -> None:
     voices_dir, home = folders
     status, before = await call(studio, "GET", "/v1/audio/voices/aria/sample")
@@ -615,6 +632,7 @@ async def test_a_new_description_gets_a_new_anchor(studio: Server, folders: tupl
     assert aria["source"] == "user" and "alloy" in aria["aliases"] and aria["served"] == "anchor"
 
 
+@pytest.mark.full
 async def test_on_the_cpu_a_kept_design_keeps_the_clip_heard_and_no_anchor_is_rendered(
     checkpoints: Path, tmp_path: Path
 ) -> None:
@@ -668,6 +686,7 @@ async def _wyoming_exchange(client: AsyncTcpClient, *events: Any, until: str) ->
             return answered
 
 
+@pytest.mark.full
 async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is_spoken(
     checkpoints: Path, tmp_path: Path
 ) -> None:
@@ -846,6 +865,7 @@ def _voice_files(folder: Path) -> dict[str, bytes]:
     return {name: data for name, data in snapshot(folder).items() if name != LOCK_FILE}
 
 
+@pytest.mark.full
 async def test_an_override_of_the_default_voice_can_be_deleted_and_the_shipped_preset_comes_back(
     studio: Server, folders: tuple[Path, Path]
 ) -> None:
@@ -903,6 +923,7 @@ async def test_an_override_of_the_default_voice_can_be_deleted_and_the_shipped_p
     assert status == 200
 
 
+@pytest.mark.full
 async def test_while_presets_toml_is_unreadable_no_edit_touches_a_name_it_may_hold(
     studio: Server, folders: tuple[Path, Path]
 ) -> None:
@@ -956,6 +977,7 @@ async def test_while_presets_toml_is_unreadable_no_edit_touches_a_name_it_may_ho
         assert status == 200
 
 
+@pytest.mark.full
 async def test_deleting_a_clone_voice_removes_every_file_of_its_name(studio: Server, folders: tuple[Path, Path]) -> None:
     """``KIMBERLY.wav`` and ``kimberly.flac`` are one voice name (the first is spoken, the
     second ignored with a warning): a delete removed only the first, and the voice stayed,
@@ -986,6 +1008,7 @@ async def test_deleting_a_clone_voice_removes_every_file_of_its_name(studio: Ser
     assert "also its files 'Kimberly.txt', 'kimberly.flac'" in studio.output()
 
 
+@pytest.mark.full
 async def test_a_transcript_attached_as_a_file_reads_as_the_voices_folder_reads_one(
     studio: Server, folders: tuple[Path, Path]
 ) -> None:
@@ -1012,6 +1035,7 @@ async def test_a_transcript_attached_as_a_file_reads_as_the_voices_folder_reads_
     assert not list(voices.glob("ansi.*"))
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("field", ["name", "file", "transcript"])
 async def test_an_upload_with_a_field_twice_is_refused_and_keeps_nothing(
     studio: Server, folders: tuple[Path, Path], field: str
@@ -1031,6 +1055,7 @@ async def test_an_upload_with_a_field_twice_is_refused_and_keeps_nothing(
     assert snapshot(folders[0]) == before and "twice" not in await voices_of(studio)
 
 
+@pytest.mark.full
 async def test_a_rename_without_a_name_says_the_field_is_missing(studio: Server) -> None:
     """``PATCH /v1/audio/voices/clone {"nom": "x"}`` was told "The voice name is empty"
     (``invalid-name``): the field is missing, not empty."""
@@ -1040,6 +1065,7 @@ async def test_a_rename_without_a_name_says_the_field_is_missing(studio: Server)
     assert (await voices_of(studio))["clone"]["name"] == "clone"
 
 
+@pytest.mark.full
 async def test_an_upload_with_a_transcript_removes_stale_ones_and_unread_transcripts_do_not_block_a_rename(
     studio: Server, folders: tuple[Path, Path]
 ) -> None:
@@ -1068,6 +1094,7 @@ async def test_an_upload_with_a_transcript_removes_stale_ones_and_unread_transcr
     assert status == 200
 
 
+@pytest.mark.full
 async def test_an_upload_without_a_transcript_never_reads_an_orphan_one_in_another_case(
     studio: Server, folders: tuple[Path, Path]
 ) -> None:
@@ -1084,6 +1111,7 @@ async def test_an_upload_without_a_transcript_never_reads_an_orphan_one_in_anoth
     assert status == 200
 
 
+@pytest.mark.full
 async def test_a_clip_named_with_spaces_or_decomposed_accents_is_listed_spoken_renamed_and_deleted_by_its_name(
     studio: Server, folders: tuple[Path, Path]
 ) -> None:
@@ -1122,6 +1150,7 @@ async def test_a_clip_named_with_spaces_or_decomposed_accents_is_listed_spoken_r
     assert not {"trail", "trail moved", nfc} & set(await voices_of(studio))
 
 
+@pytest.mark.full
 async def test_clips_skipped_for_their_name_or_format_are_listed_and_deleted_alone_as_the_page_asks(
     studio: Server, folders: tuple[Path, Path]
 ) -> None:
@@ -1248,6 +1277,7 @@ def test_a_pinned_default_may_go_exactly_when_a_voice_of_its_name_lies_beneath_i
     assert refused.value.code == "name-taken" and "replace" not in message and str(tmp_path / "aria.wav") in message
 
 
+@pytest.mark.full
 async def test_a_gone_pinned_default_refuses_only_requests_it_would_have_spoken(checkpoints: Path, tmp_path: Path) -> None:
     """A skipped clip under a shipped preset's name: DELETE and an upload of the name are
     refused, saying how to clear it. With the --voice default's clip removed by hand, a request naming no voice is refused
@@ -1290,6 +1320,7 @@ async def test_a_gone_pinned_default_refuses_only_requests_it_would_have_spoken(
         stop_server(srv)
 
 
+@pytest.mark.full
 async def test_a_skipped_clip_is_listed_replaced_by_an_upload_and_deleted_and_a_pinned_default_gone_says_so(
     checkpoints: Path, tmp_path: Path
 ) -> None:

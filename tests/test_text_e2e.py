@@ -26,6 +26,9 @@ from wyoming_qwen3tts.text.segmenter import Segmenter
 
 from .conftest import Server, start_server, stop_server
 
+#: Slow: a real server process.
+pytestmark = pytest.mark.full
+
 #: A hang guard for reads, not a speed assertion.
 _GUARD_S = 180.0
 #: Codec frames the debug server generates per segment (the CPU reference engine may stop one

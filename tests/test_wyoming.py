@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import json
+import logging
 import re
 import urllib.request
 from pathlib import Path
@@ -86,6 +87,7 @@ async def describe(client: AsyncTcpClient) -> Info:
     return Info.from_event(events[-1])
 
 
+@pytest.mark.full
 async def test_describe_lists_every_voice(server: Server) -> None:
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
         info = await describe(client)
@@ -136,6 +138,7 @@ def test_the_program_description_names_each_engine_once(backends: dict[str, str]
     assert describe_backends({ModelKind(kind): backend for kind, backend in backends.items()}) == said
 
 
+@pytest.mark.full
 def test_each_start_up_fact_is_said_once(server: Server) -> None:
     """The start-up log says each fact once: the anchors' state, the clone library (as an
     absolute path), each model's ready line with its streams."""
@@ -147,6 +150,7 @@ def test_each_start_up_fact_is_said_once(server: Server) -> None:
         assert start.count(f"{kind} model ready (") == 1 and re.search(rf"{kind} model ready \(.*stream", start)
 
 
+@pytest.mark.full
 async def test_synthesize_streams_pcm_for_every_frame(server: Server) -> None:
     text = "Hello there. How are you?"
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
@@ -155,6 +159,7 @@ async def test_synthesize_streams_pcm_for_every_frame(server: Server) -> None:
     check_audio_events(events, expected_frames(text))
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("voice", ["clone", "xvec", "james"])
 async def test_each_voice_source_speaks(server: Server, voice: str) -> None:
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
@@ -163,6 +168,7 @@ async def test_each_voice_source_speaks(server: Server, voice: str) -> None:
     check_audio_events(events, expected_frames("Good morning."))
 
 
+@pytest.mark.full
 async def test_custom_voice_speaker_and_language(server: Server) -> None:
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
         speakers = [v.name for v in (await describe(client)).tts[0].voices if "CustomVoice" in v.attribution.name]
@@ -172,6 +178,7 @@ async def test_custom_voice_speaker_and_language(server: Server) -> None:
     check_audio_events(events, expected_frames("Guten Tag."))
 
 
+@pytest.mark.full
 async def test_a_language_without_a_voice_picks_a_native_voice(server: Server) -> None:
     """No voice name but a language (other clients than Home Assistant send this): the
     language's own preset speaks, not the English default voice speaking Korean."""
@@ -186,6 +193,7 @@ async def test_a_language_without_a_voice_picks_a_native_voice(server: Server) -
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.full
 async def test_a_language_without_a_voice_picks_a_native_speaker_when_the_default_is_one(
     checkpoints: Path, voices_dir: Path, tmp_path: Path
 ) -> None:
@@ -207,6 +215,7 @@ async def test_a_language_without_a_voice_picks_a_native_speaker_when_the_defaul
         stop_server(server)
 
 
+@pytest.mark.full
 async def test_streamed_text_split_inside_words_is_spoken_once(server: Server) -> None:
     deltas = ["Hel", "lo the", "re. It is 22", ".5 degr", "ees out", "side! Have a ni", "ce day"]
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
@@ -222,6 +231,7 @@ async def test_streamed_text_split_inside_words_is_spoken_once(server: Server) -
     check_audio_events(events, expected_frames(*deltas))  # 3 sentences, "22.5" not split
 
 
+@pytest.mark.full
 async def test_stream_without_voice_uses_default_and_empty_stream_stops(server: Server) -> None:
     async with AsyncTcpClient("127.0.0.1", server.port) as client:
         await client.write_event(SynthesizeStart().event())
@@ -235,6 +245,7 @@ async def test_stream_without_voice_uses_default_and_empty_stream_stops(server: 
     check_audio_events(events, expected_frames("Okay."))
 
 
+@pytest.mark.full
 async def test_two_clients_at_once_each_get_their_own_audio(server: Server) -> None:
     texts = ["First client speaking now.", "Second one. With two sentences."]
 
@@ -248,6 +259,7 @@ async def test_two_clients_at_once_each_get_their_own_audio(server: Server) -> N
         check_audio_events(events, expected_frames(text))
 
 
+@pytest.mark.full
 async def test_describe_answers_while_a_long_generation_runs(server: Server) -> None:
     async with AsyncTcpClient("127.0.0.1", server.port) as busy, AsyncTcpClient("127.0.0.1", server.port) as other:
         await busy.write_event(Synthesize(text="A longer sentence that keeps the model busy for a while.").event())
@@ -266,6 +278,7 @@ def wyoming_metric(server: Server, name: str, outcome: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+@pytest.mark.full
 async def test_disconnect_mid_stream_cancels_and_server_serves_on(server: Server) -> None:
     cancelled = wyoming_metric(server, "tts_requests_total", "cancelled")
     client = AsyncTcpClient("127.0.0.1", server.port)
@@ -300,6 +313,7 @@ async def _half_closed(server: Server, *sent: Eventable) -> list[Event]:
         writer.close()
 
 
+@pytest.mark.full
 async def test_a_client_that_ends_its_side_still_gets_its_audio(server: Server) -> None:
     """A client that sends its requests and then ends its side of the connection
     (``shutdown(SHUT_WR)``, ``nc -N``) still gets every reply it is owed, then EOF, as
@@ -340,6 +354,7 @@ async def test_a_client_that_ends_its_side_still_gets_its_audio(server: Server) 
     assert [e.type for e in events] == ["error", "synthesize-stopped"], events
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     ("owed", "sent", "said"),
     [
@@ -383,6 +398,7 @@ async def _expect_error(client: AsyncTcpClient, event: Event | Eventable, code: 
     return error
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     ("event", "code"),
     [
@@ -417,6 +433,7 @@ async def test_bad_request_gets_error_and_connection_stays_usable(server: Server
     assert server.alive()
 
 
+@pytest.mark.full
 async def test_a_refused_synthesize_ends_a_client_that_reads_up_to_audio_stop(server: Server) -> None:
     """Home Assistant's ``synthesize`` loop: read events until ``audio-stop`` or the end of
     the connection, skip anything else (``error`` included). A refused request (unknown
@@ -448,6 +465,7 @@ async def test_a_refused_synthesize_ends_a_client_that_reads_up_to_audio_stop(se
     assert "the connection stays open; a `synthesize-start`" not in said, said
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     "event",
     [
@@ -481,34 +499,48 @@ async def test_a_malformed_synthesize_gets_its_error_then_eof(server: Server, ev
         assert (await describe(other)).tts
 
 
-async def test_malformed_lines_and_unknown_events(server: Server) -> None:
-    logged = server.output().count("INFO wyoming_qwen3tts.doors.wyoming.handler: Refused request: Malformed")
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    try:
-        writer.write(b"this is not json\n")
-        writer.write(b"[" * 32000 + b"]" * 32000 + b"\n")  # valid JSON, deeper than the parser goes
-        writer.write(json.dumps({"no_type": 1}).encode() + b"\n")
-        writer.write(json.dumps({"type": "select-program", "data": {"name": "x"}}).encode() + b"\n")
-        writer.write(json.dumps({"type": "totally-unknown"}).encode() + b"\n")
-        writer.write(json.dumps({"type": "describe"}).encode() + b"\n")
-        await writer.drain()
-        types, texts = [], []
-        while "info" not in types:
-            header = json.loads(await asyncio.wait_for(reader.readline(), _GUARD_S))
-            types.append(header["type"])
-            data = json.loads(await reader.readexactly(header["data_length"])) if header.get("data_length") else {}
-            texts.append(data.get("text", ""))
-            if header.get("payload_length"):
-                await reader.readexactly(header["payload_length"])
-        assert types == ["error", "error", "error", "info"]  # unknown types ignored, bad lines answered
-        # (A Python whose parser does go that deep sees an array, which is no event either.)
-        assert "nested too deeply" in texts[1] or "not a JSON object" in texts[1], texts[1]
-        # Junk is answered every time but logged at INFO once per connection.
-        assert server.output().count("INFO wyoming_qwen3tts.doors.wyoming.handler: Refused request: Malformed") == logged + 1
-    finally:
-        writer.close()
+async def test_malformed_lines_and_unknown_events(caplog: pytest.LogCaptureFixture) -> None:
+    """Junk lines are answered with an error each, unknown event types are ignored, and the
+    connection serves on. (The Wyoming door in process, on a scripted service: its parsing
+    needs no model.)"""
+    from .test_http import scripted_service, wyoming_door
+
+    def logged() -> int:
+        return sum(
+            1 for r in caplog.records
+            if r.name == "wyoming_qwen3tts.doors.wyoming.handler" and r.levelno == logging.INFO
+            and r.getMessage().startswith("Refused request: Malformed")
+        )
+
+    caplog.set_level(logging.INFO, logger="wyoming_qwen3tts")
+    async with scripted_service() as service, wyoming_door(service) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(b"this is not json\n")
+            writer.write(b"[" * 32000 + b"]" * 32000 + b"\n")  # valid JSON, deeper than the parser goes
+            writer.write(json.dumps({"no_type": 1}).encode() + b"\n")
+            writer.write(json.dumps({"type": "select-program", "data": {"name": "x"}}).encode() + b"\n")
+            writer.write(json.dumps({"type": "totally-unknown"}).encode() + b"\n")
+            writer.write(json.dumps({"type": "describe"}).encode() + b"\n")
+            await writer.drain()
+            types, texts = [], []
+            while "info" not in types:
+                header = json.loads(await asyncio.wait_for(reader.readline(), _GUARD_S))
+                types.append(header["type"])
+                data = json.loads(await reader.readexactly(header["data_length"])) if header.get("data_length") else {}
+                texts.append(data.get("text", ""))
+                if header.get("payload_length"):
+                    await reader.readexactly(header["payload_length"])
+            assert types == ["error", "error", "error", "info"]  # unknown types ignored, bad lines answered
+            # (A Python whose parser does go that deep sees an array, which is no event either.)
+            assert "nested too deeply" in texts[1] or "not a JSON object" in texts[1], texts[1]
+            # Junk is answered every time but logged at INFO once per connection.
+            assert logged() == 1, caplog.text
+        finally:
+            writer.close()
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("text", ["...", "🎉🎉", "?! -- **", "", "   \n\t "])
 async def test_nothing_speakable_gets_empty_audio_on_both_paths(server: Server, text: str) -> None:
     """Text with nothing to speak gets audio-start and audio-stop with no audio between, as
@@ -531,6 +563,7 @@ async def test_nothing_speakable_gets_empty_audio_on_both_paths(server: Server, 
     assert log.count("wyoming request ok (nothing speakable: no audio): voice aria") == 2, log
 
 
+@pytest.mark.full
 async def test_stream_over_the_limit_is_refused_and_still_stops(server: Server) -> None:
     """Past --max-chars the streamed text is refused as a one-shot ``synthesize`` of the same
     text is: the same code and the same words, but for the size, which counts only what came
@@ -598,6 +631,7 @@ async def test_a_stream_refused_after_its_generation_failed_still_gets_its_error
             assert Error.from_event(events[0]).code == "text-too-long"
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     "chunk",
     [
@@ -652,6 +686,7 @@ async def test_a_malformed_chunk_refuses_its_stream_and_still_stops(server: Serv
     assert log.count("wyoming request refused (malformed-event: Malformed") == 2, log  # each refused stream once
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(
     "start",
     [
@@ -684,6 +719,7 @@ async def test_a_refused_stream_start_still_ends_with_synthesize_stopped(server:
     assert "without synthesize-start" not in server.output()[mark:]
 
 
+@pytest.mark.full
 async def test_first_audio_chunk_arrives_while_generation_goes_on(server: Server) -> None:
     """On the batched engine audio streams: the first chunk reaches the client long before
     the last. (The CPU engine streams too, in chunks that grow from 2 to 16 frames;
@@ -711,32 +747,37 @@ async def test_first_audio_chunk_arrives_while_generation_goes_on(server: Server
     print(f"first audio-chunk {arrivals[0] * 1000:.0f} ms, audio-stop {done * 1000:.0f} ms")
 
 
-async def test_oversized_events_are_refused_and_the_connection_closed(server: Server) -> None:
-    """A client cannot make the server buffer unbounded data: huge lengths or header lines."""
-    for header in (
-        json.dumps({"type": "audio-chunk", "data": {}, "payload_length": 2_000_000_000}).encode() + b"\n",
-        json.dumps({"type": "synthesize", "data_length": 50_000_000}).encode() + b"\n",
-        b'{"type": "synthesize", "data": {"text": "' + b"a" * 200_000 + b'"}}\n',
-    ):
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        try:
-            writer.write(header)
-            await writer.drain()
-            reply = json.loads(await asyncio.wait_for(reader.readline(), _GUARD_S))
-            assert reply["type"] == "error"
-            body = json.loads(await reader.readexactly(reply["data_length"]))
-            assert body["code"] == "malformed-event" and "closing" in body["text"]
-            assert await asyncio.wait_for(reader.read(), _GUARD_S) == b""  # closed by the server
-        except ConnectionResetError:
-            # Closing with the client's unread bytes still queued resets the connection
-            # (TCP), which can beat the error reply for the over-long line; closed either way.
-            assert header.startswith(b'{"type": "synthesize", "data": {')
-        finally:
-            writer.close()
-    async with AsyncTcpClient("127.0.0.1", server.port) as client:
-        assert (await describe(client)).tts
+async def test_oversized_events_are_refused_and_the_connection_closed() -> None:
+    """A client cannot make the server buffer unbounded data: huge lengths or header lines.
+    (The Wyoming door in process, on a scripted service: its limits need no model.)"""
+    from .test_http import scripted_service, wyoming_door
+
+    async with scripted_service() as service, wyoming_door(service) as port:
+        for header in (
+            json.dumps({"type": "audio-chunk", "data": {}, "payload_length": 2_000_000_000}).encode() + b"\n",
+            json.dumps({"type": "synthesize", "data_length": 50_000_000}).encode() + b"\n",
+            b'{"type": "synthesize", "data": {"text": "' + b"a" * 200_000 + b'"}}\n',
+        ):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                writer.write(header)
+                await writer.drain()
+                reply = json.loads(await asyncio.wait_for(reader.readline(), _GUARD_S))
+                assert reply["type"] == "error"
+                body = json.loads(await reader.readexactly(reply["data_length"]))
+                assert body["code"] == "malformed-event" and "closing" in body["text"]
+                assert await asyncio.wait_for(reader.read(), _GUARD_S) == b""  # closed by the server
+            except ConnectionResetError:
+                # Closing with the client's unread bytes still queued resets the connection
+                # (TCP), which can beat the error reply for the over-long line; closed either way.
+                assert header.startswith(b'{"type": "synthesize", "data": {')
+            finally:
+                writer.close()
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            assert (await describe(client)).tts
 
 
+@pytest.mark.full
 async def test_cancelled_long_sentence_frees_the_cpu_worker_at_once(server: Server) -> None:
     """CPU cancellation, shown by cause: a client leaves after the first chunk of a very long
     sentence; by the time the next client's first audio arrives, the engine has logged that

@@ -20,6 +20,9 @@ import pytest
 
 from .conftest import Server, start_server, stop_server
 
+#: Slow: real server processes, network namespaces.
+pytestmark = pytest.mark.full
+
 SERVER_ADDRESS = "198.18.0.1"
 
 BROWSER = r"""
