@@ -264,7 +264,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
                 )
             except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
                 if isinstance(err, NativeWidthError) and engine_name == "pipeline" and args.engine == "auto":
-                    # A Base checkpoint narrower than the release (the tiny test ones): refused before conversion.
+                    # A checkpoint narrower than the release (the tiny test ones): refused before conversion.
                     engines[kind] = await _load_reference_instead(args, kind, sources[kind], models_dir, metrics, err,
                                                                   "the pipeline engine")
                     fell_back.append(kind)
@@ -629,9 +629,8 @@ async def _load_reference_instead(
     instead_of: str = "GGML",
 ) -> Engine:
     """Under ``--engine auto`` on the CPU: the reference engine for a checkpoint the GGML
-    engine (``instead_of``: the engine named in the log line; or the pipeline engine, for
-    its Base model's clone clips) cannot run (narrower than the release, e.g. the tiny test
-    checkpoints), warmed up.
+    or pipeline engine (``instead_of``, named in the log line) cannot run (narrower than the
+    release, e.g. the tiny test checkpoints), warmed up.
 
     Raises:
         SystemExit: it cannot load or warm up either.

@@ -58,8 +58,9 @@ def resolve_checkpoint(source: str, models_dir: Path, local_files_only: bool) ->
 #: release, the tiny test ones) goes to the reference engine instead, which start-up says,
 #: so a line saying "ggml" before any model loaded could be false.
 _ggml_why: str | None = None
-#: The same for the pipeline engine (a Base checkpoint whose clone clips qwentts.cpp cannot
-#: extract goes to the reference engine): its line waits for its first model to load.
+#: The same for the pipeline engine (a checkpoint narrower than the release goes to the
+#: reference engine, ``cpu.pipeline_load.check_pipeline_widths``): its line waits for its
+#: first model to load.
 _pipeline_why: str | None = None
 
 
@@ -228,6 +229,8 @@ def load_engine(
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
+        cpu.ggml.NativeWidthError: on the GGML or pipeline engine, a checkpoint narrower than
+            the release (the tiny test ones: ``--engine auto`` start-up falls back to the reference).
         ValueError: an engine that cannot run on ``device``, or a dtype the GPU lacks.
         MemoryFitError: not even one stream fits next to the weights.
         torch.OutOfMemoryError: the weights do not fit.

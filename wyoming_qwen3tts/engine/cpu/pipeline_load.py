@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ...common.vocabulary import ModelKind
 from ..base import ModelMismatchError
-from .ggml import NativeWidthError, check_checkpoint_widths, check_native_widths
+from .ggml import check_checkpoint_widths, check_native_widths
 from .gguf_files import DEFAULT_QUANT, find_pair, resolve_gguf
 from .machine import ROOM_FOR_STREAMS, ThreadPlan, pipeline_threads, usable_cores
 from .onnx_codec import onnxruntime_support, shared_codec
@@ -81,28 +81,23 @@ def codec_model(checkpoint: Path, data_dir: Path) -> Path:
     )
 
 
-def check_clone_widths(kind: ModelKind, checkpoint: Path) -> None:
-    """Refuse a Base checkpoint whose clone clips qwentts.cpp cannot extract (the pipeline
-    engine takes their x-vectors and codes from the wheel, ``native.voice_refs``, whose
-    speaker and codec encoders hard-code the released widths, ``ggml.NATIVE_WIDTHS``), before
-    anything is converted or exported. A checkpoint folder is judged by its
-    ``speech_tokenizer/config.json``, a folder of GGUF files by its tensors; other kinds
-    never touch the wheel and pass.
+def check_pipeline_widths(checkpoint: Path) -> None:
+    """Refuse a checkpoint narrower than the release (the tiny test ones) before anything is
+    converted or exported: our GGUF converter writes only the released widths (the files
+    qwentts.cpp's readers take: ``gguf.__main__`` refuses others), and a Base model's clone
+    clips are extracted by the wheel (``native.voice_refs``), whose speaker and codec encoders
+    hard-code them (``ggml.NATIVE_WIDTHS``). A checkpoint folder is judged by its
+    ``speech_tokenizer/config.json``, a folder of GGUF files by its tensors.
 
     Raises:
         NativeWidthError: a width differs from the release's (the message names it and says
             "this checkpoint needs --engine reference").
     """
-    if kind is not ModelKind.BASE:
-        return
     pair = find_pair(checkpoint)
-    try:
-        if pair is not None:
-            check_native_widths(*pair)
-        else:
-            check_checkpoint_widths(checkpoint)
-    except NativeWidthError as err:
-        raise NativeWidthError(f"qwentts.cpp extracts its clone clips, and {err}") from None
+    if pair is not None:
+        check_native_widths(*pair)
+    else:
+        check_checkpoint_widths(checkpoint)
 
 
 def fitted_threads(cores: int, generation: int, codec: int) -> ThreadPlan:
@@ -132,8 +127,7 @@ def load_pipeline(
 ) -> PipelineEngine:
     """Load ``checkpoint`` into a pipeline engine on our ggml graphs.
 
-    A Base checkpoint whose clone clips qwentts.cpp cannot extract is refused first
-    (``check_clone_widths``). The checkpoint is converted to GGUF (``quant``) and its codec's streaming step exported
+    A checkpoint narrower than the release is refused first (``check_pipeline_widths``). The checkpoint is converted to GGUF (``quant``) and its codec's streaming step exported
     into ``data_dir`` at the first start (each in a child process, logged), and both reused
     after; every model of the server shares the codec's session (``onnx_codec.shared_codec``).
 
@@ -152,7 +146,7 @@ def load_pipeline(
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
-        NativeWidthError: a Base checkpoint narrower than the release (``check_clone_widths``).
+        ggml.NativeWidthError: a checkpoint narrower than the release (``check_pipeline_widths``).
         FileNotFoundError: no checkpoint or GGUF files, or no codec to export.
         ValueError: the conversion failed, or an unknown quantization.
         RuntimeError: the codec's export failed.
@@ -160,7 +154,7 @@ def load_pipeline(
     """
     from .native.generator import GgmlFrameSource
 
-    check_clone_widths(kind, checkpoint)
+    check_pipeline_widths(checkpoint)
     threads = fitted_threads(usable_cores(), generation_threads, codec_threads)
     folder = gguf_folder(checkpoint, data_dir, quant)
     model = codec_model(checkpoint, data_dir)
