@@ -339,9 +339,8 @@ def server(
 @pytest.fixture(scope="session")
 def onnx_data_dir(checkpoints: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data folder holding the tiny checkpoints' codec step exported to ONNX (the three
-    tiny models share one codec), made once a session: the onnx engine's tests and servers
-    (``--data-dir`` in ``extra`` overrides ``start_server``'s) reuse it instead of exporting
-    again (about 10-30 s each)."""
+    tiny models share one codec), made once a session: the codec step's tests
+    (``test_onnx_codec``) reuse it instead of exporting again (about 10-30 s each)."""
     from wyoming_qwen3tts.engine.cpu.onnx_export import checkpoint_decoder, exported_codec
 
     folder = tmp_path_factory.mktemp("onnx-data")

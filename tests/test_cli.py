@@ -602,19 +602,30 @@ def test_the_cpu_engine_line_says_which_models_run_on_qwentts_cpp_and_which_fell
         "--device cpu: running on the CPU; every model fell back to the reference engine (qwen_tts, slower), as "
         "qwentts.cpp cannot run its checkpoint (each said above, with why)"
     )
+    assert cpu_engines_line("--device cpu", [custom], [base], "pipeline") == (
+        "--device cpu: running on the CPU, the custom_voice model on the pipeline engine (our ggml graphs generating, "
+        "the codec on ONNX Runtime on its own threads); the base model fell back to the reference engine (qwen_tts, "
+        "slower) (said above, with why)"
+    )
+    assert cpu_engines_line("No CUDA GPU", [custom], [], "pipeline").startswith(
+        "No CUDA GPU: running on the CPU (our ggml graphs generating on one thread, the codec on ONNX Runtime on another)"
+    )
 
 
 async def test_a_cpu_start_whose_every_model_fell_back_says_so(
-    checkpoints: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    checkpoints: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--device cpu --engine auto`` with qwentts.cpp available, and a Base checkpoint it
     cannot run (the tiny one, narrower than the release): the model loads on the reference
     engine, and the start-up's engine line, said once the models are loaded, says every
     model fell back to it (it said, before loading, that qwentts.cpp ran "each model it can
-    run", which was none)."""
+    run", which was none). The pipeline engine is made unavailable (``auto`` picks it first
+    where it runs; its own fallback: ``test_ggml.test_named_models_on_the_cpu_...``)."""
     import logging
 
     from wyoming_qwen3tts.__main__ import build_parser
+    from wyoming_qwen3tts.engine import loader
+    from wyoming_qwen3tts.engine.cpu import pipeline_load
     from wyoming_qwen3tts.engine.cpu.ggml import native_support
     from wyoming_qwen3tts.common.metrics import Metrics
     from wyoming_qwen3tts.startup import load_engines
@@ -633,8 +644,16 @@ async def test_a_cpu_start_whose_every_model_fell_back_says_so(
     ]
     args = build_parser().parse_args(argv)
     args.given = {a for a in argv if a.startswith("--")}
-    with caplog.at_level(logging.INFO, logger="wyoming_qwen3tts"):
-        engines = await load_engines(args, Metrics())
+    monkeypatch.setattr(pipeline_load, "pipeline_support", lambda: (False, "test: no pipeline"))
+    picks = (loader._auto_engine, loader._pipeline_engine, loader._wheel_or_reference)
+    for cached in picks:
+        cached.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="wyoming_qwen3tts"):
+            engines = await load_engines(args, Metrics())
+    finally:
+        for cached in picks:
+            cached.cache_clear()
     assert list(engines) == [ModelKind.BASE] and "GGML" not in engines[ModelKind.BASE].backend
     said = [r.getMessage() for r in caplog.records]
     assert [m for m in said if "running on the CPU" in m] == [

@@ -595,8 +595,10 @@ def test_named_models_on_the_cpu_get_nothing_added_and_narrow_ones_are_not_conve
 ) -> None:
     """A user who names a Base folder on a CPU machine gets that model and nothing more (no
     CustomVoice model fetched for the CPU defaults, which would fail offline); under
-    ``--engine auto`` a checkpoint narrower than qwentts.cpp runs goes to the reference engine
-    before any GGUF conversion (read from its config), with one line saying why."""
+    ``--engine auto`` (the pipeline engine here) a checkpoint narrower than the release (the
+    GGUF converter and the wheel's clone extraction take only its widths) goes to the reference engine
+    before any GGUF conversion (read from its config), with one line saying why. (The GGML
+    engine's own fallback: ``test_cli.test_a_cpu_start_whose_every_model_fell_back_says_so``.)"""
     import subprocess
     import sys
 
@@ -624,12 +626,14 @@ def test_named_models_on_the_cpu_get_nothing_added_and_narrow_ones_are_not_conve
         proc.terminate()
         proc.wait(20)
     assert "Loading custom_voice" not in output and "No GPU and no model named" not in output, output[-3000:]
-    assert "The base model runs on the reference engine (slower), not on GGML: its codec's codebook_dim is" in output, output[-3000:]
+    assert ("The base model runs on the reference engine (slower), not on the pipeline engine: its codec's "
+            "codebook_dim is") in output, output[-3000:]
     # Every engine line is true: the only model runs on the reference engine, and nothing
-    # said "Engine on the CPU: ggml" before start-up found that out.
+    # said "Engine on the CPU: pipeline" (or ggml) before start-up found that out.
     engine_lines = [line for line in output.splitlines() if "engine" in line.lower()]
     assert engine_lines and all("reference engine" in line for line in engine_lines), engine_lines
-    assert "ggml (qwentts.cpp)" not in output, output[:2000]
+    assert "ggml (qwentts.cpp)" not in output and "Engine on the CPU: pipeline" not in output, output[:2000]
+    assert "our ggml graphs generating on one thread" not in output, output[:2000]
     assert "needs --engine reference" not in output  # the fallback happened: no instruction to give
     assert "GGML, CPU" not in output and not list(data.rglob("*.gguf"))
 

@@ -72,12 +72,7 @@ def _device(choice: str, engine: str) -> str:
         raise SystemExit(f"--engine: {err}") from None
     if engine == "pipeline" and choice != "cpu":  # the pipeline engine runs on the CPU whatever the device
         choice, why = "cpu", "--engine pipeline"
-    if choice == "cpu" and engine == "pipeline":
-        _LOGGER.warning(
-            "%s: running on the CPU (our ggml graphs generating on one thread, the codec on ONNX Runtime on "
-            "another). A GPU is much faster; see docs/cpu.md for what a few cores give.", why,
-        )
-    elif choice == "cpu" and engine != "ggml":  # GGML: said once the models are loaded (``cpu_engines_line``)
+    if choice == "cpu" and engine not in ("ggml", "pipeline"):  # those: said once loaded (``cpu_engines_line``)
         how = (
             "the batched engine runs eagerly, frame by frame"
             if engine == "batched"
@@ -97,23 +92,37 @@ def cpu_reason(device: str) -> str:
     return "--device cpu" if device == "cpu" else "No CUDA GPU"
 
 
-def cpu_engines_line(why: str, on_ggml: list[ModelKind], fell_back: list[ModelKind]) -> str:
-    """The one log line of a CPU start on the GGML engine, once its models are loaded: which
-    run on qwentts.cpp and which fell back to the reference engine (a checkpoint narrower than
-    the release, each said in its own line before).
+#: Each native CPU engine as the start-up's engine line names it (``cpu_engines_line``), and
+#: the one that could not run a checkpoint (in "every model fell back ..., as X cannot run it").
+CPU_ENGINE_NAMES = {
+    "ggml": ("qwentts.cpp (GGML, quantized weights)", "qwentts.cpp"),
+    "pipeline": ("the pipeline engine (our ggml graphs generating, the codec on ONNX Runtime on its own threads)",
+                 "the pipeline engine"),
+}
+
+
+def cpu_engines_line(why: str, on_ggml: list[ModelKind], fell_back: list[ModelKind], engine: str = "ggml") -> str:
+    """The one log line of a CPU start on the GGML or pipeline engine, once its models are
+    loaded: which run on it and which fell back to the reference engine (a checkpoint
+    narrower than the release, each said in its own line before). On the pipeline engine
+    with no model fallen back, the line the start-up gave before loading (a warning).
 
     Args:
         why: ``cpu_reason``.
-        on_ggml: the models loaded on the GGML engine; fell_back: those on the reference engine.
+        on_ggml: the models loaded on ``engine``; fell_back: those on the reference engine.
+        engine: "ggml" or "pipeline" (``CPU_ENGINE_NAMES``).
     """
-    ggml = "qwentts.cpp (GGML, quantized weights)"
+    name, short = CPU_ENGINE_NAMES[engine]
     reference = "the reference engine (qwen_tts, slower)"
     if not fell_back:
-        return f"{why}: running on the CPU, every model on {ggml}"
+        if engine == "pipeline":
+            return (f"{why}: running on the CPU (our ggml graphs generating on one thread, the codec on ONNX Runtime "
+                    "on another). A GPU is much faster; see docs/cpu.md for what a few cores give.")
+        return f"{why}: running on the CPU, every model on {name}"
     if not on_ggml:
-        return (f"{why}: running on the CPU; every model fell back to {reference}, as qwentts.cpp cannot "
+        return (f"{why}: running on the CPU; every model fell back to {reference}, as {short} cannot "
                 "run its checkpoint (each said above, with why)")
-    return (f"{why}: running on the CPU, {_models(on_ggml)} on {ggml}; {_models(fell_back)} fell back to "
+    return (f"{why}: running on the CPU, {_models(on_ggml)} on {name}; {_models(fell_back)} fell back to "
             f"{reference} (said above, with why)")
 
 
@@ -215,6 +224,7 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
     if unservable:  # one line: what this card cannot do, and why
         _say_unservable("; ".join(unservable.values()))
     engines: dict[ModelKind, Engine] = {}
+    fell_back: list[ModelKind] = []  # the pipeline engine's models on the reference engine instead
     for kind, checkpoint in checkpoints.items():
         reserve = plan.reserves.get(kind.value, 0) if plan is not None else 0
 
@@ -253,6 +263,12 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
                     load_fitting, load, functools.partial(_warm, kind), kind, args.max_streams is None,
                 )
             except Exception as err:  # noqa: BLE001 - any load failure ends start-up with its reason
+                if isinstance(err, NativeWidthError) and engine_name == "pipeline" and args.engine == "auto":
+                    # A checkpoint narrower than the release (the tiny test ones): refused before conversion.
+                    engines[kind] = await _load_reference_instead(args, kind, sources[kind], models_dir, metrics, err,
+                                                                  "the pipeline engine")
+                    fell_back.append(kind)
+                    continue
                 if not (kind is ModelKind.VOICE_DESIGN and engines and _is_memory(err)):
                     raise SystemExit(_load_failure(kind, sources[kind], err)) from err
                 # The others are loaded and serve: start without this one rather than not at all.
@@ -271,6 +287,9 @@ async def load_engines(args: argparse.Namespace, metrics: Metrics) -> dict[Model
         _LOGGER.info("%s model ready (%s)", kind.value, _streams(engine))
     if lease is not None and plan is not None:
         _check_turns(engines, plan)
+    if engine_name == "pipeline":
+        line = cpu_engines_line(cpu_reason(args.device), [k for k in engines if k not in fell_back], fell_back, "pipeline")
+        _LOGGER.log(logging.INFO if fell_back else logging.WARNING, "%s", line)
     return {kind: engines[kind] for kind in sorted(engines, key=list(sources).index)}
 
 
@@ -606,17 +625,19 @@ async def _load_ggml_engines(
 
 
 async def _load_reference_instead(
-    args: argparse.Namespace, kind: ModelKind, source: str, models_dir: Path, metrics: Metrics, why: BaseException
+    args: argparse.Namespace, kind: ModelKind, source: str, models_dir: Path, metrics: Metrics, why: BaseException,
+    instead_of: str = "GGML",
 ) -> Engine:
     """Under ``--engine auto`` on the CPU: the reference engine for a checkpoint the GGML
-    engine cannot run (narrower than the release, e.g. the tiny test checkpoints), warmed up.
+    or pipeline engine (``instead_of``, named in the log line) cannot run (narrower than the
+    release, e.g. the tiny test checkpoints), warmed up.
 
     Raises:
         SystemExit: it cannot load or warm up either.
     """
     reason = str(why).replace(": this checkpoint needs --engine reference", "")
     # Only checkpoints narrower than the release get here (the tiny test ones): no fault of the user's.
-    _LOGGER.info("The %s model runs on the reference engine (slower), not on GGML: %s", kind.value, reason)
+    _LOGGER.info("The %s model runs on the reference engine (slower), not on %s: %s", kind.value, instead_of, reason)
     try:
         checkpoint = await asyncio.to_thread(resolve_checkpoint, source, models_dir, args.local_files_only)
         _LOGGER.info("Loading %s model from %s on cpu", kind.value, checkpoint)

@@ -58,6 +58,10 @@ def resolve_checkpoint(source: str, models_dir: Path, local_files_only: bool) ->
 #: release, the tiny test ones) goes to the reference engine instead, which start-up says,
 #: so a line saying "ggml" before any model loaded could be false.
 _ggml_why: str | None = None
+#: The same for the pipeline engine (a checkpoint narrower than the release goes to the
+#: reference engine, ``cpu.pipeline_load.check_pipeline_widths``): its line waits for its
+#: first model to load.
+_pipeline_why: str | None = None
 
 
 def pick_engine(engine: str, device: str) -> str:
@@ -65,7 +69,8 @@ def pick_engine(engine: str, device: str) -> str:
     (our ggml graphs generating, the codec on ONNX Runtime) where it can run
     (``cpu.pipeline_load.pipeline_support``), else the GGML engine (qwentts.cpp) when its
     wheel loads and the CPU has its instructions, else the reference model (each fallback
-    logged once with why; the GGML engine's line once one has loaded, see ``_ggml_why``).
+    logged once with why; the GGML and pipeline engines' lines once one has loaded, see
+    ``_ggml_why``).
     ``ggml`` and ``pipeline`` run on the CPU whatever ``device`` is; ``pipeline`` where it
     cannot run falls back to the wheel, then the reference, the log saying why once.
 
@@ -105,10 +110,11 @@ def _pipeline_engine() -> str:
     else the CPU's fallback (``_wheel_or_reference``), saying why in one line."""
     from .cpu.pipeline_load import pipeline_support
 
+    global _pipeline_why
     ok, why = pipeline_support()
     if ok:
-        _LOGGER.info("Engine on the CPU: pipeline (our ggml graphs generating, the codec on ONNX Runtime on "
-                     "its own threads), because %s", why)
+        _LOGGER.debug("The pipeline engine can run here (%s): it takes each model whose checkpoint it can run", why)
+        _pipeline_why = why
         return "pipeline"
     fallback = _wheel_or_reference()
     _LOGGER.warning("The pipeline engine cannot run here (%s): the CPU falls back to the %s engine", why, fallback)
@@ -139,6 +145,16 @@ def _say_ggml_chosen() -> None:
     if _ggml_why is not None:
         _LOGGER.info("Engine on the CPU: ggml (qwentts.cpp), because %s", _ggml_why)
         _ggml_why = None
+
+
+def _say_pipeline_chosen() -> None:
+    """Log, once, that ``auto`` (or ``--engine pipeline``) put the CPU on the pipeline engine
+    and why: called when a pipeline engine has loaded (as ``_say_ggml_chosen``)."""
+    global _pipeline_why
+    if _pipeline_why is not None:
+        _LOGGER.info("Engine on the CPU: pipeline (our ggml graphs generating, the codec on ONNX Runtime on "
+                     "its own threads), because %s", _pipeline_why)
+        _pipeline_why = None
 
 
 def load_engine(
@@ -213,6 +229,8 @@ def load_engine(
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
+        cpu.ggml.NativeWidthError: on the GGML or pipeline engine, a checkpoint narrower than
+            the release (the tiny test ones: ``--engine auto`` start-up falls back to the reference).
         ValueError: an engine that cannot run on ``device``, or a dtype the GPU lacks.
         MemoryFitError: not even one stream fits next to the weights.
         torch.OutOfMemoryError: the weights do not fit.
@@ -236,8 +254,10 @@ def load_engine(
 
         if data_dir is None:
             raise ValueError("the pipeline engine needs a data folder for its GGUF files and exported codec")
-        return load_pipeline(kind, checkpoint, chunk_frames, data_dir, generation_threads, codec_threads,
-                             quant=quant or "Q8_0", icl=ggml_icl)
+        pipeline = load_pipeline(kind, checkpoint, chunk_frames, data_dir, generation_threads, codec_threads,
+                                 quant=quant or "Q8_0", icl=ggml_icl)
+        _say_pipeline_chosen()
+        return pipeline
     from ..common.quiet import import_models
 
     import_models()  # qwen_tts, transformers and torch: imported here, never on the GGML engine

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ...common.vocabulary import ModelKind
 from ..base import ModelMismatchError
+from .ggml import check_checkpoint_widths, check_native_widths
 from .gguf_files import DEFAULT_QUANT, find_pair, resolve_gguf
 from .machine import ROOM_FOR_STREAMS, ThreadPlan, pipeline_threads, usable_cores
 from .onnx_codec import onnxruntime_support, shared_codec
@@ -80,6 +81,25 @@ def codec_model(checkpoint: Path, data_dir: Path) -> Path:
     )
 
 
+def check_pipeline_widths(checkpoint: Path) -> None:
+    """Refuse a checkpoint narrower than the release (the tiny test ones) before anything is
+    converted or exported: our GGUF converter writes only the released widths (the files
+    qwentts.cpp's readers take: ``gguf.__main__`` refuses others), and a Base model's clone
+    clips are extracted by the wheel (``native.voice_refs``), whose speaker and codec encoders
+    hard-code them (``ggml.NATIVE_WIDTHS``). A checkpoint folder is judged by its
+    ``speech_tokenizer/config.json``, a folder of GGUF files by its tensors.
+
+    Raises:
+        NativeWidthError: a width differs from the release's (the message names it and says
+            "this checkpoint needs --engine reference").
+    """
+    pair = find_pair(checkpoint)
+    if pair is not None:
+        check_native_widths(*pair)
+    else:
+        check_checkpoint_widths(checkpoint)
+
+
 def fitted_threads(cores: int, generation: int, codec: int) -> ThreadPlan:
     """``machine.pipeline_threads``, with ggml's pool cut so that the two sides together take
     no more threads than ``cores`` (ggml's workers busy-wait between a graph's nodes: a pool
@@ -107,7 +127,7 @@ def load_pipeline(
 ) -> PipelineEngine:
     """Load ``checkpoint`` into a pipeline engine on our ggml graphs.
 
-    The checkpoint is converted to GGUF (``quant``) and its codec's streaming step exported
+    A checkpoint narrower than the release is refused first (``check_pipeline_widths``). The checkpoint is converted to GGUF (``quant``) and its codec's streaming step exported
     into ``data_dir`` at the first start (each in a child process, logged), and both reused
     after; every model of the server shares the codec's session (``onnx_codec.shared_codec``).
 
@@ -126,6 +146,7 @@ def load_pipeline(
 
     Raises:
         ModelMismatchError: the checkpoint is of another kind.
+        ggml.NativeWidthError: a checkpoint narrower than the release (``check_pipeline_widths``).
         FileNotFoundError: no checkpoint or GGUF files, or no codec to export.
         ValueError: the conversion failed, or an unknown quantization.
         RuntimeError: the codec's export failed.
@@ -133,6 +154,7 @@ def load_pipeline(
     """
     from .native.generator import GgmlFrameSource
 
+    check_pipeline_widths(checkpoint)
     threads = fitted_threads(usable_cores(), generation_threads, codec_threads)
     folder = gguf_folder(checkpoint, data_dir, quant)
     model = codec_model(checkpoint, data_dir)
