@@ -19,7 +19,7 @@ A fresh stream starts from zeros, ``key_pos`` from -1 (``OnnxStreamingDecoder`` 
 The export goes through ``torch.export`` (the dynamo exporter), which turns the decoder's
 in-place updates of its past into the new-state outputs; it needs the ``onnx`` and
 ``onnxscript`` packages, the runner ``onnxruntime``. The export itself is the server's
-(``wyoming_qwen3tts.engine.cpu.onnx_export``, which the onnx engine runs at its first start);
+(``wyoming_qwen3tts.engine.cpu.onnx_export``, which the pipeline engine runs at its first start);
 this runner also takes several frames a call (``--frames``).
 """
 
@@ -36,7 +36,7 @@ from wyoming_qwen3tts.engine.cpu.onnx_export import OPSET, export_step, streamin
 
 def export(decoder: Any, out: Path, frames: int = 1) -> Path:
     """Write the streaming step of ``frames`` frames a call to ``out`` (ONNX, weights inside):
-    ``wyoming_qwen3tts.engine.cpu.onnx_export.export_step``, which the server's onnx engine
+    ``wyoming_qwen3tts.engine.cpu.onnx_export.export_step``, which the server's pipeline engine
     exports (one frame a call) into its data folder.
 
     Args:
