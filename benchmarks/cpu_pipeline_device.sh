@@ -47,7 +47,7 @@ case "${PART:-1}" in
        > "$OUT/checkpoint-0.6b.log" 2>&1 || { tail "$OUT/checkpoint-0.6b.log"; exit 1; }
      echo "checkpoint at $(since)"
      mkdir -p "$OUT/cpu-4core"
-     timeout 200 taskset -c 0-3 $PY -m benchmarks.pipeline_parts --checkpoint "$WORK/0.6b/custom_voice" \
+     timeout 150 taskset -c 0-3 $PY -m benchmarks.pipeline_parts --checkpoint "$WORK/0.6b/custom_voice" \
        --data "$WORK/data" --threads 1 2 --frames 25 --out "$OUT/cpu-4core/parts.json" > "$OUT/cpu-4core/parts.log" 2>&1
      echo "4 cores: parts rc=$? at $(since)"; grep "^{'threads'" "$OUT/cpu-4core/parts.log"
      engines 0-3 "pipeline" "1 2" "short long" 120 pipeline
