@@ -143,6 +143,7 @@ def test_a_stream_is_its_frames_decoded_in_chunks(engines: dict[ModelKind, Serve
     assert np.abs(sink.pcm - whole).max() < TOLERANCE < np.abs(whole).max()
 
 
+@pytest.mark.full
 def test_two_streams_are_heard_at_once_each_as_if_alone(engines: dict[ModelKind, Served]) -> None:
     """A second client arriving while a long reply streams hears its first audio long before
     that reply ends, within twice the first client's wait (issue 50 item 4); each stream's
@@ -167,6 +168,7 @@ def test_two_streams_are_heard_at_once_each_as_if_alone(engines: dict[ModelKind,
     assert waited <= 2 * first_wait + 0.5, (waited, first_wait)
 
 
+@pytest.mark.full
 def test_a_client_that_leaves_stops_generation_within_a_frame(engines: dict[ModelKind, Served]) -> None:
     """Cancelled at its first chunk (by the sink, as the codec thread delivers it), a 400-frame
     segment makes at most one more frame than it had (the one in progress, and one the
@@ -207,6 +209,7 @@ def test_a_client_that_leaves_stops_generation_within_a_frame(engines: dict[Mode
     assert after.frames == 6
 
 
+@pytest.mark.full
 def test_an_in_context_clone_decodes_after_its_reference_codes(
     engines: dict[ModelKind, Served], decoder: torch.nn.Module
 ) -> None:
@@ -225,6 +228,7 @@ def test_an_in_context_clone_decodes_after_its_reference_codes(
         assert sink.error is None and np.abs(sink.pcm - whole[-len(codes) * SAMPLES_PER_FRAME :]).max() < TOLERANCE
 
 
+@pytest.mark.full
 def test_a_request_the_model_refuses_fails_alone(engines: dict[ModelKind, Served]) -> None:
     """An unknown speaker fails that request with the model's reason; the engine serves on."""
     served = engines[ModelKind.CUSTOM_VOICE]
@@ -345,6 +349,7 @@ def test_both_doors_speak_a_seed_replays_and_a_client_may_leave(pipeline_server:
     assert len(speak(5)) > 0 and pipeline_server.alive()
 
 
+@pytest.mark.full
 def test_two_clients_of_one_model_are_heard_at_once(pipeline_server: Server) -> None:
     """A Wyoming client and an OpenAI client ask the same model for one long sentence each,
     at once: each hears its first audio before the other's reply ends."""
@@ -411,6 +416,7 @@ def _heard(pcm: np.ndarray) -> bool:
     return len(pcm) >= 24000 and np.count_nonzero(pcm) > len(pcm) // 2
 
 
+@pytest.mark.full
 def test_a_designed_voice_speaks_over_both_doors(pipeline_server: Server) -> None:
     """The VoiceDesign model on the pipeline engine: a preset over Wyoming (designed live, the
     server runs ``--anchors off``) and ``instructions`` with no voice over HTTP (``X-Voice:
@@ -431,6 +437,7 @@ def test_a_designed_voice_speaks_over_both_doors(pipeline_server: Server) -> Non
     assert pipeline_server.alive()
 
 
+@pytest.mark.full
 def test_a_wyoming_client_that_leaves_mid_stream_is_cancelled_and_the_next_is_served(pipeline_server: Server) -> None:
     """A Wyoming client that disconnects after its first audio chunk of a long reply: its
     request ends ``cancelled`` (the door's metric and its line), and the next client is
