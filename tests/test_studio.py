@@ -845,7 +845,7 @@ async def test_the_clone_model_alone_with_no_clip_starts_and_its_first_upload_is
             assert not any(Error.is_type(e.type) for e in spoken), spoken
         status, body = await call(srv, "GET", "/v1/audio/voices", auth=False)
         assert json.loads(body)["default"] == "Bob", body
-        changes = [line.split(": ", 1)[1] for line in srv.output().splitlines() if "service: Default voice:" in line]
+        changes = [line.split(": ", 1)[1] for line in srv.output().splitlines() if "service.default_voice: Default voice:" in line]
         assert changes[-3:] == [  # each change logged once
             "Default voice: none, Zed is gone and no voice is left",
             "Default voice: Amy, the first voice added (--voice chooses another)",
