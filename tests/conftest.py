@@ -346,3 +346,43 @@ def onnx_data_dir(checkpoints: Path, tmp_path_factory: pytest.TempPathFactory) -
     folder = tmp_path_factory.mktemp("onnx-data")
     exported_codec(checkpoints / "base", folder, lambda: checkpoint_decoder(checkpoints / "base"))
     return folder
+
+
+def chunk_times_at_once(server: Server, text: str) -> tuple[list[float], list[float]]:
+    """A Wyoming client and an OpenAI client ask ``server`` for ``text`` (voice ``ryan``) at
+    once; the ``time.monotonic()`` of each audio chunk each received: (Wyoming's, OpenAI's)."""
+    import asyncio
+    import threading
+
+    import openai
+    from wyoming.audio import AudioChunk, AudioStop
+    from wyoming.client import AsyncTcpClient
+    from wyoming.tts import Synthesize, SynthesizeVoice
+
+    times: dict[str, list[float]] = {"wyoming": [], "openai": []}
+
+    def openai_client() -> None:
+        client = openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="unused")
+        with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="ryan", input=text, response_format="pcm", extra_body={"seed": 2}
+        ) as response:
+            for data in response.iter_bytes(2048):
+                if data:
+                    times["openai"].append(time.monotonic())
+
+    async def wyoming_client() -> None:
+        async with AsyncTcpClient("127.0.0.1", server.port) as client:
+            await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name="ryan")).event())
+            while True:
+                event = await asyncio.wait_for(client.read_event(), timeout=120)
+                assert event is not None
+                if AudioChunk.is_type(event.type):
+                    times["wyoming"].append(time.monotonic())
+                if AudioStop.is_type(event.type):
+                    return
+
+    other = threading.Thread(target=openai_client)
+    other.start()
+    asyncio.run(wyoming_client())
+    other.join(120)
+    return times["wyoming"], times["openai"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from wyoming_qwen3tts.common.vocabulary import ModelKind, Reference
 from wyoming_qwen3tts.engine import Segment, Work, load_engine, loader
 from wyoming_qwen3tts.engine.cpu.pipeline import PipelineEngine
 
-from .conftest import CLONE_TRANSCRIPT, Server, start_server, stop_server
+from .conftest import CLONE_TRANSCRIPT, Server, chunk_times_at_once, start_server, stop_server
 from .engine_driver import Collect, Source
 from .test_quiet_start import NOISE
 
@@ -353,39 +352,8 @@ def test_both_doors_speak_a_seed_replays_and_a_client_may_leave(pipeline_server:
 def test_two_clients_of_one_model_are_heard_at_once(pipeline_server: Server) -> None:
     """A Wyoming client and an OpenAI client ask the same model for one long sentence each,
     at once: each hears its first audio before the other's reply ends."""
-    import openai
-    from wyoming.audio import AudioChunk, AudioStop
-    from wyoming.client import AsyncTcpClient
-    from wyoming.tts import Synthesize, SynthesizeVoice
-
     text = "Welcome home, the door is locked and the lights are off for the night"
-    times: dict[str, list[float]] = {}
-
-    def openai_client() -> None:
-        client = openai.OpenAI(base_url=f"{pipeline_server.http_url}/v1", api_key="unused")
-        with client.audio.speech.with_streaming_response.create(
-            model="tts-1", voice="ryan", input=text, response_format="pcm", extra_body={"seed": 2}
-        ) as response:
-            for data in response.iter_bytes(2048):
-                if data:
-                    times.setdefault("openai", []).append(time.monotonic())
-
-    async def wyoming_client() -> None:
-        async with AsyncTcpClient("127.0.0.1", pipeline_server.port) as client:
-            await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name="ryan")).event())
-            while True:
-                event = await asyncio.wait_for(client.read_event(), timeout=120)
-                assert event is not None
-                if AudioChunk.is_type(event.type):
-                    times.setdefault("wyoming", []).append(time.monotonic())
-                if AudioStop.is_type(event.type):
-                    return
-
-    other = threading.Thread(target=openai_client)
-    other.start()
-    asyncio.run(wyoming_client())
-    other.join(120)
-    w, o = times["wyoming"], times["openai"]
+    w, o = chunk_times_at_once(pipeline_server, text)
     assert len(w) >= 2 and len(o) >= 2
     assert w[0] < o[-1] and o[0] < w[-1], (w[0], w[-1], o[0], o[-1])
 
